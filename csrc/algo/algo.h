@@ -1,0 +1,45 @@
+/* algo.h: collective algorithms as index math over a transport interface.
+ * Ring algorithms run over any p2p transport; owner-slice algorithms run over
+ * shared-memory windows. Nothing here opens sockets or maps memory. */
+#ifndef CRING_ALGO_H
+#define CRING_ALGO_H
+
+#include <stddef.h>
+
+#include "../transport/transport.h"
+
+/* A growable scratch buffer owned by the caller (the communicator). */
+typedef struct cring__scratch {
+    void *ptr;
+    size_t bytes;
+} cring__scratch_t;
+/* Make sure s->bytes >= bytes (contents are not kept). ERR_NO_MEMORY on failure. */
+cring_status_t cring__scratch_reserve(cring__scratch_t *s, size_t bytes);
+void cring__scratch_free(cring__scratch_t *s);
+
+/* ---- ring algorithms over p2p (algo/ring.c) -------------------------------- */
+cring_status_t cring__ring_allreduce(cring__p2p_t *p2p, cring__scratch_t *scratch,
+                                     const void *send, void *recv, size_t count,
+                                     cring_dtype_t dtype, cring_op_t op);
+cring_status_t cring__ring_reducescatter(cring__p2p_t *p2p, cring__scratch_t *scratch,
+                                         const void *send, void *recv, const size_t *counts,
+                                         cring_dtype_t dtype, cring_op_t op);
+cring_status_t cring__ring_allgatherv(cring__p2p_t *p2p, const void *send, size_t send_bytes,
+                                      void *recv, const size_t *recv_bytes);
+cring_status_t cring__ring_broadcast(cring__p2p_t *p2p, void *buf, size_t nbytes, int root);
+cring_status_t cring__p2p_barrier(cring__p2p_t *p2p);
+
+/* ---- owner-slice algorithms over shared memory (algo/shm_coll.c) ----------- */
+cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const void *send,
+                                    void *recv, size_t count, cring_dtype_t dtype,
+                                    cring_op_t op);
+cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size,
+                                        const void *send, void *recv, const size_t *counts,
+                                        cring_dtype_t dtype, cring_op_t op);
+cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, const void *send,
+                                     size_t send_bytes, void *recv, const size_t *recv_bytes);
+cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void *buf,
+                                    size_t nbytes, int root);
+cring_status_t cring__shm_barrier(cring__shm_t *shm);
+
+#endif /* CRING_ALGO_H */

@@ -1,0 +1,209 @@
+/* cring.h: the public C API of the cring collective library.
+ * Everything a C program needs to build a communicator and run collectives; no
+ * Python, no framework. Internal symbols (cring__*) never appear here. */
+#ifndef CRING_CRING_H
+#define CRING_CRING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define CRING_API __attribute__((visibility("default")))
+#else
+#define CRING_API
+#endif
+
+/* ---- Status codes ------------------------------------------------------- */
+/* One X-macro so the enum, its name and its message never drift apart.
+ * X(suffix, value, message) */
+#define CRING_STATUS_MAP(X)                                                     \
+    X(OK, 0, "success")                                                         \
+    X(ERR_INVALID_ARGUMENT, -1, "invalid argument")                             \
+    X(ERR_NO_MEMORY, -2, "out of memory")                                       \
+    X(ERR_SYSTEM, -3, "a system call failed")                                   \
+    X(ERR_TIMEOUT, -4, "operation timed out")                                   \
+    X(ERR_PEER_FAILURE, -5, "a peer process died or closed its connection")     \
+    X(ERR_MISMATCH, -6, "ranks disagree on the operation")                      \
+    X(ERR_NOT_SUPPORTED, -7, "not supported")                                   \
+    X(ERR_PROTOCOL, -8, "malformed or unexpected message")                      \
+    X(ERR_AUTH, -9, "authentication failed")                                    \
+    X(ERR_BROKEN, -10, "communicator is unusable after an earlier failure")     \
+    X(ERR_CLOSED, -11, "object is closed")
+
+typedef enum cring_status {
+#define CRING__STATUS_ENUM(name, value, msg) CRING_##name = value,
+    CRING_STATUS_MAP(CRING__STATUS_ENUM)
+#undef CRING__STATUS_ENUM
+} cring_status_t;
+
+/* Static string for a status ("success", "operation timed out", ...).
+ * Never NULL; unknown codes give "unknown status". Thread-safe. */
+CRING_API const char *cring_status_string(cring_status_t status);
+/* Static name for a status ("CRING_ERR_TIMEOUT"). Thread-safe. */
+CRING_API const char *cring_status_name(cring_status_t status);
+
+/* ---- Element types and reduction operations ----------------------------- */
+typedef enum cring_dtype {
+    CRING_FLOAT16 = 0,
+    CRING_BFLOAT16 = 1,
+    CRING_FLOAT32 = 2,
+    CRING_FLOAT64 = 3,
+    CRING_INT8 = 4,
+    CRING_UINT8 = 5,
+    CRING_INT32 = 6,
+    CRING_INT64 = 7,
+    CRING_BOOL = 8, /* broadcast / allgather only: not reducible */
+    CRING_DTYPE_COUNT
+} cring_dtype_t;
+
+/* Values follow Horovod's ReduceOp numbering so wrappers can pass them through. */
+typedef enum cring_op {
+    CRING_AVERAGE = 0, /* sum, then divide by the world size (integers: toward zero) */
+    CRING_SUM = 1,
+    CRING_ADASUM = 2, /* reserved: not supported */
+    CRING_MIN = 3,
+    CRING_MAX = 4,
+    CRING_PRODUCT = 5,
+    CRING_OP_COUNT
+} cring_op_t;
+
+/* Size in bytes of one element; 0 for an invalid dtype. */
+CRING_API size_t cring_dtype_size(cring_dtype_t dtype);
+/* "float32", ...; "invalid" for out-of-range values. */
+CRING_API const char *cring_dtype_name(cring_dtype_t dtype);
+/* "sum", "average", ...; "invalid" for out-of-range values. */
+CRING_API const char *cring_op_name(cring_op_t op);
+
+/* ---- Rendezvous key-value store ---------------------------------------- */
+/* A small TCP key-value store used to exchange addresses at start-up. One
+ * process serves it (rank 0 or the launcher); every rank is a client. Every
+ * connection must present the job secret when the server has one. */
+typedef struct cring_store_server cring_store_server_t;
+typedef struct cring_store cring_store_t;
+
+/* Start serving on bind_addr:port (port 0 picks a free port) in a background
+ * thread. secret may be NULL or "" (no authentication). *bound_port receives
+ * the port actually bound. On error nothing is left running.
+ * Thread-safe with respect to other servers. */
+CRING_API cring_status_t cring_store_server_start(const char *bind_addr, int port,
+                                                  const char *secret,
+                                                  cring_store_server_t **server_out,
+                                                  int *bound_port);
+/* Stop the thread, close every connection, free. NULL is a no-op. */
+CRING_API void cring_store_server_stop(cring_store_server_t *server);
+
+/* Connect to a store, retrying until timeout_s (the server may start later).
+ * Errors: ERR_TIMEOUT, ERR_AUTH (wrong secret), ERR_SYSTEM. A client is used
+ * by one thread at a time. */
+CRING_API cring_status_t cring_store_connect(const char *addr, int port, const char *secret,
+                                             double timeout_s, cring_store_t **client_out);
+/* Close and free. NULL is a no-op. */
+CRING_API void cring_store_close(cring_store_t *client);
+/* Set key to a copy of value (len bytes, may be 0). Overwrites. */
+CRING_API cring_status_t cring_store_set(cring_store_t *client, const char *key,
+                                         const void *value, size_t len);
+/* Wait until key exists (up to timeout_s), then return a malloc'd copy of its
+ * value in *value_out (caller frees with free()) and its length in *len_out.
+ * Errors: ERR_TIMEOUT when the key did not appear in time. */
+CRING_API cring_status_t cring_store_get(cring_store_t *client, const char *key,
+                                         double timeout_s, void **value_out, size_t *len_out);
+/* Atomically add delta to the 64-bit integer at key (a missing key counts as
+ * 0) and return the new value. */
+CRING_API cring_status_t cring_store_add(cring_store_t *client, const char *key,
+                                         int64_t delta, int64_t *new_value_out);
+/* Wait until every key in keys[0..nkeys) exists, up to timeout_s. */
+CRING_API cring_status_t cring_store_wait(cring_store_t *client, const char *const *keys,
+                                          size_t nkeys, double timeout_s);
+
+/* ---- Communicator -------------------------------------------------------- */
+typedef struct cring_comm cring_comm_t;
+
+typedef enum cring_transport_kind {
+    CRING_TRANSPORT_AUTO = 0, /* shared memory when every rank is on one host, else TCP */
+    CRING_TRANSPORT_TCP = 1,  /* TCP between every pair, even on one host */
+    CRING_TRANSPORT_SHM = 2   /* shared memory; fails if ranks span hosts */
+} cring_transport_kind_t;
+
+typedef struct cring_config {
+    int rank;                       /* 0 <= rank < size */
+    int size;                       /* >= 1 */
+    const char *store_addr;         /* rendezvous store address */
+    int store_port;                 /* rendezvous store port */
+    int serve_store;                /* nonzero: this process starts the store (rank 0) */
+    const char *secret;             /* job secret, NULL or "" for none */
+    const char *job_key;            /* prefix for store keys; distinct per init (may be NULL) */
+    const char *listen_addr;        /* address peers reach this rank on over TCP (NULL: auto) */
+    cring_transport_kind_t transport;
+    double timeout_s;               /* bound on every wait, default 600 when <= 0 */
+} cring_config_t;
+
+/* Fill cfg with defaults (rank 0 of 1, AUTO transport, 600 s timeout). */
+CRING_API void cring_config_init(cring_config_t *cfg);
+
+/* Rendezvous with the other ranks and build a communicator. Blocks until every
+ * rank has joined or timeout_s passes. On error *comm_out is NULL and nothing
+ * is left behind (no thread, socket or shared-memory file); a message is in
+ * cring_last_init_error(). Not thread-safe with itself in one process. */
+CRING_API cring_status_t cring_comm_init(const cring_config_t *cfg, cring_comm_t **comm_out);
+/* Message describing the last cring_comm_init failure in this thread. */
+CRING_API const char *cring_last_init_error(void);
+/* Free everything. Safe on a broken communicator; NULL is a no-op. Does not
+ * communicate, so it never blocks on a dead peer. */
+CRING_API void cring_comm_destroy(cring_comm_t *comm);
+
+/* Queries; thread-safe. local_* count ranks sharing this host; cross_* count
+ * ranks that share this rank's local rank (one per host when hosts are even). */
+CRING_API int cring_comm_rank(const cring_comm_t *comm);
+CRING_API int cring_comm_size(const cring_comm_t *comm);
+CRING_API int cring_comm_local_rank(const cring_comm_t *comm);
+CRING_API int cring_comm_local_size(const cring_comm_t *comm);
+CRING_API int cring_comm_cross_rank(const cring_comm_t *comm);
+CRING_API int cring_comm_cross_size(const cring_comm_t *comm);
+/* "shm" or "tcp": the transport the collectives use. */
+CRING_API const char *cring_comm_transport_name(const cring_comm_t *comm);
+/* Detail for the last error a collective returned on this communicator
+ * (which rank, what differed). Valid until the next call on comm. */
+CRING_API const char *cring_comm_last_error(const cring_comm_t *comm);
+/* The store client the communicator holds (for extra key exchange); owned by
+ * comm. Not thread-safe. */
+CRING_API cring_store_t *cring_comm_store(cring_comm_t *comm);
+
+/* ---- Collectives --------------------------------------------------------
+ * Blocking; every rank must make the same calls in the same order. Each call
+ * first checks that all ranks agree on its arguments (collective, dtype,
+ * count, op, root); a disagreement returns ERR_MISMATCH on every rank, with
+ * detail in cring_comm_last_error(), and leaves the communicator usable.
+ * ERR_TIMEOUT and ERR_PEER_FAILURE leave it broken (every later call returns
+ * ERR_BROKEN). Buffers are owned by the caller and only used during the call;
+ * send and recv may be the same pointer (in place) but must not otherwise
+ * overlap. Not thread-safe: one call at a time per communicator. */
+
+/* recv[i] = op over ranks of send[i], for i < count. */
+CRING_API cring_status_t cring_allreduce(cring_comm_t *comm, const void *send, void *recv,
+                                         size_t count, cring_dtype_t dtype, cring_op_t op);
+/* Copy nbytes of root's buf into every rank's buf. */
+CRING_API cring_status_t cring_broadcast(cring_comm_t *comm, void *buf, size_t nbytes,
+                                         int root);
+/* Concatenate every rank's send (recv_bytes[r] bytes from rank r, which must
+ * equal that rank's send_bytes) into recv, rank order. recv_bytes has size
+ * entries, identical on every rank. */
+CRING_API cring_status_t cring_allgatherv(cring_comm_t *comm, const void *send,
+                                          size_t send_bytes, void *recv,
+                                          const size_t *recv_bytes);
+/* Reduce send (sum of counts[] elements) over ranks; rank r receives the
+ * counts[r] elements that start at sum(counts[0..r)). counts has size
+ * entries, identical on every rank. recv may not alias send. */
+CRING_API cring_status_t cring_reducescatter(cring_comm_t *comm, const void *send,
+                                             void *recv, const size_t *counts,
+                                             cring_dtype_t dtype, cring_op_t op);
+/* Return once every rank has entered. */
+CRING_API cring_status_t cring_barrier(cring_comm_t *comm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CRING_CRING_H */

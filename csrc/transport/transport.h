@@ -1,0 +1,91 @@
+/* transport.h: the two transport interfaces algorithms may use.
+ * - p2p: a table of point-to-point operations (TCP today); algorithms call
+ *   only sendrecv, never sockets.
+ * - shm: per-rank shared-memory windows plus progress counters, for ranks on
+ *   one host; algorithms get pointers and counters, never mmap or futex.
+ * Transports know nothing of dtypes or reductions. */
+#ifndef CRING_TRANSPORT_H
+#define CRING_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/common.h"
+
+/* What every transport needs to set itself up. */
+typedef struct cring__transport_init {
+    int rank;
+    int size;
+    cring_store_t *store;       /* rendezvous store client (not owned) */
+    const char *key_prefix;     /* prefix for this communicator's store keys */
+    const char *listen_addr;    /* TCP: address peers connect to (NULL: auto) */
+    const char *secret;         /* job secret for peer handshakes (may be NULL) */
+    double timeout_s;           /* bound on every wait */
+    cring__errmsg_t *err;       /* where failure detail goes (owned by the comm) */
+} cring__transport_init_t;
+
+/* ---- point to point -------------------------------------------------------- */
+typedef struct cring__p2p cring__p2p_t;
+
+typedef struct cring__p2p_ops {
+    const char *name;
+    /* Send send_bytes from send_buf to send_peer while receiving exactly
+     * recv_bytes from recv_peer into recv_buf; both progress together so a
+     * ring never deadlocks. A side with peer < 0 or 0 bytes is skipped;
+     * send_peer may equal recv_peer. Messages between a pair arrive in the
+     * order sent. Errors: ERR_PEER_FAILURE (connection closed or reset),
+     * ERR_TIMEOUT (no progress for timeout_s), ERR_SYSTEM. Detail goes to
+     * the errmsg given at creation. */
+    cring_status_t (*sendrecv)(cring__p2p_t *p2p, int send_peer, const void *send_buf,
+                               size_t send_bytes, int recv_peer, void *recv_buf,
+                               size_t recv_bytes);
+    /* Close every connection and free; safe on a half-built object. */
+    void (*destroy)(cring__p2p_t *p2p);
+} cring__p2p_ops_t;
+
+struct cring__p2p {
+    const cring__p2p_ops_t *ops;
+    int rank;
+    int size;
+};
+
+/* Build a full mesh of TCP connections: each rank listens on an ephemeral port,
+ * publishes "<key_prefix>/tcp/<rank>" in the store, and lower ranks connect to
+ * higher ones, authenticating with the secret. On error *out is NULL. */
+cring_status_t cring__tcp_create(const cring__transport_init_t *init, cring__p2p_t **out);
+
+/* ---- shared memory ---------------------------------------------------------- */
+typedef struct cring__shm cring__shm_t;
+
+/* Map one segment holding, per rank, a control block and a data window of
+ * window_bytes. Rank 0 creates it; all ranks map it and check a nonce (so a
+ * host that only looks the same is caught); the file is unlinked as soon as
+ * every rank has it mapped, so nothing is left in /dev/shm even if processes
+ * die. Requires every rank on this host. On error *out is NULL. */
+cring_status_t cring__shm_create(const cring__transport_init_t *init, size_t window_bytes,
+                                 cring__shm_t **out);
+void cring__shm_destroy(cring__shm_t *shm);
+
+/* Base of peer's data window (peer == own rank gives this rank's). */
+void *cring__shm_window(cring__shm_t *shm, int peer);
+size_t cring__shm_window_bytes(const cring__shm_t *shm);
+/* A per-rank descriptor slot of CRING__SHM_SLOT_BYTES, two of them (index 0/1),
+ * for small exchanges such as argument agreement. */
+#define CRING__SHM_SLOT_BYTES 256
+void *cring__shm_slot(cring__shm_t *shm, int peer, int index);
+
+/* This rank's progress counter: the last value published. Starts at 0 and only
+ * grows; every rank publishes the same sequence of values. */
+uint64_t cring__shm_seq(const cring__shm_t *shm);
+/* Publish seq (> current) with release ordering and wake waiters. */
+void cring__shm_publish(cring__shm_t *shm, uint64_t seq);
+/* Wait until peer's counter >= seq: spin, then yield, then sleep on a futex.
+ * Errors: ERR_PEER_FAILURE (peer process gone), ERR_TIMEOUT, ERR_BROKEN (another
+ * rank aborted). Acquire ordering: the peer's writes before publish are seen. */
+cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq);
+/* cring__shm_wait on every rank except this one. */
+cring_status_t cring__shm_wait_all(cring__shm_t *shm, uint64_t seq);
+/* Mark the segment aborted so every waiter on every rank fails fast. */
+void cring__shm_abort(cring__shm_t *shm);
+
+#endif /* CRING_TRANSPORT_H */
