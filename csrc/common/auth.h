@@ -19,5 +19,9 @@ void cring__auth_response(const char *secret, const uint8_t nonce[CRING__NONCE_B
 int cring__auth_equal(const uint8_t a[CRING__AUTH_BYTES], const uint8_t b[CRING__AUTH_BYTES]);
 /* SHA-256 of data (exposed for tests against published vectors). */
 void cring__sha256(const void *data, size_t len, uint8_t out[32]);
+/* out = HMAC-SHA256(key[0..key_len), msg[0..msg_len)) per RFC 2104; keys longer
+ * than 64 bytes are hashed first. Exposed for tests against RFC 4231. */
+void cring__hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
+                        uint8_t out[32]);
 
 #endif /* CRING_AUTH_H */

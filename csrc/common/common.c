@@ -1,6 +1,8 @@
 /* common.c: status strings, clock, logging and error-message helpers shared by
  * all layers. Holds no communicator state. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "common.h"
 
 #include <stdio.h>

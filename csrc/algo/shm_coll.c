@@ -1,0 +1,223 @@
+/* shm_coll.c: collectives for ranks on one host, over the shared-memory
+ * windows of transport/shm.c. Pure index math plus memcpy and the reduce
+ * kernels; the transport owns mapping, counters and waiting.
+ *
+ * Every collective starts right after an agreement step, which is a barrier,
+ * so all windows are free at entry. Windows are split in two halves used by
+ * alternate rounds (double buffering): round k writes half k%2 only after
+ * every rank finished reading that half in round k-2. Each rank's progress
+ * counter advances by the same amount on every rank, so the expected values
+ * are plain arithmetic on the counter at entry ("base"). */
+#include <string.h>
+
+#include "../reduce/reduce.h"
+#include "algo.h"
+
+#define MAX_STACK_RANKS 64
+
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* Elements per cache line, so slices start on cache-line boundaries. */
+static size_t align_elems(size_t esize) { return esize >= CRING_CACHE_LINE ? 1 : CRING_CACHE_LINE / esize; }
+
+static unsigned char *half_of(cring__shm_t *shm, int peer, uint64_t round) {
+    size_t half = cring__shm_window_bytes(shm) / 2;
+    return (unsigned char *)cring__shm_window(shm, peer) + (round & 1) * half;
+}
+
+/* Reduce this rank's slice [lo, lo+n) (element offsets into a window half
+ * and into `mine`) from its own input plus every peer's window half, into
+ * dst. */
+static void reduce_slice(cring__shm_t *shm, int rank, int size, uint64_t round,
+                         const unsigned char *mine, size_t win_off_bytes, void *dst, size_t n,
+                         cring_dtype_t dtype, cring_op_t op) {
+    const void *stack_srcs[MAX_STACK_RANKS];
+    const void **srcs = stack_srcs; /* size <= MAX_STACK_RANKS is checked by the comm */
+    int k = 0;
+    srcs[k++] = mine;
+    for (int q = 0; q < size; q++)
+        if (q != rank) srcs[k++] = half_of(shm, q, round) + win_off_bytes;
+    cring__reduce_multi(dtype, op, dst, (const void *const *)srcs, size, n, size);
+}
+
+/*
+ * Owner-slice allreduce. The message is cut into rounds of one window half;
+ * each round's elements are cut into `size` slices, slice q owned by rank q.
+ *
+ *   A  every rank copies its input for the slices it does not own into its
+ *      window half                                   (publish base+3k+1)
+ *   B  the owner of slice q reduces its own input with slice q of every other
+ *      rank's half, writes the result into slice q of its own half and of its
+ *      output                                         (publish base+3k+2)
+ *   C  every rank copies the other owners' results out of their halves
+ *                                                     (publish base+3k+3)
+ *
+ * Per rank and byte: read ~2, written ~2, which is close to a memcpy. In place
+ * (send == recv) works: input slices are read in A or B before C overwrites.
+ */
+cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const void *send,
+                                    void *recv, size_t count, cring_dtype_t dtype,
+                                    cring_op_t op) {
+    const size_t es = cring_dtype_size(dtype);
+    const unsigned char *in = send;
+    unsigned char *out = recv;
+    if (size == 1) {
+        if (send != recv) memcpy(recv, send, count * es);
+        return CRING_OK;
+    }
+    const size_t half = cring__shm_window_bytes(shm) / 2;
+    const size_t chunk = half / es;
+    const size_t al = align_elems(es);
+    const uint64_t base = cring__shm_seq(shm);
+    const size_t rounds = ceil_div(count, chunk);
+    for (size_t k = 0; k < rounds; k++) {
+        const size_t off = k * chunk, n = CRING_MIN(chunk, count - off);
+        const size_t s = ceil_div(ceil_div(n, (size_t)size), al) * al;
+        unsigned char *mine = half_of(shm, rank, k);
+        if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 3 * (k - 2) + 3));
+        for (int q = 0; q < size; q++) {
+            size_t lo = CRING_MIN((size_t)q * s, n), hi = CRING_MIN(lo + s, n);
+            if (q != rank && hi > lo) memcpy(mine + lo * es, in + (off + lo) * es, (hi - lo) * es);
+        }
+        cring__shm_publish(shm, base + 3 * k + 1);
+        CRING_CHECK(cring__shm_wait_all(shm, base + 3 * k + 1));
+        size_t lo = CRING_MIN((size_t)rank * s, n), hi = CRING_MIN(lo + s, n);
+        if (hi > lo) {
+            reduce_slice(shm, rank, size, k, in + (off + lo) * es, lo * es, mine + lo * es,
+                         hi - lo, dtype, op);
+            memcpy(out + (off + lo) * es, mine + lo * es, (hi - lo) * es);
+        }
+        cring__shm_publish(shm, base + 3 * k + 2);
+        for (int q = 0; q < size; q++) {
+            if (q == rank) continue;
+            size_t qlo = CRING_MIN((size_t)q * s, n), qhi = CRING_MIN(qlo + s, n);
+            CRING_CHECK(cring__shm_wait(shm, q, base + 3 * k + 2));
+            if (qhi > qlo)
+                memcpy(out + (off + qlo) * es, half_of(shm, q, k) + qlo * es, (qhi - qlo) * es);
+        }
+        cring__shm_publish(shm, base + 3 * k + 3);
+    }
+    return CRING_OK;
+}
+
+/*
+ * Owner-slice reduce-scatter with uneven slices (counts[q] elements for rank
+ * q, laid out one after another in send). Each round moves a piece of up to E
+ * elements of every slice; rank r's window half holds, at offset q*E, its
+ * input for slice q (q != r).
+ *
+ *   A  copy pieces of the slices owned by others into the half  (base+2k+1)
+ *   B  reduce own piece from own input + every peer's half      (base+2k+2)
+ */
+cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size,
+                                        const void *send, void *recv, const size_t *counts,
+                                        cring_dtype_t dtype, cring_op_t op) {
+    const size_t es = cring_dtype_size(dtype);
+    const unsigned char *in = send;
+    unsigned char *out = recv;
+    size_t offs[MAX_STACK_RANKS + 1], max_count = 0;
+    offs[0] = 0;
+    for (int q = 0; q < size; q++) {
+        offs[q + 1] = offs[q] + counts[q];
+        max_count = CRING_MAX(max_count, counts[q]);
+    }
+    if (size == 1) {
+        memcpy(recv, send, counts[0] * es);
+        return CRING_OK;
+    }
+    const size_t al = align_elems(es);
+    size_t piece = cring__shm_window_bytes(shm) / 2 / ((size_t)size * es) / al * al;
+    if (piece == 0) piece = 1;
+    const uint64_t base = cring__shm_seq(shm);
+    const size_t rounds = ceil_div(max_count, piece);
+    for (size_t k = 0; k < rounds; k++) {
+        const size_t lo = k * piece;
+        unsigned char *mine = half_of(shm, rank, k);
+        if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
+        for (int q = 0; q < size; q++) {
+            if (q == rank || counts[q] <= lo) continue;
+            size_t n = CRING_MIN(piece, counts[q] - lo);
+            memcpy(mine + (size_t)q * piece * es, in + (offs[q] + lo) * es, n * es);
+        }
+        cring__shm_publish(shm, base + 2 * k + 1);
+        CRING_CHECK(cring__shm_wait_all(shm, base + 2 * k + 1));
+        if (counts[rank] > lo) {
+            size_t n = CRING_MIN(piece, counts[rank] - lo);
+            reduce_slice(shm, rank, size, k, in + (offs[rank] + lo) * es,
+                         (size_t)rank * piece * es, out + lo * es, n, dtype, op);
+        }
+        cring__shm_publish(shm, base + 2 * k + 2);
+    }
+    return CRING_OK;
+}
+
+/*
+ * Allgather with per-rank sizes. Round k: every rank copies the k-th window
+ * half's worth of its own block into its half (publish base+2k+1); every rank
+ * copies each peer's piece out as soon as that peer has published, then
+ * publishes base+2k+2 so the half can be reused two rounds later.
+ */
+cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, const void *send,
+                                     size_t send_bytes, void *recv, const size_t *recv_bytes) {
+    unsigned char *out = recv;
+    size_t offs[MAX_STACK_RANKS + 1], max_bytes = 0;
+    offs[0] = 0;
+    for (int q = 0; q < size; q++) {
+        offs[q + 1] = offs[q] + recv_bytes[q];
+        max_bytes = CRING_MAX(max_bytes, recv_bytes[q]);
+    }
+    if (send != out + offs[rank] && send_bytes) memcpy(out + offs[rank], send, send_bytes);
+    if (size == 1) return CRING_OK;
+    const unsigned char *in = out + offs[rank]; /* own block, now in place */
+    const size_t half = cring__shm_window_bytes(shm) / 2;
+    const uint64_t base = cring__shm_seq(shm);
+    const size_t rounds = ceil_div(max_bytes, half);
+    for (size_t k = 0; k < rounds; k++) {
+        const size_t lo = k * half;
+        if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
+        if (send_bytes > lo) memcpy(half_of(shm, rank, k), in + lo, CRING_MIN(half, send_bytes - lo));
+        cring__shm_publish(shm, base + 2 * k + 1);
+        for (int i = 1; i < size; i++) {
+            int q = (rank + i) % size; /* spread readers over different windows */
+            CRING_CHECK(cring__shm_wait(shm, q, base + 2 * k + 1));
+            if (recv_bytes[q] > lo)
+                memcpy(out + offs[q] + lo, half_of(shm, q, k), CRING_MIN(half, recv_bytes[q] - lo));
+        }
+        cring__shm_publish(shm, base + 2 * k + 2);
+    }
+    return CRING_OK;
+}
+
+/*
+ * Broadcast: the root streams the buffer through its window halves; round k
+ * the root copies piece k in (publish base+2k+1 and +2), readers copy it out
+ * and publish base+2k+2; the root reuses a half once every reader published
+ * its round k-2.
+ */
+cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void *buf,
+                                    size_t nbytes, int root) {
+    if (size == 1) return CRING_OK;
+    unsigned char *data = buf;
+    const size_t half = cring__shm_window_bytes(shm) / 2;
+    const uint64_t base = cring__shm_seq(shm);
+    const size_t rounds = ceil_div(nbytes, half);
+    for (size_t k = 0; k < rounds; k++) {
+        const size_t lo = k * half, n = CRING_MIN(half, nbytes - lo);
+        if (rank == root) {
+            if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
+            memcpy(half_of(shm, root, k), data + lo, n);
+            cring__shm_publish(shm, base + 2 * k + 1);
+        } else {
+            CRING_CHECK(cring__shm_wait(shm, root, base + 2 * k + 1));
+            memcpy(data + lo, half_of(shm, root, k), n);
+        }
+        cring__shm_publish(shm, base + 2 * k + 2);
+    }
+    return CRING_OK;
+}
+
+cring_status_t cring__shm_barrier(cring__shm_t *shm) {
+    uint64_t seq = cring__shm_seq(shm) + 1;
+    cring__shm_publish(shm, seq);
+    return cring__shm_wait_all(shm, seq);
+}

@@ -1,0 +1,778 @@
+/* module.c: cring._C, the only C file that includes Python.h. It reads tensors
+ * through DLPack (no copy), maps cring statuses to Python exceptions, releases
+ * the GIL around everything that can block, and keeps the communicator in
+ * module state. It holds no collective logic of its own. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+#include <string.h>
+
+#include "../common/common.h"
+#include "../reduce/reduce.h"
+#include "cring/cring.h"
+#include "dlpack_abi.h"
+
+/* ---- module state --------------------------------------------------------- */
+typedef struct {
+    cring_comm_t *comm;        /* NULL until init() */
+    PyThread_type_lock lock;   /* one collective at a time; guards comm */
+    PyObject *CRingError;
+    PyObject *TimeoutError;
+    PyObject *PeerFailureError;
+    PyObject *MismatchError;
+    PyObject *NotInitializedError;
+    PyTypeObject *StoreServerType;
+} module_state;
+
+static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
+
+/* One place that turns a cring status into a Python exception. */
+static PyObject *raise_status(module_state *s, cring_status_t st, const char *context,
+                              const char *detail) {
+    PyObject *type;
+    switch (st) {
+    case CRING_ERR_INVALID_ARGUMENT: type = PyExc_ValueError; break;
+    case CRING_ERR_NOT_SUPPORTED: type = PyExc_TypeError; break;
+    case CRING_ERR_NO_MEMORY: type = PyExc_MemoryError; break;
+    case CRING_ERR_TIMEOUT: type = s->TimeoutError; break;
+    case CRING_ERR_PEER_FAILURE: type = s->PeerFailureError; break;
+    case CRING_ERR_MISMATCH: type = s->MismatchError; break;
+    default: type = s->CRingError; break;
+    }
+    if (detail && *detail)
+        PyErr_Format(type, "%s: %s", context, detail);
+    else
+        PyErr_Format(type, "%s: %s", context, cring_status_string(st));
+    return NULL;
+}
+
+static PyObject *raise_not_initialized(module_state *s) {
+    PyErr_SetString(s->NotInitializedError,
+                    "cring has not been initialized; call cring.init() first");
+    return NULL;
+}
+
+/* ---- DLPack ingest -------------------------------------------------------- */
+typedef struct {
+    PyObject *capsule;
+    void *managed;
+    int versioned;
+    cring_dl_tensor_t *t;
+    uint64_t flags;
+    void *data;
+    size_t numel;
+    cring_dtype_t dtype;
+} tensor_ref;
+
+static void tensor_release(tensor_ref *ref) {
+    if (ref->managed) {
+        if (ref->versioned) {
+            cring_dl_managed_versioned_t *m = ref->managed;
+            if (m->deleter) m->deleter(m);
+        } else {
+            cring_dl_managed_t *m = ref->managed;
+            if (m->deleter) m->deleter(m);
+        }
+    }
+    Py_XDECREF(ref->capsule);
+    memset(ref, 0, sizeof *ref);
+}
+
+static int dtype_from_dl(cring_dl_dtype_t dt, cring_dtype_t *out) {
+    if (dt.lanes != 1) return 0;
+    switch (dt.code) {
+    case CRING_DL_FLOAT:
+        if (dt.bits == 16) *out = CRING_FLOAT16;
+        else if (dt.bits == 32) *out = CRING_FLOAT32;
+        else if (dt.bits == 64) *out = CRING_FLOAT64;
+        else return 0;
+        return 1;
+    case CRING_DL_BFLOAT:
+        if (dt.bits != 16) return 0;
+        *out = CRING_BFLOAT16;
+        return 1;
+    case CRING_DL_INT:
+        if (dt.bits == 8) *out = CRING_INT8;
+        else if (dt.bits == 32) *out = CRING_INT32;
+        else if (dt.bits == 64) *out = CRING_INT64;
+        else return 0;
+        return 1;
+    case CRING_DL_UINT:
+        if (dt.bits != 8) return 0;
+        *out = CRING_UINT8;
+        return 1;
+    case CRING_DL_BOOL:
+        if (dt.bits != 8) return 0;
+        *out = CRING_BOOL;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void dl_dtype_name(cring_dl_dtype_t dt, char *out, size_t n) {
+    static const char *const codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+    const char *c = dt.code < 7 ? codes[dt.code] : "code";
+    if (dt.lanes != 1)
+        snprintf(out, n, "%s%dx%d", c, dt.bits, dt.lanes);
+    else
+        snprintf(out, n, "%s%d", c, dt.bits);
+}
+
+static const char *device_name(int device_type) {
+    switch (device_type) {
+    case CRING_DL_CUDA: return "cuda";
+    case CRING_DL_CUDA_MANAGED: return "cuda (managed)";
+    case CRING_DL_ROCM: return "rocm";
+    default: return "a non-CPU device";
+    }
+}
+
+/* Get a DLPack view of obj. `writable` requires a writable tensor. Sets a
+ * TypeError/ValueError naming the tensor on failure. */
+static int tensor_acquire(PyObject *obj, const char *name, int writable, tensor_ref *ref) {
+    memset(ref, 0, sizeof *ref);
+    PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
+    if (!method) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "tensor '%s' must support DLPack (a NumPy array, torch tensor, ...), "
+                     "got %.200s",
+                     name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *args = PyTuple_New(0);
+    PyObject *kwargs = Py_BuildValue("{s:(ii)}", "max_version", 1, 0);
+    PyObject *cap = (args && kwargs) ? PyObject_Call(method, args, kwargs) : NULL;
+    if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear(); /* a producer that predates DLPack 1.0 */
+        cap = PyObject_CallNoArgs(method);
+    }
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    Py_DECREF(method);
+    if (!cap) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *msg = value ? PyObject_Str(value) : NULL;
+        PyErr_Format(PyExc_ValueError, "tensor '%s' cannot be exported through DLPack: %S",
+                     name, msg ? msg : Py_None);
+        Py_XDECREF(msg);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    ref->capsule = cap;
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        cring_dl_managed_versioned_t *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m->version.major != 1) {
+            PyErr_Format(PyExc_TypeError, "tensor '%s' uses DLPack %u.%u; cring reads 1.x", name,
+                         m->version.major, m->version.minor);
+            Py_CLEAR(ref->capsule);
+            return -1;
+        }
+        PyCapsule_SetName(cap, "used_dltensor_versioned");
+        ref->managed = m;
+        ref->versioned = 1;
+        ref->t = &m->dl_tensor;
+        ref->flags = m->flags;
+    } else if (PyCapsule_IsValid(cap, "dltensor")) {
+        cring_dl_managed_t *m = PyCapsule_GetPointer(cap, "dltensor");
+        PyCapsule_SetName(cap, "used_dltensor");
+        ref->managed = m;
+        ref->t = &m->dl_tensor;
+    } else {
+        PyErr_Format(PyExc_TypeError, "tensor '%s': __dlpack__ did not return a DLPack capsule",
+                     name);
+        Py_CLEAR(ref->capsule);
+        return -1;
+    }
+
+    cring_dl_tensor_t *t = ref->t;
+    if (t->device.device_type != CRING_DL_CPU && t->device.device_type != CRING_DL_CUDA_HOST) {
+        PyErr_Format(PyExc_ValueError,
+                     "tensor '%s' is on %s:%d, but this build of cring has no GPU path: move it "
+                     "to the CPU first (for torch: tensor.cpu())",
+                     name, device_name(t->device.device_type), t->device.device_id);
+        goto fail;
+    }
+    if (!dtype_from_dl(t->dtype, &ref->dtype)) {
+        char dn[32];
+        dl_dtype_name(t->dtype, dn, sizeof dn);
+        PyErr_Format(PyExc_TypeError,
+                     "tensor '%s' has dtype %s, which cring does not support (supported: "
+                     "float16, bfloat16, float32, float64, int8, uint8, int32, int64, bool)",
+                     name, dn);
+        goto fail;
+    }
+    if (writable && (ref->flags & CRING_DL_FLAG_READ_ONLY)) {
+        PyErr_Format(PyExc_ValueError, "tensor '%s' is read-only, but this operation writes it",
+                     name);
+        goto fail;
+    }
+    size_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "tensor '%s' has a negative dimension", name);
+            goto fail;
+        }
+        numel *= (size_t)t->shape[i];
+    }
+    if (t->strides && numel > 1) {
+        int64_t expect = 1;
+        for (int i = t->ndim - 1; i >= 0; i--) {
+            if (t->shape[i] != 1 && t->strides[i] != expect) {
+                PyErr_Format(PyExc_ValueError,
+                             "tensor '%s' is not contiguous (dimension %d has stride %lld "
+                             "elements, expected %lld); pass a contiguous copy "
+                             "(numpy.ascontiguousarray(x) or x.contiguous())",
+                             name, i, (long long)t->strides[i], (long long)expect);
+                goto fail;
+            }
+            expect *= t->shape[i];
+        }
+    }
+    ref->numel = numel;
+    ref->data = (char *)t->data + t->byte_offset;
+    return 0;
+fail:
+    tensor_release(ref);
+    return -1;
+}
+
+/* ---- init / shutdown / queries -------------------------------------------- */
+static PyObject *py_init(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"rank", "size", "addr", "port", "serve_store", "secret",
+                             "job_key", "listen_addr", "transport", "timeout_s", NULL};
+    module_state *s = get_state(module);
+    cring_config_t cfg;
+    cring_config_init(&cfg);
+    const char *transport = "auto";
+    int serve_store = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iisip|zzzsd", kwlist, &cfg.rank, &cfg.size,
+                                     &cfg.store_addr, &cfg.store_port, &serve_store, &cfg.secret,
+                                     &cfg.job_key, &cfg.listen_addr, &transport, &cfg.timeout_s))
+        return NULL;
+    cfg.serve_store = serve_store;
+    if (!strcmp(transport, "auto")) cfg.transport = CRING_TRANSPORT_AUTO;
+    else if (!strcmp(transport, "tcp")) cfg.transport = CRING_TRANSPORT_TCP;
+    else if (!strcmp(transport, "shm")) cfg.transport = CRING_TRANSPORT_SHM;
+    else {
+        PyErr_Format(PyExc_ValueError, "transport must be 'auto', 'tcp' or 'shm', got '%s'",
+                     transport);
+        return NULL;
+    }
+    if (s->comm) {
+        PyErr_SetString(s->CRingError, "cring is already initialized; call shutdown() first");
+        return NULL;
+    }
+    cring_comm_t *comm = NULL;
+    cring_status_t st;
+    char detail[CRING__ERRMSG_BYTES];
+    Py_BEGIN_ALLOW_THREADS
+    st = cring_comm_init(&cfg, &comm);
+    if (st != CRING_OK) snprintf(detail, sizeof detail, "%s", cring_last_init_error());
+    Py_END_ALLOW_THREADS
+    if (st != CRING_OK) return raise_status(s, st, "cring.init failed", detail);
+    PyThread_acquire_lock(s->lock, WAIT_LOCK);
+    s->comm = comm;
+    PyThread_release_lock(s->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_shutdown(PyObject *module, PyObject *unused) {
+    module_state *s = get_state(module);
+    cring_comm_t *comm;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(s->lock, WAIT_LOCK); /* waits for a collective in flight */
+    comm = s->comm;
+    s->comm = NULL;
+    PyThread_release_lock(s->lock);
+    cring_comm_destroy(comm);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_is_initialized(PyObject *module, PyObject *unused) {
+    return PyBool_FromLong(get_state(module)->comm != NULL);
+}
+
+static PyObject *py_topology(PyObject *module, PyObject *unused) {
+    module_state *s = get_state(module);
+    cring_comm_t *c = s->comm;
+    if (!c) return raise_not_initialized(s);
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:s}", "rank", cring_comm_rank(c), "size",
+                         cring_comm_size(c), "local_rank", cring_comm_local_rank(c),
+                         "local_size", cring_comm_local_size(c), "cross_rank",
+                         cring_comm_cross_rank(c), "cross_size", cring_comm_cross_size(c),
+                         "transport", cring_comm_transport_name(c));
+}
+
+/* Describe a tensor as cring sees it: (shape, dtype name, read_only). */
+static PyObject *py_tensor_info(PyObject *module, PyObject *args) {
+    PyObject *obj;
+    const char *name = "tensor";
+    if (!PyArg_ParseTuple(args, "O|s", &obj, &name)) return NULL;
+    tensor_ref ref;
+    if (tensor_acquire(obj, name, 0, &ref) < 0) return NULL;
+    PyObject *shape = PyTuple_New(ref.t->ndim);
+    for (int i = 0; shape && i < ref.t->ndim; i++)
+        PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(ref.t->shape[i]));
+    PyObject *res = shape ? Py_BuildValue("(Nsi)", shape, cring_dtype_name(ref.dtype),
+                                          (ref.flags & CRING_DL_FLAG_READ_ONLY) != 0)
+                          : NULL;
+    tensor_release(&ref);
+    return res;
+}
+
+/* ---- collectives ------------------------------------------------------------ */
+typedef enum { CALL_ALLREDUCE, CALL_BROADCAST, CALL_ALLGATHER, CALL_REDUCESCATTER } call_kind;
+
+typedef struct {
+    call_kind kind;
+    const void *send;
+    void *recv;
+    size_t count;
+    size_t bytes;
+    cring_dtype_t dtype;
+    cring_op_t op;
+    int root;
+    const size_t *table;
+} call_args;
+
+/* Run one collective with the GIL released and the module lock held. */
+static PyObject *run_collective(module_state *s, const call_args *a, const char *what,
+                                const char *name) {
+    cring_status_t st = CRING_OK;
+    int initialized = 1;
+    char detail[CRING__ERRMSG_BYTES] = "";
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(s->lock, WAIT_LOCK);
+    if (!s->comm) {
+        initialized = 0;
+    } else {
+        switch (a->kind) {
+        case CALL_ALLREDUCE:
+            st = cring_allreduce(s->comm, a->send, a->recv, a->count, a->dtype, a->op);
+            break;
+        case CALL_BROADCAST: st = cring_broadcast(s->comm, a->recv, a->bytes, a->root); break;
+        case CALL_ALLGATHER:
+            st = cring_allgatherv(s->comm, a->send, a->bytes, a->recv, a->table);
+            break;
+        case CALL_REDUCESCATTER:
+            st = cring_reducescatter(s->comm, a->send, a->recv, a->table, a->dtype, a->op);
+            break;
+        }
+        if (st != CRING_OK) snprintf(detail, sizeof detail, "%s", cring_comm_last_error(s->comm));
+    }
+    PyThread_release_lock(s->lock);
+    Py_END_ALLOW_THREADS
+    if (!initialized) return raise_not_initialized(s);
+    if (st != CRING_OK) {
+        char context[512];
+        snprintf(context, sizeof context, "%s of tensor '%s' failed", what, name);
+        return raise_status(s, st, context, detail);
+    }
+    Py_RETURN_NONE;
+}
+
+static int check_op(cring_dtype_t dtype, int op, const char *name) {
+    if (op == CRING_ADASUM) {
+        PyErr_SetString(PyExc_NotImplementedError, "cring does not implement Adasum");
+        return -1;
+    }
+    if (op < 0 || op >= CRING_OP_COUNT) {
+        PyErr_Format(PyExc_ValueError, "unknown reduction op %d", op);
+        return -1;
+    }
+    if (!cring__reduce_supported(dtype, (cring_op_t)op)) {
+        PyErr_Format(PyExc_TypeError, "tensor '%s': op %s cannot reduce dtype %s", name,
+                     cring_op_name((cring_op_t)op), cring_dtype_name(dtype));
+        return -1;
+    }
+    return 0;
+}
+
+static int same_layout(const tensor_ref *a, const tensor_ref *b, const char *name) {
+    if (a->dtype != b->dtype || a->numel != b->numel) {
+        PyErr_Format(PyExc_ValueError,
+                     "tensor '%s': output has %zu elements of %s, input %zu of %s", name,
+                     b->numel, cring_dtype_name(b->dtype), a->numel, cring_dtype_name(a->dtype));
+        return -1;
+    }
+    return 0;
+}
+
+/* allreduce(send, recv, op, name): recv may be send itself (in place). */
+static PyObject *py_allreduce(PyObject *module, PyObject *args) {
+    module_state *s = get_state(module);
+    PyObject *send_obj, *recv_obj;
+    int op;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "OOis", &send_obj, &recv_obj, &op, &name)) return NULL;
+    if (!s->comm) return raise_not_initialized(s);
+    tensor_ref in = {0}, out = {0};
+    PyObject *res = NULL;
+    int in_place = send_obj == recv_obj;
+    if (tensor_acquire(recv_obj, name, 1, &out) < 0) goto done;
+    if (!in_place && tensor_acquire(send_obj, name, 0, &in) < 0) goto done;
+    const tensor_ref *src = in_place ? &out : &in;
+    if (!in_place && same_layout(src, &out, name) < 0) goto done;
+    if (check_op(out.dtype, op, name) < 0) goto done;
+    call_args a = {.kind = CALL_ALLREDUCE, .send = src->data, .recv = out.data,
+                   .count = out.numel, .dtype = out.dtype, .op = (cring_op_t)op};
+    res = run_collective(s, &a, "allreduce", name);
+done:
+    tensor_release(&in);
+    tensor_release(&out);
+    return res;
+}
+
+/* broadcast(buf, root, name): in place. */
+static PyObject *py_broadcast(PyObject *module, PyObject *args) {
+    module_state *s = get_state(module);
+    PyObject *obj;
+    int root;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "Ois", &obj, &root, &name)) return NULL;
+    if (!s->comm) return raise_not_initialized(s);
+    int size = cring_comm_size(s->comm);
+    if (root < 0 || root >= size) {
+        PyErr_Format(PyExc_ValueError, "tensor '%s': root_rank %d is out of range for size %d",
+                     name, root, size);
+        return NULL;
+    }
+    tensor_ref ref;
+    /* Only receivers write; a read-only tensor is fine on the root. */
+    int writable = cring_comm_rank(s->comm) != root;
+    if (tensor_acquire(obj, name, writable, &ref) < 0) return NULL;
+    call_args a = {.kind = CALL_BROADCAST, .recv = ref.data,
+                   .bytes = ref.numel * cring_dtype_size(ref.dtype), .root = root};
+    PyObject *res = run_collective(s, &a, "broadcast", name);
+    tensor_release(&ref);
+    return res;
+}
+
+/* Parse a sequence of `size` non-negative ints into a malloc'd table. */
+static size_t *parse_table(PyObject *seq, int size, size_t scale, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, "expected a sequence of ints");
+    if (!fast) return NULL;
+    size_t *table = NULL;
+    if (PySequence_Fast_GET_SIZE(fast) != size) {
+        PyErr_Format(PyExc_ValueError, "%s needs %d entries (one per rank), got %zd", what, size,
+                     PySequence_Fast_GET_SIZE(fast));
+        goto done;
+    }
+    table = PyMem_Malloc(sizeof *table * (size_t)(size > 0 ? size : 1));
+    if (!table) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int i = 0; i < size; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (v < 0) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "%s entry %d is negative", what, i);
+            PyMem_Free(table);
+            table = NULL;
+            goto done;
+        }
+        table[i] = (size_t)v * scale;
+    }
+done:
+    Py_DECREF(fast);
+    return table;
+}
+
+/* allgather(send, recv, elements_per_rank, name). */
+static PyObject *py_allgather(PyObject *module, PyObject *args) {
+    module_state *s = get_state(module);
+    PyObject *send_obj, *recv_obj, *counts_obj;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "OOOs", &send_obj, &recv_obj, &counts_obj, &name)) return NULL;
+    if (!s->comm) return raise_not_initialized(s);
+    tensor_ref in = {0}, out = {0};
+    size_t *table = NULL;
+    PyObject *res = NULL;
+    if (tensor_acquire(send_obj, name, 0, &in) < 0) goto done;
+    if (tensor_acquire(recv_obj, name, 1, &out) < 0) goto done;
+    size_t es = cring_dtype_size(in.dtype);
+    int size = cring_comm_size(s->comm);
+    table = parse_table(counts_obj, size, es, "elements_per_rank");
+    if (!table) goto done;
+    size_t total = 0;
+    for (int i = 0; i < size; i++) total += table[i];
+    if (out.dtype != in.dtype || out.numel * es != total ||
+        table[cring_comm_rank(s->comm)] != in.numel * es) {
+        PyErr_Format(PyExc_ValueError, "tensor '%s': allgather output does not fit the inputs",
+                     name);
+        goto done;
+    }
+    call_args a = {.kind = CALL_ALLGATHER, .send = in.data, .recv = out.data,
+                   .bytes = in.numel * es, .table = table};
+    res = run_collective(s, &a, "allgather", name);
+done:
+    PyMem_Free(table);
+    tensor_release(&in);
+    tensor_release(&out);
+    return res;
+}
+
+/* reducescatter(send, recv, elements_per_rank, op, name). */
+static PyObject *py_reducescatter(PyObject *module, PyObject *args) {
+    module_state *s = get_state(module);
+    PyObject *send_obj, *recv_obj, *counts_obj;
+    int op;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "OOOis", &send_obj, &recv_obj, &counts_obj, &op, &name))
+        return NULL;
+    if (!s->comm) return raise_not_initialized(s);
+    tensor_ref in = {0}, out = {0};
+    size_t *table = NULL;
+    PyObject *res = NULL;
+    if (tensor_acquire(send_obj, name, 0, &in) < 0) goto done;
+    if (tensor_acquire(recv_obj, name, 1, &out) < 0) goto done;
+    if (check_op(in.dtype, op, name) < 0) goto done;
+    int size = cring_comm_size(s->comm);
+    table = parse_table(counts_obj, size, 1, "elements_per_rank");
+    if (!table) goto done;
+    size_t total = 0;
+    for (int i = 0; i < size; i++) total += table[i];
+    if (out.dtype != in.dtype || total != in.numel ||
+        table[cring_comm_rank(s->comm)] != out.numel) {
+        PyErr_Format(PyExc_ValueError,
+                     "tensor '%s': reducescatter output does not fit the input", name);
+        goto done;
+    }
+    call_args a = {.kind = CALL_REDUCESCATTER, .send = in.data, .recv = out.data,
+                   .dtype = in.dtype, .op = (cring_op_t)op, .table = table};
+    res = run_collective(s, &a, "reducescatter", name);
+done:
+    PyMem_Free(table);
+    tensor_release(&in);
+    tensor_release(&out);
+    return res;
+}
+
+static PyObject *py_barrier(PyObject *module, PyObject *unused) {
+    module_state *s = get_state(module);
+    cring_status_t st = CRING_OK;
+    int initialized = 1;
+    char detail[CRING__ERRMSG_BYTES] = "";
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(s->lock, WAIT_LOCK);
+    if (!s->comm) initialized = 0;
+    else if ((st = cring_barrier(s->comm)) != CRING_OK)
+        snprintf(detail, sizeof detail, "%s", cring_comm_last_error(s->comm));
+    PyThread_release_lock(s->lock);
+    Py_END_ALLOW_THREADS
+    if (!initialized) return raise_not_initialized(s);
+    if (st != CRING_OK) return raise_status(s, st, "barrier failed", detail);
+    Py_RETURN_NONE;
+}
+
+/* copy(src, dst): dst[...] = src[...] for tensors of equal dtype and size. */
+static PyObject *py_copy(PyObject *module, PyObject *args) {
+    PyObject *src_obj, *dst_obj;
+    const char *name = "tensor";
+    if (!PyArg_ParseTuple(args, "OO|s", &src_obj, &dst_obj, &name)) return NULL;
+    tensor_ref src = {0}, dst = {0};
+    PyObject *res = NULL;
+    if (tensor_acquire(src_obj, name, 0, &src) < 0) goto done;
+    if (tensor_acquire(dst_obj, name, 1, &dst) < 0) goto done;
+    if (same_layout(&src, &dst, name) < 0) goto done;
+    if (src.data != dst.data) memmove(dst.data, src.data, src.numel * cring_dtype_size(src.dtype));
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    tensor_release(&src);
+    tensor_release(&dst);
+    return res;
+}
+
+static PyObject *py_reduce_isa(PyObject *module, PyObject *unused) {
+    return PyUnicode_FromString(cring__reduce_isa());
+}
+
+/* ---- StoreServer ------------------------------------------------------------ */
+typedef struct {
+    PyObject_HEAD
+    cring_store_server_t *server;
+    int port;
+} StoreServerObject;
+
+static PyObject *StoreServer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"bind_addr", "port", "secret", NULL};
+    const char *addr;
+    int port = 0;
+    const char *secret = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|iz", kwlist, &addr, &port, &secret))
+        return NULL;
+    StoreServerObject *self = (StoreServerObject *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    cring_status_t st;
+    char detail[CRING__ERRMSG_BYTES];
+    Py_BEGIN_ALLOW_THREADS
+    st = cring_store_server_start(addr, port, secret, &self->server, &self->port);
+    if (st != CRING_OK) snprintf(detail, sizeof detail, "%s", cring__thread_errmsg()->text);
+    Py_END_ALLOW_THREADS
+    if (st != CRING_OK) {
+        Py_DECREF(self);
+        module_state *s = PyType_GetModuleState(type);
+        return raise_status(s, st, "cannot start the rendezvous store", detail);
+    }
+    return (PyObject *)self;
+}
+
+static void stop_server(StoreServerObject *self) {
+    cring_store_server_t *server = self->server;
+    self->server = NULL;
+    if (server) {
+        Py_BEGIN_ALLOW_THREADS
+        cring_store_server_stop(server);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static PyObject *StoreServer_stop(StoreServerObject *self, PyObject *unused) {
+    stop_server(self);
+    Py_RETURN_NONE;
+}
+
+static void StoreServer_dealloc(StoreServerObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    stop_server(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *StoreServer_get_port(StoreServerObject *self, void *closure) {
+    return PyLong_FromLong(self->port);
+}
+
+static PyMethodDef StoreServer_methods[] = {
+    {"stop", (PyCFunction)StoreServer_stop, METH_NOARGS, "Stop serving and close connections."},
+    {NULL}};
+static PyGetSetDef StoreServer_getset[] = {
+    {"port", (getter)StoreServer_get_port, NULL, "The TCP port being served.", NULL}, {NULL}};
+static PyType_Slot StoreServer_slots[] = {
+    {Py_tp_new, StoreServer_new},
+    {Py_tp_dealloc, StoreServer_dealloc},
+    {Py_tp_methods, StoreServer_methods},
+    {Py_tp_getset, StoreServer_getset},
+    {Py_tp_doc, "StoreServer(bind_addr, port=0, secret=None): the rendezvous key-value store, "
+                "served from a background thread until stop()."},
+    {0, NULL}};
+static PyType_Spec StoreServer_spec = {"cring._C.StoreServer", sizeof(StoreServerObject), 0,
+                                       Py_TPFLAGS_DEFAULT, StoreServer_slots};
+
+/* ---- module ----------------------------------------------------------------- */
+static PyMethodDef module_methods[] = {
+    {"init", (PyCFunction)(void (*)(void))py_init, METH_VARARGS | METH_KEYWORDS,
+     "init(rank, size, addr, port, serve_store, secret=None, job_key=None, listen_addr=None, "
+     "transport='auto', timeout_s=600.0)"},
+    {"shutdown", py_shutdown, METH_NOARGS, "Destroy the communicator (no communication)."},
+    {"is_initialized", py_is_initialized, METH_NOARGS, NULL},
+    {"topology", py_topology, METH_NOARGS, "dict of rank, size, local_*, cross_*, transport"},
+    {"tensor_info", py_tensor_info, METH_VARARGS, "(shape, dtype name, read_only) via DLPack"},
+    {"allreduce", py_allreduce, METH_VARARGS, "allreduce(send, recv, op, name)"},
+    {"broadcast", py_broadcast, METH_VARARGS, "broadcast(buf, root, name)"},
+    {"allgather", py_allgather, METH_VARARGS, "allgather(send, recv, elements_per_rank, name)"},
+    {"reducescatter", py_reducescatter, METH_VARARGS,
+     "reducescatter(send, recv, elements_per_rank, op, name)"},
+    {"barrier", py_barrier, METH_NOARGS, NULL},
+    {"copy", py_copy, METH_VARARGS, "copy(src, dst[, name]): copy between DLPack tensors"},
+    {"reduce_isa", py_reduce_isa, METH_NOARGS, "kernel family chosen for this CPU"},
+    {NULL, NULL, 0, NULL}};
+
+static int add_exception(PyObject *m, PyObject **slot, const char *name, PyObject *bases,
+                         const char *doc) {
+    char qual[128];
+    snprintf(qual, sizeof qual, "cring.%s", name);
+    *slot = PyErr_NewExceptionWithDoc(qual, doc, bases, NULL);
+    if (!*slot) return -1;
+    return PyModule_AddObjectRef(m, name, *slot);
+}
+
+static int module_exec(PyObject *m) {
+    module_state *s = get_state(m);
+    s->lock = PyThread_allocate_lock();
+    if (!s->lock) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (add_exception(m, &s->CRingError, "CRingError", PyExc_RuntimeError,
+                      "Base class of errors raised by cring's collectives.") < 0)
+        return -1;
+    if (add_exception(m, &s->TimeoutError, "TimeoutError", s->CRingError,
+                      "A peer did not take part within CRING_TIMEOUT_SECONDS.") < 0)
+        return -1;
+    if (add_exception(m, &s->PeerFailureError, "PeerFailureError", s->CRingError,
+                      "A peer process died or closed its connection.") < 0)
+        return -1;
+    if (add_exception(m, &s->MismatchError, "MismatchError", s->CRingError,
+                      "Ranks called a collective with different arguments.") < 0)
+        return -1;
+    PyObject *bases = PyTuple_Pack(2, s->CRingError, PyExc_ValueError);
+    if (!bases) return -1;
+    int rc = add_exception(m, &s->NotInitializedError, "NotInitializedError", bases,
+                           "A collective was called before cring.init().");
+    Py_DECREF(bases);
+    if (rc < 0) return -1;
+    s->StoreServerType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &StoreServer_spec, NULL);
+    if (!s->StoreServerType) return -1;
+    if (PyModule_AddObjectRef(m, "StoreServer", (PyObject *)s->StoreServerType) < 0) return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *m, visitproc visit, void *arg) {
+    module_state *s = get_state(m);
+    Py_VISIT(s->CRingError);
+    Py_VISIT(s->TimeoutError);
+    Py_VISIT(s->PeerFailureError);
+    Py_VISIT(s->MismatchError);
+    Py_VISIT(s->NotInitializedError);
+    Py_VISIT(s->StoreServerType);
+    return 0;
+}
+
+static int module_clear(PyObject *m) {
+    module_state *s = get_state(m);
+    Py_CLEAR(s->CRingError);
+    Py_CLEAR(s->TimeoutError);
+    Py_CLEAR(s->PeerFailureError);
+    Py_CLEAR(s->MismatchError);
+    Py_CLEAR(s->NotInitializedError);
+    Py_CLEAR(s->StoreServerType);
+    return 0;
+}
+
+static void module_free(void *m) {
+    module_state *s = get_state((PyObject *)m);
+    module_clear((PyObject *)m);
+    if (s->comm) {
+        cring_comm_destroy(s->comm);
+        s->comm = NULL;
+    }
+    if (s->lock) {
+        PyThread_free_lock(s->lock);
+        s->lock = NULL;
+    }
+}
+
+static PyModuleDef_Slot module_slots[] = {{Py_mod_exec, module_exec}, {0, NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "cring._C",
+    .m_doc = "cring's C core: communicator, collectives and the rendezvous store.",
+    .m_size = sizeof(module_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&module_def); }

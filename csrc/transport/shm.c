@@ -1,0 +1,376 @@
+/* shm.c: the shared-memory transport for ranks on one host: one mapped segment
+ * with a control block and a data window per rank, progress counters with
+ * spin-then-park waits (futex), peer-death and abort detection.
+ * It moves no data itself and knows nothing of collectives or dtypes. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../common/auth.h"
+#include "transport.h"
+
+#define SHM_MAGIC 0x43524e4753484d31ull /* "CRNGSHM1" */
+#define PAGE_BYTES 4096
+
+/* One rank's control block: the progress counter and its futex word on their
+ * own cache line (written by the owner, read by everyone), the waiter count on
+ * another (written by waiters), then the descriptor slots. */
+typedef struct shm_ctrl {
+    _Alignas(CRING_CACHE_LINE) _Atomic uint64_t seq;
+    _Atomic uint32_t futex_word; /* low 32 bits of seq */
+    _Alignas(CRING_CACHE_LINE) _Atomic uint32_t waiters;
+    int32_t pid;
+    _Alignas(CRING_CACHE_LINE) unsigned char slots[2][CRING__SHM_SLOT_BYTES];
+} shm_ctrl_t;
+
+typedef struct shm_header {
+    uint64_t magic;
+    uint8_t nonce[CRING__NONCE_BYTES];
+    uint64_t size;
+    uint64_t window_bytes;
+    _Alignas(CRING_CACHE_LINE) _Atomic uint32_t aborted;
+    _Atomic uint32_t abort_rank_plus1;
+} shm_header_t;
+
+struct cring__shm {
+    int rank;
+    int size;
+    double timeout_s;
+    cring__errmsg_t *err;
+    void *base;
+    size_t map_bytes;
+    size_t window_bytes;
+    shm_header_t *hdr;
+    shm_ctrl_t *ctrl; /* size entries */
+    unsigned char *windows;
+    uint64_t my_seq;
+    long spin_iters;
+    long yield_iters;
+};
+
+static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+static size_t ctrl_offset(void) { return round_up(sizeof(shm_header_t), PAGE_BYTES); }
+static size_t windows_offset(int size) {
+    return round_up(ctrl_offset() + (size_t)size * sizeof(shm_ctrl_t), PAGE_BYTES);
+}
+
+static long futex_call(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
+    return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Is the process alive? A zombie counts as dead: it will never publish again. */
+static int pid_alive(pid_t pid) {
+    if (pid <= 0) return 1;
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 1; /* no /proc: trust kill() */
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *close_paren = strrchr(buf, ')');
+    if (close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X'))
+        return 0;
+    return 1;
+}
+
+static void choose_spin_policy(cring__shm_t *shm) {
+    cpu_set_t set;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
+    /* With more ranks than cores, a spinning waiter steals the core its peer
+     * needs to make progress: spin little and yield early. */
+    long dflt_spin = (cpus >= shm->size) ? 20000 : 200;
+    shm->spin_iters = cring__env_long("CRING_SHM_SPIN", dflt_spin);
+    shm->yield_iters = cring__env_long("CRING_SHM_YIELD", 64);
+}
+
+/* Rank 0: create, size and map the segment, fill the header. */
+static cring_status_t create_segment(cring__shm_t *shm, char *name, size_t name_len) {
+    uint8_t rnd[8];
+    cring__random_bytes(rnd, sizeof rnd);
+    snprintf(name, name_len, "/cring-%d-%02x%02x%02x%02x%02x%02x%02x%02x", (int)getpid(), rnd[0],
+             rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0)
+        return cring__fail(shm->err, CRING_ERR_SYSTEM, "shm_open(%s) failed: %s", name,
+                           strerror(errno));
+    cring_status_t st = CRING_OK;
+    if (ftruncate(fd, (off_t)shm->map_bytes) != 0) {
+        st = cring__fail(shm->err, CRING_ERR_SYSTEM,
+                         "cannot size shared memory %s to %zu bytes: %s", name, shm->map_bytes,
+                         strerror(errno));
+        goto cleanup;
+    }
+    shm->base = mmap(NULL, shm->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (shm->base == MAP_FAILED) {
+        shm->base = NULL;
+        st = cring__fail(shm->err, CRING_ERR_SYSTEM, "mmap of %zu bytes failed: %s",
+                         shm->map_bytes, strerror(errno));
+        goto cleanup;
+    }
+    shm->hdr = shm->base;
+    shm->hdr->size = (uint64_t)shm->size;
+    shm->hdr->window_bytes = shm->window_bytes;
+    cring__random_bytes(shm->hdr->nonce, sizeof shm->hdr->nonce);
+    shm->hdr->magic = SHM_MAGIC;
+cleanup:
+    close(fd);
+    if (st != CRING_OK) shm_unlink(name);
+    return st;
+}
+
+/* Other ranks: open and map rank 0's segment and prove it is the same one by
+ * its nonce (a same-named file on another host or /dev/shm would differ). */
+static cring_status_t open_segment(cring__shm_t *shm, const char *name,
+                                   const uint8_t nonce[CRING__NONCE_BYTES]) {
+    int fd = shm_open(name, O_RDWR, 0600);
+    if (fd < 0)
+        return cring__fail(shm->err, CRING_ERR_NOT_SUPPORTED,
+                           "rank %d cannot open shared memory %s (%s): not on rank 0's host",
+                           shm->rank, name, strerror(errno));
+    cring_status_t st = CRING_OK;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || (size_t)sb.st_size != shm->map_bytes) {
+        st = cring__fail(shm->err, CRING_ERR_NOT_SUPPORTED,
+                         "rank %d: shared memory %s has an unexpected size", shm->rank, name);
+        goto cleanup;
+    }
+    shm->base = mmap(NULL, shm->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (shm->base == MAP_FAILED) {
+        shm->base = NULL;
+        st = cring__fail(shm->err, CRING_ERR_SYSTEM, "mmap of %zu bytes failed: %s",
+                         shm->map_bytes, strerror(errno));
+        goto cleanup;
+    }
+    shm->hdr = shm->base;
+    if (shm->hdr->magic != SHM_MAGIC || memcmp(shm->hdr->nonce, nonce, CRING__NONCE_BYTES) ||
+        shm->hdr->size != (uint64_t)shm->size)
+        st = cring__fail(shm->err, CRING_ERR_NOT_SUPPORTED,
+                         "rank %d: shared memory %s is not the segment rank 0 created "
+                         "(another host or another /dev/shm)",
+                         shm->rank, name);
+cleanup:
+    close(fd);
+    return st;
+}
+
+/* Store record under <prefix>/shm/name: one status byte (1 ok, 0 failed),
+ * the nonce, then the NUL-terminated name. */
+cring_status_t cring__shm_create(const cring__transport_init_t *init, size_t window_bytes,
+                                 cring__shm_t **out) {
+    cring_status_t st = CRING_OK, try_st = CRING_OK;
+    char name[96] = "", key[512];
+    unsigned char record[1 + CRING__NONCE_BYTES + sizeof name];
+    void *value = NULL;
+    size_t len = 0;
+    *out = NULL;
+    cring__shm_t *shm = calloc(1, sizeof *shm);
+    if (!shm) return cring__fail(init->err, CRING_ERR_NO_MEMORY, "shm: out of memory");
+    shm->rank = init->rank;
+    shm->size = init->size;
+    shm->timeout_s = init->timeout_s;
+    shm->err = init->err;
+    shm->window_bytes = round_up(window_bytes, PAGE_BYTES);
+    shm->map_bytes = windows_offset(init->size) + (size_t)init->size * shm->window_bytes;
+    choose_spin_policy(shm);
+    snprintf(key, sizeof key, "%s/shm/name", init->key_prefix);
+
+    if (init->rank == 0) {
+        try_st = create_segment(shm, name, sizeof name);
+        record[0] = try_st == CRING_OK;
+        memcpy(record + 1, try_st == CRING_OK ? shm->hdr->nonce : (uint8_t[16]){0},
+               CRING__NONCE_BYTES);
+        memcpy(record + 1 + CRING__NONCE_BYTES, name, strlen(name) + 1);
+        st = cring_store_set(init->store, key, record, 1 + CRING__NONCE_BYTES + strlen(name) + 1);
+        if (st != CRING_OK) {
+            if (try_st == CRING_OK) shm_unlink(name);
+            cring__fail(init->err, st, "publishing the shared-memory name failed: %s",
+                        cring__thread_errmsg()->text);
+            goto cleanup;
+        }
+    } else {
+        st = cring_store_get(init->store, key, init->timeout_s, &value, &len);
+        if (st != CRING_OK) {
+            cring__fail(init->err, st, "rank %d: waiting for the shared-memory name failed: %s",
+                        init->rank, cring__thread_errmsg()->text);
+            goto cleanup;
+        }
+        const unsigned char *rec = value;
+        if (len < 2 + CRING__NONCE_BYTES || len > sizeof record || rec[len - 1] != 0) {
+            st = cring__fail(init->err, CRING_ERR_PROTOCOL, "malformed shared-memory record");
+            goto cleanup;
+        }
+        memcpy(name, rec + 1 + CRING__NONCE_BYTES, len - 1 - CRING__NONCE_BYTES);
+        try_st = rec[0] ? open_segment(shm, name, rec + 1)
+                        : cring__fail(init->err, CRING_ERR_NOT_SUPPORTED,
+                                      "rank 0 could not create the shared memory");
+    }
+    if (try_st == CRING_OK) {
+        shm->ctrl = (shm_ctrl_t *)((unsigned char *)shm->base + ctrl_offset());
+        shm->windows = (unsigned char *)shm->base + windows_offset(init->size);
+        shm->ctrl[init->rank].pid = (int32_t)getpid();
+        /* Touch this rank's window so page faults are not paid in a collective. */
+        memset(shm->windows + (size_t)init->rank * shm->window_bytes, 0, shm->window_bytes);
+    }
+
+    /* Every rank has tried (and mapped, or failed): rank 0 removes the name so
+     * nothing outlives the job, whatever happens to the processes later. */
+    int64_t tried = 0;
+    snprintf(key, sizeof key, "%s/shm/tried", init->key_prefix);
+    st = cring_store_add(init->store, key, 1, &tried);
+    if (st == CRING_OK && tried == init->size) {
+        snprintf(key, sizeof key, "%s/shm/all_tried", init->key_prefix);
+        st = cring_store_set(init->store, key, "1", 1);
+    }
+    if (init->rank == 0 && name[0]) {
+        if (st == CRING_OK) {
+            const char *keys[1] = {key};
+            snprintf(key, sizeof key, "%s/shm/all_tried", init->key_prefix);
+            st = cring_store_wait(init->store, keys, 1, init->timeout_s);
+        }
+        shm_unlink(name);
+    }
+    if (st != CRING_OK) {
+        cring__fail(init->err, st, "shared-memory rendezvous failed: %s",
+                    cring__thread_errmsg()->text);
+        goto cleanup;
+    }
+    st = try_st;
+
+cleanup:
+    free(value);
+    if (st != CRING_OK) {
+        cring__shm_destroy(shm);
+        return st;
+    }
+    *out = shm;
+    return CRING_OK;
+}
+
+void cring__shm_destroy(cring__shm_t *shm) {
+    if (!shm) return;
+    if (shm->base) munmap(shm->base, shm->map_bytes);
+    free(shm);
+}
+
+void *cring__shm_window(cring__shm_t *shm, int peer) {
+    return shm->windows + (size_t)peer * shm->window_bytes;
+}
+
+size_t cring__shm_window_bytes(const cring__shm_t *shm) { return shm->window_bytes; }
+
+void *cring__shm_slot(cring__shm_t *shm, int peer, int index) {
+    return shm->ctrl[peer].slots[index & 1];
+}
+
+uint64_t cring__shm_seq(const cring__shm_t *shm) { return shm->my_seq; }
+
+void cring__shm_publish(cring__shm_t *shm, uint64_t seq) {
+    shm_ctrl_t *me = &shm->ctrl[shm->rank];
+    shm->my_seq = seq;
+    atomic_store_explicit(&me->seq, seq, memory_order_release);
+    atomic_store_explicit(&me->futex_word, (uint32_t)seq, memory_order_release);
+    /* Pairs with the waiter's fence between raising `waiters` and re-reading
+     * the counter: either it sees the new value or we see it waiting. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&me->waiters, memory_order_relaxed) != 0)
+        futex_call(&me->futex_word, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+void cring__shm_abort(cring__shm_t *shm) {
+    if (!shm || !shm->hdr) return;
+    uint32_t expected = 0;
+    if (atomic_compare_exchange_strong(&shm->hdr->aborted, &expected, 1))
+        atomic_store(&shm->hdr->abort_rank_plus1, (uint32_t)shm->rank + 1);
+    for (int r = 0; r < shm->size; r++) {
+        atomic_fetch_add(&shm->ctrl[r].futex_word, 0x80000000u); /* change the word */
+        futex_call(&shm->ctrl[r].futex_word, FUTEX_WAKE, INT_MAX, NULL);
+    }
+}
+
+static int reached(const shm_ctrl_t *c, uint64_t seq) {
+    return atomic_load_explicit(&c->seq, memory_order_acquire) >= seq;
+}
+
+static cring_status_t aborted_status(cring__shm_t *shm) {
+    uint32_t who = atomic_load(&shm->hdr->abort_rank_plus1);
+    if (who > 0 && (int)who - 1 != shm->rank)
+        return cring__fail(shm->err, CRING_ERR_BROKEN,
+                           "rank %d stopped: rank %u hit an error and aborted the job's "
+                           "collectives",
+                           shm->rank, who - 1);
+    return cring__fail(shm->err, CRING_ERR_BROKEN, "the shared-memory communicator was aborted");
+}
+
+cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq) {
+    shm_ctrl_t *c = &shm->ctrl[peer];
+    if (reached(c, seq)) return CRING_OK;
+    for (long i = 0; i < shm->spin_iters; i++) {
+        cpu_relax();
+        if (reached(c, seq)) return CRING_OK;
+    }
+    for (long i = 0; i < shm->yield_iters; i++) {
+        sched_yield();
+        if (reached(c, seq)) return CRING_OK;
+    }
+    double start = cring__now_s(), next_liveness = start + 0.1;
+    const struct timespec slice = {0, 20 * 1000 * 1000}; /* 20 ms */
+    for (;;) {
+        atomic_fetch_add(&c->waiters, 1);
+        atomic_thread_fence(memory_order_seq_cst);
+        uint32_t word = atomic_load(&c->futex_word);
+        if (!reached(c, seq) && !atomic_load(&shm->hdr->aborted))
+            futex_call(&c->futex_word, FUTEX_WAIT, word, &slice);
+        atomic_fetch_sub(&c->waiters, 1);
+        if (reached(c, seq)) return CRING_OK;
+        if (atomic_load(&shm->hdr->aborted)) return aborted_status(shm);
+        double now = cring__now_s();
+        if (now >= next_liveness) {
+            next_liveness = now + 0.1;
+            if (!pid_alive(c->pid)) {
+                cring__shm_abort(shm);
+                return cring__fail(shm->err, CRING_ERR_PEER_FAILURE,
+                                   "rank %d (pid %d) died while rank %d was waiting for it",
+                                   peer, (int)c->pid, shm->rank);
+            }
+        }
+        if (now - start > shm->timeout_s) {
+            cring__shm_abort(shm);
+            return cring__fail(shm->err, CRING_ERR_TIMEOUT,
+                               "rank %d waited %.1f s for rank %d (CRING_TIMEOUT_SECONDS=%g); "
+                               "it never reached the same collective",
+                               shm->rank, now - start, peer, shm->timeout_s);
+        }
+    }
+}
+
+cring_status_t cring__shm_wait_all(cring__shm_t *shm, uint64_t seq) {
+    for (int r = 0; r < shm->size; r++) {
+        if (r == shm->rank) continue;
+        CRING_CHECK(cring__shm_wait(shm, r, seq));
+    }
+    return CRING_OK;
+}

@@ -1,0 +1,48 @@
+"""Tensor helpers: make new outputs of the caller's kind (NumPy in, NumPy out;
+torch in, torch out; any Array-API library through its namespace) without
+importing any framework that the caller did not already use."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+_NUMPY_DTYPES = {
+    "float16": np.float16, "float32": np.float32, "float64": np.float64,
+    "int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int64": np.int64, "bool": np.bool_,
+}
+
+
+def dlpack_source(x: Any) -> Any:
+    """The object to hand to DLPack: torch tensors that require grad are
+    detached (same storage), since torch refuses to export them."""
+    if getattr(x, "requires_grad", False) and hasattr(x, "detach"):
+        return x.detach()
+    return x
+
+
+def _is_torch(x: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def empty_like(x: Any, shape: Sequence[int], dtype_name: str) -> Any:
+    """A new, uninitialised tensor of x's kind, dtype and device with `shape`."""
+    shape = tuple(int(d) for d in shape)
+    if isinstance(x, np.ndarray):
+        return np.empty(shape, dtype=x.dtype)
+    if _is_torch(x):
+        torch = sys.modules["torch"]
+        return torch.empty(shape, dtype=x.dtype, device=x.device)
+    namespace = getattr(x, "__array_namespace__", None)
+    if namespace is not None:
+        xp = namespace()
+        try:
+            return xp.empty(shape, dtype=x.dtype, device=getattr(x, "device", None))
+        except TypeError:
+            return xp.empty(shape, dtype=x.dtype)
+    if dtype_name not in _NUMPY_DTYPES:
+        raise TypeError(f"cannot make a NumPy output of dtype {dtype_name} for {type(x).__name__}")
+    return np.empty(shape, dtype=_NUMPY_DTYPES[dtype_name])

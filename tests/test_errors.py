@@ -1,0 +1,89 @@
+"""Bad input gets a Python exception naming the problem, never a crash or a
+hang (issue: core, item 6). Single-process cases run in this process; the
+cross-rank ones on real processes with a hard timeout."""
+
+import numpy as np
+import pytest
+
+import cring
+from conftest import run_ranks
+from fake_dlpack import FakeTensor
+
+
+@pytest.fixture
+def single():
+    cring.init(rank=0, size=1)
+    yield
+    cring.shutdown()
+
+
+def test_call_before_init_raises():
+    assert not cring.is_initialized()
+    with pytest.raises(cring.NotInitializedError, match="init"):
+        cring.allreduce(np.ones(3))
+    with pytest.raises(ValueError):  # Horovod raised ValueError here; so do we
+        cring.barrier()
+    with pytest.raises(cring.CRingError):
+        cring.rank()
+
+
+def test_non_contiguous_tensor(single):
+    x = np.ones((4, 4), dtype=np.float32)[:, ::2]
+    with pytest.raises(ValueError, match=r"'grads' is not contiguous"):
+        cring.allreduce(x, name="grads")
+    with pytest.raises(ValueError, match="not contiguous"):
+        cring.broadcast_(np.ones((3, 3)).T, 0)
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.int16, np.uint32, np.float128])
+def test_unsupported_dtype(single, dtype):
+    with pytest.raises((TypeError, ValueError), match=r"'w'.*dtype|'w'.*DLPack"):
+        cring.allreduce(np.zeros(3, dtype=dtype), name="w")
+
+
+def test_bool_cannot_be_reduced(single):
+    with pytest.raises(TypeError, match=r"'mask'.*bool"):
+        cring.allreduce(np.zeros(3, dtype=bool), op=cring.Sum, name="mask")
+    # ...but moves fine
+    assert cring.broadcast(np.array([True, False]), 0).tolist() == [True, False]
+
+
+def test_cuda_tensor_without_gpu_path(single):
+    fake = FakeTensor(np.zeros(4, dtype=np.float32), device_type=2)
+    with pytest.raises(ValueError, match=r"'g' is on cuda:0.*GPU"):
+        cring.allreduce_(fake, name="g")
+
+
+def test_not_a_tensor(single):
+    with pytest.raises(TypeError, match="DLPack"):
+        cring.allreduce([1.0, 2.0])
+
+
+def test_root_rank_out_of_range(single):
+    with pytest.raises(ValueError, match=r"root_rank 1 is out of range for size 1"):
+        cring.broadcast(np.ones(2), root_rank=1)
+    with pytest.raises(ValueError, match="out of range"):
+        cring.broadcast_(np.ones(2), root_rank=-1)
+
+
+def test_read_only_output(single):
+    x = np.ones(3)
+    x.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        cring.allreduce_(x)
+    assert cring.allreduce(x).tolist() == [1.0, 1.0, 1.0]  # reading is fine
+
+
+def test_unknown_op_and_adasum(single):
+    with pytest.raises(ValueError, match="unknown reduction op"):
+        cring.allreduce(np.ones(2), op=42)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        cring.allreduce(np.ones(2), op=cring.Adasum)
+
+
+def test_mismatches_raise_on_every_rank(tmp_path):
+    """Ranks that disagree on shape, dtype, op or root all raise MismatchError,
+    and the next collective still works."""
+    proc = run_ranks(3, "mismatch.py", str(tmp_path), timeout=120)
+    for r in range(3):
+        assert f"rank {r}: all mismatches raised" in proc.stdout
