@@ -196,6 +196,8 @@ static void int_divide(cring_dtype_t dtype, void *buf, size_t begin, size_t end,
  * pass reads the sums from cache. */
 #define INT_AVERAGE_TILE 4096
 
+/* Contracts of the functions below: see reduce.h. Unsupported (dtype, op)
+ * pairs make them do nothing (they never index past the tables). */
 int cring__reduce_supported(cring_dtype_t dtype, cring_op_t op) {
     if ((int)dtype < 0 || dtype >= CRING_DTYPE_COUNT || dtype == CRING_BOOL) return 0;
     return op_slot(op) >= 0;
@@ -205,7 +207,7 @@ const char *cring__reduce_isa(void) { return kernels()->name; }
 
 void cring__reduce_inplace(cring_dtype_t dtype, cring_op_t op, void *dst, const void *src,
                            size_t count) {
-    if (count == 0) return;
+    if (count == 0 || !cring__reduce_supported(dtype, op)) return;
     int slot = op == CRING_AVERAGE ? CRING__K_SUM : op_slot(op);
     const void *srcs[2] = {dst, src};
     kernels()->fn[dtype][slot](dst, srcs, 2, 0, count, 1);
@@ -213,7 +215,7 @@ void cring__reduce_inplace(cring_dtype_t dtype, cring_op_t op, void *dst, const 
 
 void cring__reduce_multi(cring_dtype_t dtype, cring_op_t op, void *dst,
                          const void *const *srcs, int nsrc, size_t count, int divisor) {
-    if (count == 0 || nsrc < 1) return;
+    if (count == 0 || nsrc < 1 || !cring__reduce_supported(dtype, op)) return;
     const cring__reduce_kernels_t *k = kernels();
     if (op == CRING_AVERAGE && divisor < 1) divisor = 1; /* contract: divisor >= 1 */
     if (op == CRING_AVERAGE && is_integer(dtype)) {
@@ -228,7 +230,7 @@ void cring__reduce_multi(cring_dtype_t dtype, cring_op_t op, void *dst,
 }
 
 void cring__reduce_average(cring_dtype_t dtype, void *buf, size_t count, int divisor) {
-    if (count == 0 || divisor <= 1) return;
+    if (count == 0 || divisor <= 1 || !cring__reduce_supported(dtype, CRING_AVERAGE)) return;
     if (is_integer(dtype)) {
         int_divide(dtype, buf, 0, count, divisor);
         return;

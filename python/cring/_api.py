@@ -55,7 +55,12 @@ def _start_store(addr: str, secret: Optional[str]) -> tuple[Any, int]:
     return server, server.port
 
 
-_plan_server: Any = None
+_plan_server: Any = None  # a store started for one init (torchrun/mpirun paths)
+# Stores this process serves on a fixed address (rank 0 under MASTER_ADDR/PORT
+# or CRING_ADDR/PORT). They outlive shutdown(): a peer that re-initialises
+# first must find the store of the next generation at the same address, not a
+# dying one, and keys are namespaced by generation so nothing clashes.
+_fixed_servers: dict[tuple[str, int], Any] = {}
 
 
 def init(
@@ -81,6 +86,11 @@ def init(
                                     transport=transport, timeout_s=timeout_s,
                                     generation=_generation, start_store=_start_store)
         _generation += 1
+        if plan.serve_store:
+            key = (plan.addr, plan.port)
+            if key not in _fixed_servers:
+                _fixed_servers[key] = _C.StoreServer(plan.addr, plan.port, plan.secret)
+            plan.serve_store = False
         try:
             _C.init(plan.rank, plan.size, plan.addr, plan.port, plan.serve_store, plan.secret,
                     plan.job_key, None, plan.transport, plan.timeout_s)
@@ -97,8 +107,10 @@ def init(
 
 
 def shutdown() -> None:
-    """Leave the job and free every resource; init() may be called again.
-    Does not communicate, so it never blocks on a dead peer."""
+    """Leave the job and free its resources; init() may be called again.
+    Does not communicate, so it never blocks on a dead peer. A rendezvous
+    store that rank 0 serves on a fixed port keeps running until the process
+    exits, so that peers re-initialising first find the next generation."""
     global _topology, _plan_server
     with _state_lock:
         _C.shutdown()
