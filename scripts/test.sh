@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite, from a clean clone: installs what it needs (Open MPI
+# from Debian, pinned pip packages with the CPU build of torch), builds and
+# runs the C tests, installs cring and runs pytest. README.md's test command;
+# .ci/run runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PIP="python3 -m pip --disable-pip-version-check --root-user-action=ignore"
+if ! command -v mpirun >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+fi
+# torch is pinned: an unpinned torch pulls several GB of CUDA packages.
+$PIP install -q "torch==2.13.0" "mpi4py==4.1.2" "numpy" "pytest" "hypothesis"
+$PIP install -q .
+
+echo "== C tests (no Python)"
+make -j2 all >/dev/null
+make test
+
+echo "== Python tests"
+cd tests
+# pytest exits 5 when it collected nothing: set -e treats that as the failure it is.
+python3 -m pytest -q -p no:cacheprovider
