@@ -2,8 +2,11 @@
  * windows of transport/shm.c. Pure index math plus memcpy and the reduce
  * kernels; the transport owns mapping, counters and waiting.
  *
- * Every collective starts right after an agreement step, which is a barrier,
- * so all windows are free at entry. Windows are split in two halves used by
+ * A collective may start while peers still read this rank's window for the
+ * previous one, so before its first write it waits until every peer has
+ * published the counter value this rank had at entry ("base"): each rank
+ * publishes its last value only after its last read. Windows are split in
+ * two halves used by
  * alternate rounds (double buffering): round k writes half k%2 only after
  * every rank finished reading that half in round k-2. Each rank's progress
  * counter advances by the same amount on every rank, so the expected values
@@ -14,6 +17,9 @@
 #include "algo.h"
 
 #define MAX_STACK_RANKS 64
+/* At or below this many bytes per rank, allreduce uses one exchange in which
+ * every rank reduces the whole message itself (fewer synchronisations). */
+#define SMALL_ALLREDUCE_BYTES (16u << 10)
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -38,6 +44,26 @@ static void reduce_slice(cring__shm_t *shm, int rank, int size, uint64_t round,
     for (int q = 0; q < size; q++)
         if (q != rank) srcs[k++] = half_of(shm, q, round) + win_off_bytes;
     cring__reduce_multi(dtype, op, dst, (const void *const *)srcs, size, n, size);
+}
+
+/*
+ * Small allreduce: every rank copies its input into its window (publish
+ * base+1), waits for all, and reduces all `size` inputs itself, in rank order
+ * so every rank computes bit-identical results; it then publishes base+2 to
+ * say it has finished reading the others' windows.
+ */
+static cring_status_t small_allreduce(cring__shm_t *shm, int rank, int size, uint64_t base,
+                                      const void *send, void *recv, size_t count,
+                                      cring_dtype_t dtype, cring_op_t op) {
+    const size_t bytes = count * cring_dtype_size(dtype);
+    const void *srcs[MAX_STACK_RANKS];
+    memcpy(half_of(shm, rank, 0), send, bytes);
+    cring__shm_publish(shm, base + 1);
+    CRING_CHECK(cring__shm_wait_all(shm, base + 1));
+    for (int q = 0; q < size; q++) srcs[q] = q == rank ? send : half_of(shm, q, 0);
+    cring__reduce_multi(dtype, op, recv, (const void *const *)srcs, size, count, size);
+    cring__shm_publish(shm, base + 2);
+    return CRING_OK;
 }
 
 /*
@@ -70,6 +96,9 @@ cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const
     const size_t al = align_elems(es);
     const uint64_t base = cring__shm_seq(shm);
     const size_t rounds = ceil_div(count, chunk);
+    CRING_CHECK(cring__shm_wait_all(shm, base));
+    if (count * es <= CRING_MIN(SMALL_ALLREDUCE_BYTES, half))
+        return small_allreduce(shm, rank, size, base, send, recv, count, dtype, op);
     for (size_t k = 0; k < rounds; k++) {
         const size_t off = k * chunk, n = CRING_MIN(chunk, count - off);
         const size_t s = ceil_div(ceil_div(n, (size_t)size), al) * al;
@@ -130,6 +159,7 @@ cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size,
     if (piece == 0) piece = 1;
     const uint64_t base = cring__shm_seq(shm);
     const size_t rounds = ceil_div(max_count, piece);
+    CRING_CHECK(cring__shm_wait_all(shm, base));
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * piece;
         unsigned char *mine = half_of(shm, rank, k);
@@ -172,6 +202,7 @@ cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, cons
     const size_t half = cring__shm_window_bytes(shm) / 2;
     const uint64_t base = cring__shm_seq(shm);
     const size_t rounds = ceil_div(max_bytes, half);
+    CRING_CHECK(cring__shm_wait_all(shm, base));
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * half;
         if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
@@ -201,6 +232,7 @@ cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void 
     const size_t half = cring__shm_window_bytes(shm) / 2;
     const uint64_t base = cring__shm_seq(shm);
     const size_t rounds = ceil_div(nbytes, half);
+    if (rank == root) CRING_CHECK(cring__shm_wait_all(shm, base));
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * half, n = CRING_MIN(half, nbytes - lo);
         if (rank == root) {

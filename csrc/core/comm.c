@@ -3,9 +3,12 @@
  * on its arguments and then runs one algorithm. It never touches sockets or
  * shared memory directly. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +16,7 @@
 #include "../algo/algo.h"
 #include "../common/net.h"
 #include "../reduce/reduce.h"
+#include "comm_internal.h"
 
 #define SHM_MAX_RANKS 64
 #define DEFAULT_TIMEOUT_S 600.0
@@ -30,7 +34,8 @@ struct cring_comm {
     cring__scratch_t scratch;
     cring__desc_t *descs; /* size entries, for agreement */
     uint64_t agreements;
-    cring_status_t broken; /* CRING_OK while usable */
+    _Atomic int broken; /* CRING_OK while usable, else the status that broke it */
+    int wake_fd;        /* eventfd for waking an idle TCP rank; -1 with shm */
     char key_prefix[256];
     cring__errmsg_t err;
 };
@@ -199,6 +204,7 @@ cring_status_t cring_comm_init(const cring_config_t *cfg, cring_comm_t **comm_ou
     c->size = cfg->size;
     c->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : DEFAULT_TIMEOUT_S;
     c->local_size = c->cross_size = 1;
+    c->wake_fd = -1;
     snprintf(c->key_prefix, sizeof c->key_prefix, "%s",
              cfg->job_key && *cfg->job_key ? cfg->job_key : "cring");
     c->descs = calloc((size_t)c->size, sizeof *c->descs);
@@ -225,6 +231,13 @@ cring_status_t cring_comm_init(const cring_config_t *cfg, cring_comm_t **comm_ou
     }
     CRING_CHECK_GOTO(exchange_topology(c), st, cleanup);
     CRING_CHECK_GOTO(choose_transport(c, cfg), st, cleanup);
+    if (c->p2p) {
+        c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (c->wake_fd < 0) {
+            st = cring__fail(&c->err, CRING_ERR_SYSTEM, "eventfd failed: %s", strerror(errno));
+            goto cleanup;
+        }
+    }
     /* Everyone is connected: one barrier over the transport proves it. */
     st = c->shm ? cring__shm_barrier(c->shm) : cring__p2p_barrier(c->p2p);
 
@@ -247,6 +260,7 @@ void cring_comm_destroy(cring_comm_t *c) {
     cring_store_close(c->store);
     cring_store_server_stop(c->server);
     cring__scratch_free(&c->scratch);
+    if (c->wake_fd >= 0) close(c->wake_fd);
     free(c->descs);
     free(c);
 }
@@ -269,21 +283,25 @@ static cring_status_t finish(cring_comm_t *c, cring_status_t st) {
     if (st == CRING_OK || st == CRING_ERR_MISMATCH || st == CRING_ERR_INVALID_ARGUMENT ||
         st == CRING_ERR_NOT_SUPPORTED)
         return st;
-    if (c->broken == CRING_OK) {
-        c->broken = st;
-        if (c->shm) cring__shm_abort(c->shm);
-    }
+    int expected = CRING_OK;
+    if (atomic_compare_exchange_strong(&c->broken, &expected, (int)st) && c->shm)
+        cring__shm_abort(c->shm);
     return st;
+}
+
+static cring_status_t check_usable(cring_comm_t *c) {
+    int broken = atomic_load(&c->broken);
+    if (broken == CRING_OK) return CRING_OK;
+    return cring__fail(&c->err, CRING_ERR_BROKEN,
+                       "rank %d: the communicator failed earlier (%s); shut down and "
+                       "initialise again",
+                       c->rank, cring_status_string((cring_status_t)broken));
 }
 
 /* Agree on the descriptor with every rank; ERR_MISMATCH leaves the comm usable
  * because every rank stops at the same point. */
 static cring_status_t begin(cring_comm_t *c, cring__desc_t *d) {
-    if (c->broken != CRING_OK)
-        return cring__fail(&c->err, CRING_ERR_BROKEN,
-                           "rank %d: the communicator failed earlier (%s); shut down and "
-                           "initialise again",
-                           c->rank, cring_status_string(c->broken));
+    CRING_CHECK(check_usable(c));
     c->err.text[0] = 0;
     if (c->size == 1) return CRING_OK;
     d->magic = CRING__DESC_MAGIC;
@@ -305,14 +323,11 @@ static cring_status_t check_reduce_args(cring_comm_t *c, cring_dtype_t dtype, cr
     return CRING_OK;
 }
 
-cring_status_t cring_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
-                               cring_dtype_t dtype, cring_op_t op) {
-    CRING_CHECK(check_reduce_args(c, dtype, op));
-    if (count && (!send || !recv))
-        return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT, "NULL buffer");
-    cring__desc_t d = {.collective = CRING__COLL_ALLREDUCE, .dtype = dtype, .op = op,
-                       .count = count};
-    CRING_CHECK(begin(c, &d));
+/* ---- collectives without agreement (the engine's entry points) -------------- */
+
+cring_status_t cring__comm_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
+                                     cring_dtype_t dtype, cring_op_t op) {
+    CRING_CHECK(check_usable(c));
     cring_status_t st;
     if (c->size == 1) {
         if (send != recv && count) memcpy(recv, send, count * cring_dtype_size(dtype));
@@ -325,6 +340,103 @@ cring_status_t cring_allreduce(cring_comm_t *c, const void *send, void *recv, si
     return finish(c, st);
 }
 
+cring_status_t cring__comm_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
+    CRING_CHECK(check_usable(c));
+    cring_status_t st = CRING_OK;
+    if (c->size > 1)
+        st = c->shm ? cring__shm_broadcast(c->shm, c->rank, c->size, buf, nbytes, root)
+                    : (nbytes ? cring__ring_broadcast(c->p2p, buf, nbytes, root) : CRING_OK);
+    return finish(c, st);
+}
+
+cring_status_t cring__comm_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes,
+                                      void *recv, const size_t *recv_bytes) {
+    CRING_CHECK(check_usable(c));
+    cring_status_t st;
+    if (c->size == 1) {
+        if (send != recv && send_bytes) memcpy(recv, send, send_bytes);
+        st = CRING_OK;
+    } else {
+        st = c->shm ? cring__shm_allgatherv(c->shm, c->rank, c->size, send, send_bytes, recv, recv_bytes)
+                    : cring__ring_allgatherv(c->p2p, send, send_bytes, recv, recv_bytes);
+    }
+    return finish(c, st);
+}
+
+cring_status_t cring__comm_reducescatter(cring_comm_t *c, const void *send, void *recv,
+                                         const size_t *counts, cring_dtype_t dtype,
+                                         cring_op_t op) {
+    CRING_CHECK(check_usable(c));
+    cring_status_t st;
+    if (c->size == 1) {
+        if (counts[0]) memcpy(recv, send, counts[0] * cring_dtype_size(dtype));
+        st = CRING_OK;
+    } else {
+        st = c->shm ? cring__shm_reducescatter(c->shm, c->rank, c->size, send, recv, counts, dtype, op)
+                    : cring__ring_reducescatter(c->p2p, &c->scratch, send, recv, counts, dtype, op);
+    }
+    return finish(c, st);
+}
+
+cring_status_t cring__comm_barrier(cring_comm_t *c) {
+    CRING_CHECK(check_usable(c));
+    if (c->size == 1) return CRING_OK;
+    return finish(c, c->shm ? cring__shm_barrier(c->shm) : cring__p2p_barrier(c->p2p));
+}
+
+cring_status_t cring__comm_broken(const cring_comm_t *c) {
+    return (cring_status_t)atomic_load(&((cring_comm_t *)c)->broken);
+}
+
+const char *cring__comm_error(const cring_comm_t *c) { return c->err.text; }
+
+void cring__comm_wake(cring_comm_t *c) {
+    if (c->shm) {
+        cring__shm_ring(c->shm, c->rank);
+    } else if (c->wake_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t w = write(c->wake_fd, &one, sizeof one);
+        (void)w; /* EAGAIN means it is already signalled */
+    }
+}
+
+void cring__comm_ring_peers(cring_comm_t *c) {
+    if (!c->shm) return;
+    for (int r = 0; r < c->size; r++)
+        if (r != c->rank) cring__shm_ring(c->shm, r);
+}
+
+uint64_t cring__comm_wake_token(cring_comm_t *c) { return c->shm ? cring__shm_bell(c->shm) : 0; }
+
+void cring__comm_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
+    if (c->shm) {
+        cring__shm_idle_wait(c->shm, (uint32_t)token, max_wait_s);
+    } else if (c->p2p) {
+        c->p2p->ops->idle_wait(c->p2p, c->wake_fd, max_wait_s);
+        uint64_t drained;
+        while (read(c->wake_fd, &drained, sizeof drained) > 0) {
+        }
+    } else {
+        /* one rank: nobody else to wait for; a local wake cannot be waited
+         * on without a transport, so sleep briefly */
+        struct timespec ts = {0, 1000000};
+        if (max_wait_s > 0) nanosleep(&ts, NULL);
+    }
+}
+
+/* ---- public collectives: agree, then run ------------------------------------- */
+
+cring_status_t cring_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
+                               cring_dtype_t dtype, cring_op_t op) {
+    CRING_CHECK(check_reduce_args(c, dtype, op));
+    if (count && (!send || !recv))
+        return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT, "NULL buffer");
+    cring__desc_t d = {.collective = CRING__COLL_ALLREDUCE, .dtype = dtype, .op = op,
+                       .count = count};
+    CRING_CHECK(begin(c, &d));
+    return cring__comm_allreduce(c, send, recv, count, dtype, op);
+}
+
 cring_status_t cring_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
     if (root < 0 || root >= c->size)
         return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT,
@@ -333,11 +445,7 @@ cring_status_t cring_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int ro
     cring__desc_t d = {.collective = CRING__COLL_BROADCAST, .dtype = -1, .op = -1, .root = root,
                        .count = nbytes};
     CRING_CHECK(begin(c, &d));
-    cring_status_t st = CRING_OK;
-    if (c->size > 1 && nbytes)
-        st = c->shm ? cring__shm_broadcast(c->shm, c->rank, c->size, buf, nbytes, root)
-                    : cring__ring_broadcast(c->p2p, buf, nbytes, root);
-    return finish(c, st);
+    return cring__comm_broadcast(c, buf, nbytes, root);
 }
 
 cring_status_t cring_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes,
@@ -355,15 +463,7 @@ cring_status_t cring_allgatherv(cring_comm_t *c, const void *send, size_t send_b
                        .count = total,
                        .table_hash = cring__fnv1a(recv_bytes, (size_t)c->size * sizeof *recv_bytes)};
     CRING_CHECK(begin(c, &d));
-    cring_status_t st;
-    if (c->size == 1) {
-        if (send != recv && send_bytes) memcpy(recv, send, send_bytes);
-        st = CRING_OK;
-    } else {
-        st = c->shm ? cring__shm_allgatherv(c->shm, c->rank, c->size, send, send_bytes, recv, recv_bytes)
-                    : cring__ring_allgatherv(c->p2p, send, send_bytes, recv, recv_bytes);
-    }
-    return finish(c, st);
+    return cring__comm_allgatherv(c, send, send_bytes, recv, recv_bytes);
 }
 
 cring_status_t cring_reducescatter(cring_comm_t *c, const void *send, void *recv,
@@ -378,15 +478,7 @@ cring_status_t cring_reducescatter(cring_comm_t *c, const void *send, void *recv
                        .count = total,
                        .table_hash = cring__fnv1a(counts, (size_t)c->size * sizeof *counts)};
     CRING_CHECK(begin(c, &d));
-    cring_status_t st;
-    if (c->size == 1) {
-        if (counts[0]) memcpy(recv, send, counts[0] * cring_dtype_size(dtype));
-        st = CRING_OK;
-    } else {
-        st = c->shm ? cring__shm_reducescatter(c->shm, c->rank, c->size, send, recv, counts, dtype, op)
-                    : cring__ring_reducescatter(c->p2p, &c->scratch, send, recv, counts, dtype, op);
-    }
-    return finish(c, st);
+    return cring__comm_reducescatter(c, send, recv, counts, dtype, op);
 }
 
 cring_status_t cring_barrier(cring_comm_t *c) {

@@ -108,7 +108,7 @@ static cring_status_t fake_sendrecv(cring__p2p_t *p2p, int send_peer, const void
 
 static void fake_destroy(cring__p2p_t *p2p) { (void)p2p; }
 
-static const cring__p2p_ops_t fake_ops = {"fake", fake_sendrecv, fake_destroy};
+static const cring__p2p_ops_t fake_ops = {.name = "fake", .sendrecv = fake_sendrecv, .destroy = fake_destroy};
 
 static world_t *world_new(int size, size_t capacity) {
     world_t *w = calloc(1, sizeof *w);

@@ -32,6 +32,8 @@ typedef struct shm_ctrl {
     _Atomic uint32_t futex_word; /* low 32 bits of seq */
     _Alignas(CRING_CACHE_LINE) _Atomic uint32_t waiters;
     int32_t pid;
+    _Alignas(CRING_CACHE_LINE) _Atomic uint32_t bell; /* rung by peers and local threads */
+    _Atomic uint32_t bell_sleepers;
     _Alignas(CRING_CACHE_LINE) unsigned char slots[2][CRING__SHM_SLOT_BYTES];
 } shm_ctrl_t;
 
@@ -308,7 +310,29 @@ void cring__shm_abort(cring__shm_t *shm) {
     for (int r = 0; r < shm->size; r++) {
         atomic_fetch_add(&shm->ctrl[r].futex_word, 0x80000000u); /* change the word */
         futex_call(&shm->ctrl[r].futex_word, FUTEX_WAKE, INT_MAX, NULL);
+        cring__shm_ring(shm, r);
     }
+}
+
+void cring__shm_ring(cring__shm_t *shm, int peer) {
+    shm_ctrl_t *c = &shm->ctrl[peer];
+    atomic_fetch_add(&c->bell, 1);
+    if (atomic_load(&c->bell_sleepers) != 0) futex_call(&c->bell, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+uint32_t cring__shm_bell(const cring__shm_t *shm) {
+    return atomic_load(&shm->ctrl[shm->rank].bell);
+}
+
+void cring__shm_idle_wait(cring__shm_t *shm, uint32_t seen, double max_wait_s) {
+    shm_ctrl_t *me = &shm->ctrl[shm->rank];
+    if (max_wait_s <= 0) return;
+    struct timespec ts = {(time_t)max_wait_s, (long)((max_wait_s - (double)(time_t)max_wait_s) * 1e9)};
+    atomic_fetch_add(&me->bell_sleepers, 1);
+    /* Pairs with the ringer's fetch_add then load of bell_sleepers. */
+    if (atomic_load(&me->bell) == seen && !atomic_load(&shm->hdr->aborted))
+        futex_call(&me->bell, FUTEX_WAIT, seen, &ts);
+    atomic_fetch_sub(&me->bell_sleepers, 1);
 }
 
 static int reached(const shm_ctrl_t *c, uint64_t seq) {

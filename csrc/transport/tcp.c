@@ -187,6 +187,22 @@ static cring_status_t tcp_sendrecv(cring__p2p_t *p2p, int send_peer, const void 
     return CRING_OK;
 }
 
+/* Contract: see cring__p2p_ops_t.idle_wait. Polls every peer socket for
+ * input (data or hang-up) and the wake descriptor; reads nothing. */
+static void tcp_idle_wait(cring__p2p_t *p2p, int wake_fd, double max_wait_s) {
+    tcp_p2p_t *t = (tcp_p2p_t *)p2p;
+    struct pollfd stack_pfd[65];
+    struct pollfd *pfd = p2p->size + 1 <= 65 ? stack_pfd : calloc((size_t)p2p->size + 1, sizeof *pfd);
+    if (!pfd) return;
+    nfds_t n = 0;
+    if (wake_fd >= 0) pfd[n++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
+    for (int i = 0; i < p2p->size; i++)
+        if (t->fds[i] >= 0) pfd[n++] = (struct pollfd){.fd = t->fds[i], .events = POLLIN};
+    int ms = max_wait_s > 2e6 ? 2000000000 : (int)(max_wait_s * 1000.0);
+    poll(pfd, n, ms < 0 ? 0 : ms);
+    if (pfd != stack_pfd) free(pfd);
+}
+
 /* Contract: see cring__p2p_ops_t.destroy. Closes every socket; never
  * communicates, so it cannot block on a dead peer. NULL is a no-op. */
 static void tcp_destroy(cring__p2p_t *p2p) {
@@ -203,6 +219,7 @@ static void tcp_destroy(cring__p2p_t *p2p) {
 static const cring__p2p_ops_t tcp_ops = {
     .name = "tcp",
     .sendrecv = tcp_sendrecv,
+    .idle_wait = tcp_idle_wait,
     .destroy = tcp_destroy,
 };
 

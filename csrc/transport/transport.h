@@ -39,6 +39,11 @@ typedef struct cring__p2p_ops {
     cring_status_t (*sendrecv)(cring__p2p_t *p2p, int send_peer, const void *send_buf,
                                size_t send_bytes, int recv_peer, void *recv_buf,
                                size_t recv_bytes);
+    /* Block until a peer sends something (the start of the next collective,
+     * or a closed connection), wake_fd becomes readable (when >= 0), or
+     * max_wait_s passes. Consumes nothing from the peers' streams. Never an
+     * error: a closed connection is reported by the next sendrecv. */
+    void (*idle_wait)(cring__p2p_t *p2p, int wake_fd, double max_wait_s);
     /* Close every connection and free; safe on a half-built object. */
     void (*destroy)(cring__p2p_t *p2p);
 } cring__p2p_ops_t;
@@ -87,5 +92,14 @@ cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq);
 cring_status_t cring__shm_wait_all(cring__shm_t *shm, uint64_t seq);
 /* Mark the segment aborted so every waiter on every rank fails fast. */
 void cring__shm_abort(cring__shm_t *shm);
+
+/* Doorbells wake an idle rank: ring peer's bell (any thread, any process
+ * sharing the segment; cheap when nobody sleeps on it). */
+void cring__shm_ring(cring__shm_t *shm, int peer);
+/* The current value of this rank's bell, to pass to cring__shm_idle_wait. */
+uint32_t cring__shm_bell(const cring__shm_t *shm);
+/* Sleep until this rank's bell differs from `seen`, the segment is aborted,
+ * or max_wait_s passes. */
+void cring__shm_idle_wait(cring__shm_t *shm, uint32_t seen, double max_wait_s);
 
 #endif /* CRING_TRANSPORT_H */

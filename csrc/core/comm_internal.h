@@ -1,0 +1,41 @@
+/* comm_internal.h: what the engine needs from a communicator beyond the
+ * public API: collectives without the argument-agreement step (the engine has
+ * negotiated already), and the idle-wait / wake-up primitives that let an
+ * engine sleep until a peer or a local thread needs it. */
+#ifndef CRING_COMM_INTERNAL_H
+#define CRING_COMM_INTERNAL_H
+
+#include "cring/cring.h"
+
+/* Collectives with no agreement step: the caller guarantees every rank makes
+ * the same call (same sizes, dtype, op, root). Same buffer contracts as the
+ * public functions. A transport failure marks the communicator broken. Not
+ * thread-safe: only the thread that drives the communicator calls these. */
+cring_status_t cring__comm_allreduce(cring_comm_t *comm, const void *send, void *recv,
+                                     size_t count, cring_dtype_t dtype, cring_op_t op);
+cring_status_t cring__comm_broadcast(cring_comm_t *comm, void *buf, size_t nbytes, int root);
+cring_status_t cring__comm_allgatherv(cring_comm_t *comm, const void *send, size_t send_bytes,
+                                      void *recv, const size_t *recv_bytes);
+cring_status_t cring__comm_reducescatter(cring_comm_t *comm, const void *send, void *recv,
+                                         const size_t *counts, cring_dtype_t dtype,
+                                         cring_op_t op);
+cring_status_t cring__comm_barrier(cring_comm_t *comm);
+
+/* CRING_OK while usable, else the status that broke it. Thread-safe read. */
+cring_status_t cring__comm_broken(const cring_comm_t *comm);
+/* Detail of the last failure (owned by comm). */
+const char *cring__comm_error(const cring_comm_t *comm);
+
+/* Wake this rank's idle waiter. Thread-safe, cheap, callable from any thread. */
+void cring__comm_wake(cring_comm_t *comm);
+/* Tell every peer that this rank is starting a round of collectives, so an
+ * idle peer joins (shared memory needs this; TCP peers wake on the data). */
+void cring__comm_ring_peers(cring_comm_t *comm);
+/* A token to take before checking for work, then pass to idle_wait, so a wake
+ * between the check and the wait is not lost. */
+uint64_t cring__comm_wake_token(cring_comm_t *comm);
+/* Sleep until woken (cring__comm_wake), a peer starts a round, or max_wait_s
+ * passes. Only the driving thread calls it. */
+void cring__comm_idle_wait(cring_comm_t *comm, uint64_t token, double max_wait_s);
+
+#endif
