@@ -400,10 +400,14 @@ void cring__comm_wake(cring_comm_t *c) {
     }
 }
 
-void cring__comm_ring_peers(cring_comm_t *c) {
-    if (!c->shm) return;
-    for (int r = 0; r < c->size; r++)
-        if (r != c->rank) cring__shm_ring(c->shm, r);
+void cring__comm_announce(cring_comm_t *c, uint64_t round) {
+    if (c->shm) cring__shm_announce(c->shm, round);
+}
+
+int cring__comm_peer_waiting(cring_comm_t *c, uint64_t rounds_done) {
+    if (c->shm) return cring__shm_peer_announced(c->shm) > rounds_done;
+    if (c->p2p) return c->p2p->ops->idle_wait(c->p2p, -1, 0);
+    return 0;
 }
 
 uint64_t cring__comm_wake_token(cring_comm_t *c) { return c->shm ? cring__shm_bell(c->shm) : 0; }

@@ -28,9 +28,13 @@ const char *cring__comm_error(const cring_comm_t *comm);
 
 /* Wake this rank's idle waiter. Thread-safe, cheap, callable from any thread. */
 void cring__comm_wake(cring_comm_t *comm);
-/* Tell every peer that this rank is starting a round of collectives, so an
- * idle peer joins (shared memory needs this; TCP peers wake on the data). */
-void cring__comm_ring_peers(cring_comm_t *comm);
+/* Tell every peer that this rank is about to start round `round` (1, 2, ...)
+ * of collectives, so an idle peer joins (shared memory needs this; TCP peers
+ * see the data itself). */
+void cring__comm_announce(cring_comm_t *comm, uint64_t round);
+/* 1 when some peer has started a round after `rounds_done` (this rank's
+ * count of finished rounds) and waits for this rank. Never blocks. */
+int cring__comm_peer_waiting(cring_comm_t *comm, uint64_t rounds_done);
 /* A token to take before checking for work, then pass to idle_wait, so a wake
  * between the check and the wait is not lost. */
 uint64_t cring__comm_wake_token(cring_comm_t *comm);

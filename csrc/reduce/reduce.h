@@ -29,6 +29,13 @@ void cring__reduce_multi(cring_dtype_t dtype, cring_op_t op, void *dst,
  * float16/bfloat16 via float32). Thread-safe. */
 void cring__reduce_average(cring_dtype_t dtype, void *buf, size_t count, int divisor);
 
+/* dst[i] = (dst_dtype)(src[i] * scale). Used for compression (float32 <->
+ * float16/bfloat16) and for pre/post-scaling (same dtype); integers are
+ * scaled in double and truncated toward zero. dst may equal src when both
+ * dtypes have the same size. Thread-safe. */
+void cring__convert(cring_dtype_t dst_dtype, void *dst, cring_dtype_t src_dtype, const void *src,
+                    size_t count, double scale);
+
 /* Name of the kernel family chosen for this CPU: "avx512", "avx2" or "scalar".
  * CRING_REDUCE_ISA=scalar|avx2|avx512 caps the choice (for tests). */
 const char *cring__reduce_isa(void);

@@ -34,6 +34,7 @@ typedef struct shm_ctrl {
     int32_t pid;
     _Alignas(CRING_CACHE_LINE) _Atomic uint32_t bell; /* rung by peers and local threads */
     _Atomic uint32_t bell_sleepers;
+    _Atomic uint64_t announced; /* last round this rank announced */
     _Alignas(CRING_CACHE_LINE) unsigned char slots[2][CRING__SHM_SLOT_BYTES];
 } shm_ctrl_t;
 
@@ -333,6 +334,22 @@ void cring__shm_idle_wait(cring__shm_t *shm, uint32_t seen, double max_wait_s) {
     if (atomic_load(&me->bell) == seen && !atomic_load(&shm->hdr->aborted))
         futex_call(&me->bell, FUTEX_WAIT, seen, &ts);
     atomic_fetch_sub(&me->bell_sleepers, 1);
+}
+
+void cring__shm_announce(cring__shm_t *shm, uint64_t round) {
+    atomic_store(&shm->ctrl[shm->rank].announced, round);
+    for (int r = 0; r < shm->size; r++)
+        if (r != shm->rank) cring__shm_ring(shm, r);
+}
+
+uint64_t cring__shm_peer_announced(const cring__shm_t *shm) {
+    uint64_t best = 0;
+    for (int r = 0; r < shm->size; r++) {
+        if (r == shm->rank) continue;
+        uint64_t a = atomic_load(&shm->ctrl[r].announced);
+        if (a > best) best = a;
+    }
+    return best;
 }
 
 static int reached(const shm_ctrl_t *c, uint64_t seq) {

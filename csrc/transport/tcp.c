@@ -189,18 +189,23 @@ static cring_status_t tcp_sendrecv(cring__p2p_t *p2p, int send_peer, const void 
 
 /* Contract: see cring__p2p_ops_t.idle_wait. Polls every peer socket for
  * input (data or hang-up) and the wake descriptor; reads nothing. */
-static void tcp_idle_wait(cring__p2p_t *p2p, int wake_fd, double max_wait_s) {
+static int tcp_idle_wait(cring__p2p_t *p2p, int wake_fd, double max_wait_s) {
     tcp_p2p_t *t = (tcp_p2p_t *)p2p;
     struct pollfd stack_pfd[65];
     struct pollfd *pfd = p2p->size + 1 <= 65 ? stack_pfd : calloc((size_t)p2p->size + 1, sizeof *pfd);
-    if (!pfd) return;
+    if (!pfd) return 0;
     nfds_t n = 0;
     if (wake_fd >= 0) pfd[n++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
     for (int i = 0; i < p2p->size; i++)
         if (t->fds[i] >= 0) pfd[n++] = (struct pollfd){.fd = t->fds[i], .events = POLLIN};
     int ms = max_wait_s > 2e6 ? 2000000000 : (int)(max_wait_s * 1000.0);
-    poll(pfd, n, ms < 0 ? 0 : ms);
+    int peer_input = 0;
+    if (poll(pfd, n, ms < 0 ? 0 : ms) > 0) {
+        for (nfds_t i = wake_fd >= 0 ? 1 : 0; i < n; i++)
+            if (pfd[i].revents) peer_input = 1;
+    }
     if (pfd != stack_pfd) free(pfd);
+    return peer_input;
 }
 
 /* Contract: see cring__p2p_ops_t.destroy. Closes every socket; never

@@ -41,9 +41,10 @@ typedef struct cring__p2p_ops {
                                size_t recv_bytes);
     /* Block until a peer sends something (the start of the next collective,
      * or a closed connection), wake_fd becomes readable (when >= 0), or
-     * max_wait_s passes. Consumes nothing from the peers' streams. Never an
-     * error: a closed connection is reported by the next sendrecv. */
-    void (*idle_wait)(cring__p2p_t *p2p, int wake_fd, double max_wait_s);
+     * max_wait_s passes (0: just look). Consumes nothing from the peers'
+     * streams. Returns 1 when a peer has input waiting. Never an error: a
+     * closed connection is reported by the next sendrecv. */
+    int (*idle_wait)(cring__p2p_t *p2p, int wake_fd, double max_wait_s);
     /* Close every connection and free; safe on a half-built object. */
     void (*destroy)(cring__p2p_t *p2p);
 } cring__p2p_ops_t;
@@ -101,5 +102,10 @@ uint32_t cring__shm_bell(const cring__shm_t *shm);
 /* Sleep until this rank's bell differs from `seen`, the segment is aborted,
  * or max_wait_s passes. */
 void cring__shm_idle_wait(cring__shm_t *shm, uint32_t seen, double max_wait_s);
+/* Announce that this rank is about to start round `round` of collectives
+ * (rounds count from 1 and only grow), then ring every peer's bell. */
+void cring__shm_announce(cring__shm_t *shm, uint64_t round);
+/* The highest round any peer has announced. */
+uint64_t cring__shm_peer_announced(const cring__shm_t *shm);
 
 #endif /* CRING_TRANSPORT_H */

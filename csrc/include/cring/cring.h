@@ -203,6 +203,106 @@ CRING_API cring_status_t cring_reducescatter(cring_comm_t *comm, const void *sen
 /* Return once every rank has entered. */
 CRING_API cring_status_t cring_barrier(cring_comm_t *comm);
 
+
+/* ---- Engine: asynchronous, negotiated, fused collectives --------------------
+ * A background thread owns the communicator. Ranks submit named requests in
+ * any order from any thread; a request runs once every rank has submitted its
+ * name, and ready allreduces (and broadcasts) with the same dtype and op are
+ * packed into one fusion buffer. A disagreement between ranks on one name
+ * (shape, dtype, op, root) fails that request's handle on every rank and
+ * leaves the engine usable. */
+typedef struct cring_engine cring_engine_t;
+typedef struct cring_handle cring_handle_t;
+
+typedef enum cring_collective {
+    CRING_COLL_ALLREDUCE = 1,
+    CRING_COLL_BROADCAST = 2,
+    CRING_COLL_ALLGATHER = 3,
+    CRING_COLL_REDUCESCATTER = 4,
+    CRING_COLL_BARRIER = 5
+} cring_collective_t;
+
+/* One tensor of a request. For ALLGATHER, recv is ignored: the engine
+ * allocates the result (see cring_handle_output). For REDUCESCATTER, recv
+ * holds this rank's rows (shape[0] split as n/P, +1 for ranks < n%P). */
+typedef struct cring_tensor {
+    const void *send;
+    void *recv;            /* may equal send (in place) */
+    cring_dtype_t dtype;
+    int ndim;
+    const int64_t *shape;  /* ndim entries; copied at submission */
+} cring_tensor_t;
+
+typedef struct cring_request {
+    const char *name;               /* unique among this rank's requests in flight */
+    cring_collective_t collective;
+    cring_op_t op;                  /* reductions */
+    int root;                       /* broadcast */
+    double prescale;                /* multiply inputs before reducing (1: none) */
+    double postscale;               /* multiply results after reducing (1: none) */
+    cring_dtype_t compression;      /* FLOAT16 or BFLOAT16 to send float32 compressed;
+                                       CRING_DTYPE_COUNT for none */
+    int ntensors;                   /* >1: a group negotiated and run as one unit */
+    const cring_tensor_t *tensors;
+    int flags;                      /* CRING_REQUEST_* */
+} cring_request_t;
+
+/* The submitting thread calls cring_handle_wait at once and drives the
+ * engine itself, so the engine thread need not be woken (saves a context
+ * switch on synchronous calls). */
+#define CRING_REQUEST_CALLER_WAITS 1
+
+typedef struct cring_engine_stats {
+    uint64_t cycles;          /* negotiation rounds */
+    uint64_t collectives;     /* data collectives run (a fused batch counts once) */
+    uint64_t tensors;         /* tensors completed */
+    uint64_t fused_tensors;   /* tensors that went through the fusion buffer */
+    uint64_t cache_hits;      /* requests negotiated from the response cache */
+    uint64_t errors;          /* requests that completed with an error */
+} cring_engine_stats_t;
+
+/* Start the engine thread; it takes ownership of comm (destroyed by
+ * cring_engine_stop, or here on failure). Reads CRING_FUSION_THRESHOLD (bytes,
+ * default 64 MiB), CRING_CYCLE_TIME (ms), CRING_CACHE_CAPACITY,
+ * CRING_STALL_CHECK_SECONDS, CRING_STALL_SHUTDOWN_SECONDS, CRING_TIMELINE. */
+CRING_API cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **engine_out);
+/* Stop the thread and destroy the communicator; handles still pending complete
+ * with ERR_CLOSED. Handles stay valid until freed. NULL is a no-op. */
+CRING_API void cring_engine_stop(cring_engine_t *engine);
+CRING_API cring_comm_t *cring_engine_comm(cring_engine_t *engine);
+
+/* Queue a request (the engine copies everything but the buffers, which the
+ * caller keeps valid until the handle is done). Errors, with *handle_out NULL
+ * and a message in cring_engine_error_message(): ERR_INVALID_ARGUMENT (bad
+ * request, or the name is already in flight on this rank), ERR_CLOSED,
+ * ERR_BROKEN. Thread-safe. */
+CRING_API cring_status_t cring_engine_submit(cring_engine_t *engine, const cring_request_t *req,
+                                             cring_handle_t **handle_out);
+/* Message for the last submit error in this thread. */
+CRING_API const char *cring_engine_error_message(void);
+
+/* 1 once the handle has completed (successfully or not). Never blocks. */
+CRING_API int cring_handle_done(const cring_handle_t *handle);
+/* Block until done; returns the handle's status. Thread-safe. */
+CRING_API cring_status_t cring_handle_wait(cring_handle_t *handle);
+/* After completion: the status and, on error, a message naming the tensor,
+ * the ranks and what differed. */
+CRING_API cring_status_t cring_handle_status(const cring_handle_t *handle);
+CRING_API const char *cring_handle_error(const cring_handle_t *handle);
+/* After an ALLGATHER completes: the engine-allocated result for tensor
+ * `index` (owned by the handle) and every rank's first dimension
+ * (first_dims[size]). */
+CRING_API const void *cring_handle_output(const cring_handle_t *handle, int index,
+                                          size_t *bytes_out, const int64_t **first_dims_out);
+/* Release the caller's reference. A handle still running is not cancelled:
+ * its buffers must stay valid until it completes. */
+CRING_API void cring_handle_free(cring_handle_t *handle);
+
+CRING_API void cring_engine_get_stats(cring_engine_t *engine, cring_engine_stats_t *out);
+/* Start writing a Chrome-trace timeline to path (replacing any current one);
+ * NULL stops it. The file is valid JSON after every event written. */
+CRING_API cring_status_t cring_engine_timeline(cring_engine_t *engine, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

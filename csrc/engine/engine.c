@@ -1,0 +1,1415 @@
+/* engine.c: the background engine. Requests are queued by any thread; one
+ * driving thread at a time (the engine thread, or a thread waiting on its own
+ * handle) runs negotiation rounds with the other ranks, executes what every
+ * rank has submitted, fuses small allreduces and broadcasts into one buffer,
+ * and completes handles. Collectives come from the communicator; this file
+ * never touches sockets, shared memory or reduction kernels' internals.
+ *
+ * One negotiation round (every rank runs the same rounds in the same order):
+ *
+ *   1. MIN-allreduce of a byte vector V:
+ *        V[0] = 0 if this rank has uncached requests to describe, else 1
+ *        V[1] = 0 if this rank asks everyone to abort (stall shutdown), else 1
+ *        V[2] = 0 if this rank has anything pending, else 1
+ *        V[3+i] per response-cache slot i: 0 invalidate, 2 pending here,
+ *               1 otherwise. After MIN: 2 means pending on every rank (ready),
+ *               0 means some rank's request no longer matches (evict).
+ *   2. If MIN(V[0]) == 0: allgather of every rank's uncached request records.
+ *      Every rank feeds them, in rank order, into the same table; a name is
+ *      complete once all ranks described it, and is then checked (shape,
+ *      dtype, op, root), answered, and put in the cache.
+ *   3. Ready requests run in one order on every rank: cached ones by slot,
+ *      then table completions in completion order; compatible allreduces and
+ *      broadcasts are packed into the fusion buffer up to the threshold.
+ *
+ * Steady state (every name cached) costs one small allreduce per round. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/comm_internal.h"
+#include "../reduce/reduce.h"
+#include "strmap.h"
+#include "timeline.h"
+
+#define V_HEADER 3
+#define DEFAULT_FUSION_THRESHOLD (64u << 20)
+#define DEFAULT_CACHE_CAPACITY 1024
+#define MAX_NAME_BYTES 4096
+
+/* ---- requests and handles ----------------------------------------------------- */
+
+typedef struct tensor_spec {
+    const void *send;
+    void *recv;
+    cring_dtype_t dtype;
+    int ndim;
+    int64_t *shape;
+    size_t count; /* elements */
+    size_t bytes;
+    size_t row_elems; /* elements per first-dimension row */
+} tensor_spec_t;
+
+typedef struct req {
+    char *name;
+    cring_collective_t coll;
+    cring_op_t op;
+    int root;
+    double prescale, postscale;
+    cring_dtype_t compression; /* CRING_DTYPE_COUNT: none */
+    int ntensors;
+    tensor_spec_t *t;
+    cring_handle_t *handle;
+    uint8_t *record; /* this rank's description of the request */
+    size_t record_len;
+    int cache_id;    /* slot in the response cache, -1 when not cached */
+    int wants_resend;
+    double submit_s, ready_s;
+    struct req *next;
+} req_t;
+
+struct cring_handle {
+    _Atomic int done;
+    _Atomic int refs; /* the caller's and the engine's */
+    cring_status_t status;
+    char *error;
+    int ntensors;
+    int size;
+    void **outputs; /* allgather results */
+    size_t *output_bytes;
+    int64_t *first_dims; /* ntensors x size */
+    cring_engine_t *engine;
+};
+
+/* ---- negotiation state ------------------------------------------------------------ */
+
+typedef struct cache_slot {
+    int in_use;
+    char *name;
+    uint8_t *record; /* this rank's record when it was cached */
+    size_t record_len;
+    int64_t *first_dims; /* ntensors x size, for allgather */
+    req_t *local;        /* this rank's request pending on this slot */
+    int invalidate;      /* send 0 for it in the next round */
+} cache_slot_t;
+
+typedef struct table_entry {
+    char *name;
+    uint8_t **records; /* size entries, NULL until that rank described it */
+    size_t *lens;
+    int have;
+    double first_seen_s;
+    int warned;
+} table_entry_t;
+
+typedef struct response {
+    req_t *req;
+    cring_status_t status; /* CRING_ERR_MISMATCH with message, or OK */
+    char *error;
+    const int64_t *first_dims; /* allgather: ntensors x size (not owned) */
+    int64_t *owned_dims;
+} response_t;
+
+struct cring_engine {
+    cring_comm_t *comm;
+    int rank, size;
+    _Atomic int refs;
+    pthread_t thread;
+    int thread_started;
+    _Atomic int stop;
+    _Atomic int broken;           /* CRING_OK while usable */
+    char broken_msg[CRING__ERRMSG_BYTES];
+
+    /* submission */
+    pthread_mutex_t queue_mu;
+    req_t *queue_head, *queue_tail;
+    cring__strmap_t in_flight; /* name -> req, from submit to completion */
+
+    /* completion */
+    pthread_mutex_t done_mu;
+    pthread_cond_t done_cv;
+
+    /* driving state, under progress_mu */
+    pthread_mutex_t progress_mu;
+    cring__strmap_t pending;      /* drained requests waiting for a response */
+    req_t **uncached;             /* requests to describe in the next round */
+    size_t nuncached, cap_uncached;
+    cache_slot_t *cache;
+    int cache_capacity, cache_slots; /* slots[0..cache_slots) are in the vector */
+    cring__strmap_t cache_index;     /* name -> slot + 1 */
+    cring__strmap_t table;           /* name -> table_entry_t */
+    uint8_t *vec;
+    size_t vec_cap;
+    void *fusion;
+    size_t fusion_cap;
+    uint64_t rounds_done;
+    int abort_requested;
+    double last_stall_check_s;
+
+    /* configuration */
+    size_t fusion_threshold;
+    double cycle_time_s;
+    double stall_check_s, stall_shutdown_s;
+
+    /* introspection */
+    pthread_mutex_t stats_mu;
+    cring_engine_stats_t stats;
+    pthread_mutex_t timeline_mu;
+    cring__timeline_t *timeline;
+};
+
+static _Thread_local char submit_error[CRING__ERRMSG_BYTES];
+
+const char *cring_engine_error_message(void) { return submit_error; }
+
+static cring_status_t submit_fail(cring_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static cring_status_t submit_fail(cring_status_t st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(submit_error, sizeof submit_error, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static const char *collective_name(cring_collective_t c) {
+    switch (c) {
+    case CRING_COLL_ALLREDUCE: return "allreduce";
+    case CRING_COLL_BROADCAST: return "broadcast";
+    case CRING_COLL_ALLGATHER: return "allgather";
+    case CRING_COLL_REDUCESCATTER: return "reducescatter";
+    case CRING_COLL_BARRIER: return "barrier";
+    }
+    return "unknown";
+}
+
+static void engine_release(cring_engine_t *e);
+
+static void req_free(req_t *r) {
+    if (!r) return;
+    for (int i = 0; i < r->ntensors; i++) free(r->t[i].shape);
+    free(r->t);
+    free(r->name);
+    free(r->record);
+    free(r);
+}
+
+static void handle_release(cring_handle_t *h) {
+    if (atomic_fetch_sub(&h->refs, 1) != 1) return;
+    cring_engine_t *e = h->engine;
+    for (int i = 0; h->outputs && i < h->ntensors; i++) free(h->outputs[i]);
+    free(h->outputs);
+    free(h->output_bytes);
+    free(h->first_dims);
+    free(h->error);
+    free(h);
+    if (e) engine_release(e);
+}
+
+/* ---- request records ----------------------------------------------------------------
+ * u16 name_len, name, u8 collective, u8 op, u8 compression, i32 root,
+ * u16 ntensors, then per tensor: u8 dtype, u8 ndim, i64 shape[ndim]
+ * (little-endian). Everything every rank must agree on, except an
+ * allgather's first dimensions. */
+
+typedef struct parsed {
+    const char *name;
+    size_t name_len;
+    int coll, op, compression, root, ntensors;
+    const uint8_t *tensors; /* start of the tensor section */
+    size_t tensors_len;
+} parsed_t;
+
+static void put_le(uint8_t **p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) (*p)[i] = (uint8_t)(v >> (8 * i));
+    *p += n;
+}
+
+static uint64_t get_le(const uint8_t *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static int build_record(req_t *r) {
+    size_t name_len = strlen(r->name);
+    size_t len = 2 + name_len + 1 + 1 + 1 + 4 + 2;
+    for (int i = 0; i < r->ntensors; i++) len += 2 + 8 * (size_t)r->t[i].ndim;
+    uint8_t *rec = malloc(len), *p = rec;
+    if (!rec) return -1;
+    put_le(&p, name_len, 2);
+    memcpy(p, r->name, name_len);
+    p += name_len;
+    put_le(&p, (uint64_t)r->coll, 1);
+    put_le(&p, (uint64_t)r->op, 1);
+    put_le(&p, (uint64_t)r->compression, 1);
+    put_le(&p, (uint64_t)(uint32_t)r->root, 4);
+    put_le(&p, (uint64_t)r->ntensors, 2);
+    for (int i = 0; i < r->ntensors; i++) {
+        put_le(&p, (uint64_t)r->t[i].dtype, 1);
+        put_le(&p, (uint64_t)r->t[i].ndim, 1);
+        for (int d = 0; d < r->t[i].ndim; d++) put_le(&p, (uint64_t)r->t[i].shape[d], 8);
+    }
+    r->record = rec;
+    r->record_len = len;
+    return 0;
+}
+
+/* Parse and bounds-check a record (records come from other processes). */
+static int parse_record(const uint8_t *rec, size_t len, parsed_t *out) {
+    if (len < 2) return -1;
+    size_t name_len = get_le(rec, 2);
+    if (len < 2 + name_len + 9) return -1;
+    const uint8_t *p = rec + 2 + name_len;
+    out->name = (const char *)rec + 2;
+    out->name_len = name_len;
+    out->coll = (int)p[0];
+    out->op = (int)p[1];
+    out->compression = (int)p[2];
+    out->root = (int)(int32_t)get_le(p + 3, 4);
+    out->ntensors = (int)get_le(p + 7, 2);
+    out->tensors = p + 9;
+    out->tensors_len = len - (size_t)(out->tensors - rec);
+    size_t off = 0;
+    for (int i = 0; i < out->ntensors; i++) {
+        if (off + 2 > out->tensors_len) return -1;
+        off += 2 + 8 * (size_t)out->tensors[off + 1];
+    }
+    return off == out->tensors_len ? 0 : -1;
+}
+
+/* Describe tensor i of a parsed record: "float32 [4, 3]". */
+static void describe_tensor(const parsed_t *p, int i, char *out, size_t n) {
+    size_t off = 0;
+    for (int k = 0; k < i; k++) off += 2 + 8 * (size_t)p->tensors[off + 1];
+    int ndim = p->tensors[off + 1];
+    int w = snprintf(out, n, "%s [", cring_dtype_name((cring_dtype_t)p->tensors[off]));
+    for (int d = 0; d < ndim && w > 0 && (size_t)w < n; d++)
+        w += snprintf(out + w, n - (size_t)w, "%s%lld", d ? ", " : "",
+                      (long long)(int64_t)get_le(p->tensors + off + 2 + 8 * (size_t)d, 8));
+    if (w > 0 && (size_t)w < n) snprintf(out + w, n - (size_t)w, "]");
+}
+
+/* How rank r's request differs from rank 0's, or 0 when they agree. */
+static int difference(const parsed_t *a, const parsed_t *b, char *out, size_t n) {
+    if (a->coll != b->coll)
+        return snprintf(out, n, "collective %s vs %s", collective_name(a->coll),
+                        collective_name(b->coll));
+    if (a->ntensors != b->ntensors)
+        return snprintf(out, n, "a group of %d tensors vs %d", a->ntensors, b->ntensors);
+    if (a->op != b->op)
+        return snprintf(out, n, "op %s vs %s", cring_op_name(a->op), cring_op_name(b->op));
+    if (a->root != b->root) return snprintf(out, n, "root rank %d vs %d", a->root, b->root);
+    if (a->compression != b->compression) return snprintf(out, n, "compression differs");
+    size_t oa = 0, ob = 0;
+    for (int i = 0; i < a->ntensors; i++) {
+        int nda = a->tensors[oa + 1], ndb = b->tensors[ob + 1];
+        int same = a->tensors[oa] == b->tensors[ob] && nda == ndb;
+        for (int d = 0; same && d < nda; d++) {
+            if (d == 0 && a->coll == CRING_COLL_ALLGATHER) continue;
+            same = get_le(a->tensors + oa + 2 + 8 * (size_t)d, 8) ==
+                   get_le(b->tensors + ob + 2 + 8 * (size_t)d, 8);
+        }
+        if (!same) {
+            char da[160], db[160];
+            describe_tensor(a, i, da, sizeof da);
+            describe_tensor(b, i, db, sizeof db);
+            const char *what = a->tensors[oa] != b->tensors[ob] ? "dtype" : "shape";
+            if (a->ntensors > 1) return snprintf(out, n, "%s of tensor %d: %s vs %s", what, i, da, db);
+            return snprintf(out, n, "%s %s vs %s", what, da, db);
+        }
+        oa += 2 + 8 * (size_t)nda;
+        ob += 2 + 8 * (size_t)ndb;
+    }
+    return 0;
+}
+
+/* First dimension of every tensor of a parsed record into dims[i*size + r]. */
+static void record_first_dims(const parsed_t *p, int r, int size, int64_t *dims) {
+    size_t off = 0;
+    for (int i = 0; i < p->ntensors; i++) {
+        int ndim = p->tensors[off + 1];
+        dims[(size_t)i * (size_t)size + (size_t)r] =
+            ndim ? (int64_t)get_le(p->tensors + off + 2, 8) : 1;
+        off += 2 + 8 * (size_t)ndim;
+    }
+}
+
+/* ---- completion -------------------------------------------------------------------------- */
+
+static void stats_add(cring_engine_t *e, uint64_t *field, uint64_t n) {
+    pthread_mutex_lock(&e->stats_mu);
+    *field += n;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+/* Complete a request: record the status, drop the name from the in-flight set,
+ * wake waiters, release the engine's reference. The caller owns r. */
+static void complete(cring_engine_t *e, req_t *r, cring_status_t st, const char *error) {
+    cring_handle_t *h = r->handle;
+    h->status = st;
+    if (st != CRING_OK) h->error = strdup(error && *error ? error : cring_status_string(st));
+    pthread_mutex_lock(&e->queue_mu);
+    cring__strmap_remove(&e->in_flight, r->name);
+    pthread_mutex_unlock(&e->queue_mu);
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats.tensors += (uint64_t)r->ntensors;
+    if (st != CRING_OK) e->stats.errors++;
+    pthread_mutex_unlock(&e->stats_mu);
+    pthread_mutex_lock(&e->done_mu);
+    atomic_store(&h->done, 1);
+    pthread_cond_broadcast(&e->done_cv);
+    pthread_mutex_unlock(&e->done_mu);
+    handle_release(h);
+}
+
+/* ---- submission -------------------------------------------------------------------------- */
+
+static cring_status_t validate(cring_engine_t *e, const cring_request_t *q) {
+    if (!q->name || !*q->name) return submit_fail(CRING_ERR_INVALID_ARGUMENT, "a request needs a name");
+    if (strlen(q->name) > MAX_NAME_BYTES)
+        return submit_fail(CRING_ERR_INVALID_ARGUMENT, "name of %zu bytes is too long (max %d)",
+                           strlen(q->name), MAX_NAME_BYTES);
+    if (q->collective < CRING_COLL_ALLREDUCE || q->collective > CRING_COLL_BARRIER)
+        return submit_fail(CRING_ERR_INVALID_ARGUMENT, "unknown collective %d", (int)q->collective);
+    if (q->ntensors < 0 || q->ntensors > 65535 || (q->ntensors && !q->tensors))
+        return submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': bad tensor list", q->name);
+    if (q->collective == CRING_COLL_BARRIER && q->ntensors)
+        return submit_fail(CRING_ERR_INVALID_ARGUMENT, "a barrier carries no tensors");
+    if (q->collective != CRING_COLL_BARRIER && !q->ntensors)
+        return submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': no tensors", q->name);
+    if (q->collective == CRING_COLL_BROADCAST && (q->root < 0 || q->root >= e->size))
+        return submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                           "'%s': root rank %d is out of range for size %d", q->name, q->root,
+                           e->size);
+    int reduces = q->collective == CRING_COLL_ALLREDUCE || q->collective == CRING_COLL_REDUCESCATTER;
+    int has_compression = q->compression != CRING_DTYPE_COUNT;
+    if (has_compression && q->compression != CRING_FLOAT16 && q->compression != CRING_BFLOAT16)
+        return submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': compression must be float16 or bfloat16",
+                           q->name);
+    if (has_compression && q->collective != CRING_COLL_ALLREDUCE)
+        return submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': compression applies to allreduce only",
+                           q->name);
+    for (int i = 0; i < q->ntensors; i++) {
+        const cring_tensor_t *t = &q->tensors[i];
+        if (!cring_dtype_size(t->dtype))
+            return submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': invalid dtype", q->name);
+        if (t->ndim < 0 || t->ndim > 32 || (t->ndim && !t->shape))
+            return submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': bad shape", q->name);
+        for (int d = 0; d < t->ndim; d++)
+            if (t->shape[d] < 0)
+                return submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': negative dimension", q->name);
+        if (reduces && !cring__reduce_supported(t->dtype, q->op))
+            return submit_fail(CRING_ERR_NOT_SUPPORTED, "'%s': op %s cannot reduce %s", q->name,
+                               cring_op_name(q->op), cring_dtype_name(t->dtype));
+        if (has_compression && t->dtype != CRING_FLOAT32)
+            return submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                               "'%s': compression applies to float32 tensors, not %s", q->name,
+                               cring_dtype_name(t->dtype));
+        if (q->collective == CRING_COLL_REDUCESCATTER && t->ndim == 0)
+            return submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                               "'%s': reducescatter needs at least one dimension", q->name);
+    }
+    return CRING_OK;
+}
+
+static req_t *make_req(cring_engine_t *e, const cring_request_t *q) {
+    req_t *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->name = strdup(q->name);
+    r->coll = q->collective;
+    r->op = q->op;
+    r->root = q->root;
+    r->prescale = q->prescale == 0 ? 1.0 : q->prescale;
+    r->postscale = q->postscale == 0 ? 1.0 : q->postscale;
+    r->compression = q->compression;
+    r->ntensors = q->ntensors;
+    r->cache_id = -1;
+    r->t = calloc((size_t)(q->ntensors ? q->ntensors : 1), sizeof *r->t);
+    if (!r->name || !r->t) goto fail;
+    for (int i = 0; i < q->ntensors; i++) {
+        const cring_tensor_t *in = &q->tensors[i];
+        tensor_spec_t *t = &r->t[i];
+        t->send = in->send;
+        t->recv = in->recv;
+        t->dtype = in->dtype;
+        t->ndim = in->ndim;
+        t->shape = malloc(sizeof *t->shape * (size_t)(in->ndim ? in->ndim : 1));
+        if (!t->shape) goto fail;
+        t->count = 1;
+        t->row_elems = 1;
+        for (int d = 0; d < in->ndim; d++) {
+            t->shape[d] = in->shape[d];
+            t->count *= (size_t)in->shape[d];
+            if (d > 0) t->row_elems *= (size_t)in->shape[d];
+        }
+        t->bytes = t->count * cring_dtype_size(t->dtype);
+    }
+    if (build_record(r) != 0) goto fail;
+    return r;
+fail:
+    req_free(r);
+    return NULL;
+}
+
+cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
+                                   cring_handle_t **handle_out) {
+    *handle_out = NULL;
+    submit_error[0] = 0;
+    if (atomic_load(&e->broken) != CRING_OK)
+        return submit_fail(CRING_ERR_BROKEN, "the engine failed earlier: %s", e->broken_msg);
+    CRING_CHECK(validate(e, q));
+    req_t *r = make_req(e, q);
+    cring_handle_t *h = calloc(1, sizeof *h);
+    if (!r || !h) {
+        req_free(r);
+        free(h);
+        return submit_fail(CRING_ERR_NO_MEMORY, "out of memory");
+    }
+    h->ntensors = q->ntensors;
+    h->size = e->size;
+    h->engine = e;
+    atomic_store(&h->refs, 2);
+    r->handle = h;
+    r->submit_s = cring__now_s();
+    pthread_mutex_lock(&e->queue_mu);
+    if (atomic_load(&e->stop)) { /* checked under the lock: stop drains the queue after */
+        pthread_mutex_unlock(&e->queue_mu);
+        req_free(r);
+        free(h);
+        return submit_fail(CRING_ERR_CLOSED, "cring has been shut down");
+    }
+    if (cring__strmap_get(&e->in_flight, r->name)) {
+        pthread_mutex_unlock(&e->queue_mu);
+        cring_status_t st = submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                                        "a request named '%s' is already in flight on rank %d; "
+                                        "names must be unique until synchronized",
+                                        r->name, e->rank);
+        req_free(r);
+        free(h);
+        return st;
+    }
+    if (cring__strmap_put(&e->in_flight, r->name, r) != 0) {
+        pthread_mutex_unlock(&e->queue_mu);
+        req_free(r);
+        free(h);
+        return submit_fail(CRING_ERR_NO_MEMORY, "out of memory");
+    }
+    atomic_fetch_add(&e->refs, 1);
+    if (e->queue_tail) e->queue_tail->next = r;
+    else e->queue_head = r;
+    e->queue_tail = r;
+    pthread_mutex_unlock(&e->queue_mu);
+    if (!(q->flags & CRING_REQUEST_CALLER_WAITS)) cring__comm_wake(e->comm);
+    *handle_out = h;
+    return CRING_OK;
+}
+
+/* ---- the response cache and the table ---------------------------------------------- */
+
+static int push_uncached(cring_engine_t *e, req_t *r) {
+    if (e->nuncached == e->cap_uncached) {
+        size_t cap = e->cap_uncached ? 2 * e->cap_uncached : 64;
+        req_t **u = realloc(e->uncached, cap * sizeof *u);
+        if (!u) return -1;
+        e->uncached = u;
+        e->cap_uncached = cap;
+    }
+    e->uncached[e->nuncached++] = r;
+    return 0;
+}
+
+static int cache_lookup(cring_engine_t *e, const char *name) {
+    void *v = cring__strmap_get(&e->cache_index, name);
+    return v ? (int)(intptr_t)v - 1 : -1;
+}
+
+static void cache_evict(cring_engine_t *e, int id) {
+    cache_slot_t *s = &e->cache[id];
+    if (!s->in_use) return;
+    cring__strmap_remove(&e->cache_index, s->name);
+    if (s->local) {
+        s->local->cache_id = -1;
+        push_uncached(e, s->local);
+    }
+    free(s->name);
+    free(s->record);
+    free(s->first_dims);
+    memset(s, 0, sizeof *s);
+}
+
+/* Insert a negotiated request: identical slot choice on every rank. */
+static void cache_insert(cring_engine_t *e, req_t *r, const int64_t *first_dims) {
+    int id = -1;
+    for (int i = 0; i < e->cache_capacity; i++)
+        if (!e->cache[i].in_use) {
+            id = i;
+            break;
+        }
+    if (id < 0) return; /* full: the name keeps going through the table */
+    cache_slot_t *s = &e->cache[id];
+    s->name = strdup(r->name);
+    s->record = malloc(r->record_len);
+    size_t ndims = (size_t)r->ntensors * (size_t)e->size;
+    s->first_dims = malloc(sizeof(int64_t) * (ndims ? ndims : 1));
+    if (!s->name || !s->record || !s->first_dims) {
+        free(s->name);
+        free(s->record);
+        free(s->first_dims);
+        memset(s, 0, sizeof *s);
+        return;
+    }
+    memcpy(s->record, r->record, r->record_len);
+    s->record_len = r->record_len;
+    if (first_dims) memcpy(s->first_dims, first_dims, sizeof(int64_t) * ndims);
+    s->in_use = 1;
+    cring__strmap_put(&e->cache_index, r->name, (void *)(intptr_t)(id + 1));
+    if (id + 1 > e->cache_slots) e->cache_slots = id + 1;
+}
+
+static void table_entry_free(table_entry_t *t, int size) {
+    if (!t) return;
+    for (int r = 0; r < size; r++) free(t->records[r]);
+    free(t->records);
+    free(t->lens);
+    free(t->name);
+    free(t);
+}
+
+/* Move queued requests into the driver's structures. */
+static void drain(cring_engine_t *e) {
+    pthread_mutex_lock(&e->queue_mu);
+    req_t *r = e->queue_head;
+    e->queue_head = e->queue_tail = NULL;
+    pthread_mutex_unlock(&e->queue_mu);
+    while (r) {
+        req_t *next = r->next;
+        r->next = NULL;
+        cring__strmap_put(&e->pending, r->name, r);
+        int id = cache_lookup(e, r->name);
+        if (id >= 0 && e->cache[id].record_len == r->record_len &&
+            memcmp(e->cache[id].record, r->record, r->record_len) == 0) {
+            r->cache_id = id;
+            e->cache[id].local = r;
+            stats_add(e, &e->stats.cache_hits, 1);
+        } else {
+            if (id >= 0) e->cache[id].invalidate = 1; /* changed: everyone re-negotiates */
+            push_uncached(e, r);
+        }
+        r = next;
+    }
+}
+
+/* ---- execution --------------------------------------------------------------------------- */
+
+static void timeline_span(cring_engine_t *e, const char *name, const char *phase, double t0,
+                          double t1, const char *args) {
+    if (!e->timeline) return;
+    pthread_mutex_lock(&e->timeline_mu);
+    cring__timeline_span(e->timeline, name, phase, t0, t1, args);
+    pthread_mutex_unlock(&e->timeline_mu);
+}
+
+static int ensure_fusion(cring_engine_t *e, size_t bytes) {
+    if (bytes <= e->fusion_cap) return 0;
+    void *p = realloc(e->fusion, bytes);
+    if (!p) return -1;
+    e->fusion = p;
+    e->fusion_cap = bytes;
+    return 0;
+}
+
+static cring_status_t transport_failed(cring_engine_t *e, cring_status_t st);
+
+/* Allreduce a batch of requests (one or many) with the same dtype, op and
+ * compression: directly on the tensor when there is one tensor that needs no
+ * staging, else through the fusion buffer. */
+static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
+    const req_t *first = batch[0];
+    cring_dtype_t dtype = first->t[0].dtype;
+    cring_dtype_t wire = first->compression != CRING_DTYPE_COUNT ? first->compression : dtype;
+    size_t total = 0, ntensors = 0;
+    int staging = n > 1 || first->ntensors > 1 || wire != dtype || first->prescale != 1.0;
+    for (int b = 0; b < n; b++)
+        for (int i = 0; i < batch[b]->ntensors; i++) {
+            total += batch[b]->t[i].count;
+            ntensors++;
+        }
+    double t0 = cring__now_s();
+    for (int b = 0; b < n; b++) timeline_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
+    cring_status_t st;
+    if (!staging) {
+        tensor_spec_t *t = &first->t[0];
+        st = cring__comm_allreduce(e->comm, t->send, t->recv, t->count, dtype, first->op);
+        double t1 = cring__now_s();
+        if (st == CRING_OK && first->postscale != 1.0)
+            cring__convert(dtype, t->recv, dtype, t->recv, t->count, first->postscale);
+        timeline_span(e, first->name, "ALLREDUCE", t0, t1, NULL);
+    } else {
+        size_t es = cring_dtype_size(wire);
+        if (ensure_fusion(e, total * es) != 0) return CRING_ERR_NO_MEMORY;
+        unsigned char *buf = e->fusion;
+        size_t off = 0;
+        for (int b = 0; b < n; b++)
+            for (int i = 0; i < batch[b]->ntensors; i++) {
+                tensor_spec_t *t = &batch[b]->t[i];
+                cring__convert(wire, buf + off * es, t->dtype, t->send, t->count, batch[b]->prescale);
+                off += t->count;
+            }
+        double t1 = cring__now_s();
+        st = cring__comm_allreduce(e->comm, buf, buf, total, wire, first->op);
+        double t2 = cring__now_s();
+        off = 0;
+        if (st == CRING_OK)
+            for (int b = 0; b < n; b++)
+                for (int i = 0; i < batch[b]->ntensors; i++) {
+                    tensor_spec_t *t = &batch[b]->t[i];
+                    cring__convert(t->dtype, t->recv, wire, buf + off * es, t->count,
+                                   batch[b]->postscale);
+                    off += t->count;
+                }
+        double t3 = cring__now_s();
+        char args[96];
+        snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors, total * es);
+        for (int b = 0; b < n; b++) {
+            timeline_span(e, batch[b]->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1, NULL);
+            timeline_span(e, batch[b]->name, "ALLREDUCE", t1, t2, args);
+            timeline_span(e, batch[b]->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, NULL);
+        }
+        stats_add(e, &e->stats.fused_tensors, ntensors);
+    }
+    stats_add(e, &e->stats.collectives, 1);
+    return st;
+}
+
+/* Broadcast a batch with the same root: through the fusion buffer unless it
+ * is one in-place tensor. */
+static cring_status_t run_broadcast(cring_engine_t *e, req_t **batch, int n) {
+    const req_t *first = batch[0];
+    int root = first->root, i_am_root = e->rank == root;
+    double t0 = cring__now_s();
+    for (int b = 0; b < n; b++) timeline_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
+    cring_status_t st;
+    if (n == 1 && first->ntensors == 1) {
+        tensor_spec_t *t = &first->t[0];
+        if (i_am_root && t->send != t->recv) memcpy(t->recv, t->send, t->bytes);
+        st = cring__comm_broadcast(e->comm, t->recv, t->bytes, root);
+        timeline_span(e, first->name, "BROADCAST", t0, cring__now_s(), NULL);
+    } else {
+        size_t total = 0, ntensors = 0;
+        for (int b = 0; b < n; b++)
+            for (int i = 0; i < batch[b]->ntensors; i++) {
+                total += batch[b]->t[i].bytes;
+                ntensors++;
+            }
+        if (ensure_fusion(e, total) != 0) return CRING_ERR_NO_MEMORY;
+        unsigned char *buf = e->fusion;
+        size_t off = 0;
+        if (i_am_root)
+            for (int b = 0; b < n; b++)
+                for (int i = 0; i < batch[b]->ntensors; i++) {
+                    memcpy(buf + off, batch[b]->t[i].send, batch[b]->t[i].bytes);
+                    off += batch[b]->t[i].bytes;
+                }
+        double t1 = cring__now_s();
+        st = cring__comm_broadcast(e->comm, buf, total, root);
+        double t2 = cring__now_s();
+        off = 0;
+        if (st == CRING_OK)
+            for (int b = 0; b < n; b++)
+                for (int i = 0; i < batch[b]->ntensors; i++) {
+                    memcpy(batch[b]->t[i].recv, buf + off, batch[b]->t[i].bytes);
+                    off += batch[b]->t[i].bytes;
+                }
+        double t3 = cring__now_s();
+        for (int b = 0; b < n; b++) {
+            timeline_span(e, batch[b]->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1, NULL);
+            timeline_span(e, batch[b]->name, "BROADCAST", t1, t2, NULL);
+            timeline_span(e, batch[b]->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, NULL);
+        }
+        stats_add(e, &e->stats.fused_tensors, ntensors);
+    }
+    stats_add(e, &e->stats.collectives, 1);
+    return st;
+}
+
+static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *first_dims) {
+    cring_handle_t *h = r->handle;
+    double t0 = cring__now_s();
+    timeline_span(e, r->name, "QUEUE", r->ready_s, t0, NULL);
+    h->outputs = calloc((size_t)r->ntensors, sizeof *h->outputs);
+    h->output_bytes = calloc((size_t)r->ntensors, sizeof *h->output_bytes);
+    h->first_dims = malloc(sizeof(int64_t) * (size_t)r->ntensors * (size_t)e->size);
+    size_t *sizes = malloc(sizeof *sizes * (size_t)e->size);
+    if (!h->outputs || !h->output_bytes || !h->first_dims || !sizes) {
+        free(sizes);
+        return CRING_ERR_NO_MEMORY;
+    }
+    memcpy(h->first_dims, first_dims, sizeof(int64_t) * (size_t)r->ntensors * (size_t)e->size);
+    cring_status_t st = CRING_OK;
+    for (int i = 0; i < r->ntensors && st == CRING_OK; i++) {
+        tensor_spec_t *t = &r->t[i];
+        size_t row_bytes = t->row_elems * cring_dtype_size(t->dtype), total = 0;
+        for (int q = 0; q < e->size; q++) {
+            sizes[q] = (size_t)first_dims[(size_t)i * (size_t)e->size + (size_t)q] * row_bytes;
+            total += sizes[q];
+        }
+        sizes[e->rank] = t->bytes; /* a 0-d tensor gathers as one row */
+        h->outputs[i] = malloc(total ? total : 1);
+        h->output_bytes[i] = total;
+        if (!h->outputs[i]) {
+            st = CRING_ERR_NO_MEMORY;
+            break;
+        }
+        st = cring__comm_allgatherv(e->comm, t->send, t->bytes, h->outputs[i], sizes);
+        stats_add(e, &e->stats.collectives, 1);
+    }
+    free(sizes);
+    timeline_span(e, r->name, "ALLGATHER", t0, cring__now_s(), NULL);
+    return st;
+}
+
+static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
+    double t0 = cring__now_s();
+    timeline_span(e, r->name, "QUEUE", r->ready_s, t0, NULL);
+    size_t *counts = malloc(sizeof *counts * (size_t)e->size);
+    if (!counts) return CRING_ERR_NO_MEMORY;
+    cring_status_t st = CRING_OK;
+    for (int i = 0; i < r->ntensors && st == CRING_OK; i++) {
+        tensor_spec_t *t = &r->t[i];
+        size_t rows = (size_t)t->shape[0], p = (size_t)e->size;
+        for (size_t q = 0; q < p; q++) counts[q] = (rows / p + (q < rows % p)) * t->row_elems;
+        const void *send = t->send;
+        if (r->prescale != 1.0) {
+            if (ensure_fusion(e, t->bytes) != 0) {
+                st = CRING_ERR_NO_MEMORY;
+                break;
+            }
+            cring__convert(t->dtype, e->fusion, t->dtype, t->send, t->count, r->prescale);
+            send = e->fusion;
+        }
+        st = cring__comm_reducescatter(e->comm, send, t->recv, counts, t->dtype, r->op);
+        if (st == CRING_OK && r->postscale != 1.0)
+            cring__convert(t->dtype, t->recv, t->dtype, t->recv, counts[e->rank], r->postscale);
+        stats_add(e, &e->stats.collectives, 1);
+    }
+    free(counts);
+    timeline_span(e, r->name, "REDUCESCATTER", t0, cring__now_s(), NULL);
+    return st;
+}
+
+/* Order for fusion: same key next to each other, otherwise as negotiated. */
+static int fusion_key_cmp(const req_t *a, const req_t *b) {
+    if (a->coll != b->coll) return (int)a->coll - (int)b->coll;
+    if (a->coll == CRING_COLL_ALLREDUCE) {
+        if (a->t[0].dtype != b->t[0].dtype) return (int)a->t[0].dtype - (int)b->t[0].dtype;
+        if (a->op != b->op) return (int)a->op - (int)b->op;
+        if (a->compression != b->compression) return (int)a->compression - (int)b->compression;
+    }
+    if (a->coll == CRING_COLL_BROADCAST && a->root != b->root) return a->root - b->root;
+    return 0;
+}
+
+static int fusible(const req_t *r) {
+    if (r->coll == CRING_COLL_ALLREDUCE) {
+        for (int i = 1; i < r->ntensors; i++)
+            if (r->t[i].dtype != r->t[0].dtype) return 0;
+        return 1;
+    }
+    return r->coll == CRING_COLL_BROADCAST;
+}
+
+static size_t req_wire_bytes(const req_t *r) {
+    size_t n = 0;
+    for (int i = 0; i < r->ntensors; i++)
+        n += r->compression != CRING_DTYPE_COUNT ? r->t[i].count * 2 : r->t[i].bytes;
+    return n;
+}
+
+/* Run every successful response in order, batching what can be fused, then
+ * complete each request. Returns a transport failure, if any. */
+static cring_status_t execute(cring_engine_t *e, response_t *resp, int n) {
+    /* Stable insertion sort by fusion key keeps the negotiated order within a key. */
+    for (int i = 1; i < n; i++) {
+        response_t cur = resp[i];
+        int j = i - 1;
+        while (j >= 0 && fusion_key_cmp(resp[j].req, cur.req) > 0) {
+            resp[j + 1] = resp[j];
+            j--;
+        }
+        resp[j + 1] = cur;
+    }
+    req_t **batch = malloc(sizeof *batch * (size_t)(n ? n : 1));
+    if (!batch) return CRING_ERR_NO_MEMORY;
+    cring_status_t fatal = CRING_OK;
+    int i = 0;
+    while (i < n) {
+        response_t *r0 = &resp[i];
+        if (r0->status != CRING_OK) {
+            complete(e, r0->req, r0->status, r0->error);
+            i++;
+            continue;
+        }
+        int nb = 1;
+        batch[0] = r0->req;
+        if (fusible(r0->req)) {
+            size_t bytes = req_wire_bytes(r0->req);
+            while (i + nb < n && resp[i + nb].status == CRING_OK && fusible(resp[i + nb].req) &&
+                   fusion_key_cmp(resp[i + nb].req, r0->req) == 0 &&
+                   bytes + req_wire_bytes(resp[i + nb].req) <= e->fusion_threshold) {
+                bytes += req_wire_bytes(resp[i + nb].req);
+                batch[nb] = resp[i + nb].req;
+                nb++;
+            }
+        }
+        cring_status_t st;
+        switch (r0->req->coll) {
+        case CRING_COLL_ALLREDUCE: st = run_allreduce(e, batch, nb); break;
+        case CRING_COLL_BROADCAST: st = run_broadcast(e, batch, nb); break;
+        case CRING_COLL_ALLGATHER: st = run_allgather(e, r0->req, r0->first_dims); break;
+        case CRING_COLL_REDUCESCATTER: st = run_reducescatter(e, r0->req); break;
+        default: {
+            double t0 = cring__now_s();
+            st = cring__comm_barrier(e->comm);
+            timeline_span(e, r0->req->name, "BARRIER", t0, cring__now_s(), NULL);
+            stats_add(e, &e->stats.collectives, 1);
+        }
+        }
+        for (int b = 0; b < nb; b++) {
+            req_t *r = batch[b];
+            if (st != CRING_OK) {
+                char msg[CRING__ERRMSG_BYTES + 128];
+                snprintf(msg, sizeof msg, "%s", st == CRING_ERR_NO_MEMORY ? "out of memory"
+                                                                          : cring__comm_error(e->comm));
+                complete(e, r, st, msg);
+            } else {
+                complete(e, r, CRING_OK, NULL);
+            }
+        }
+        if (st != CRING_OK && cring__comm_broken(e->comm) != CRING_OK) fatal = st;
+        i += nb;
+        if (fatal != CRING_OK) break;
+    }
+    /* after a fatal failure, the rest never ran: fail them too */
+    for (; i < n; i++) complete(e, resp[i].req, fatal, cring__comm_error(e->comm));
+    free(batch);
+    return fatal;
+}
+
+/* ---- one negotiation round ---------------------------------------------------------------- */
+
+static int ensure_vec(cring_engine_t *e, size_t n) {
+    if (n <= e->vec_cap) return 0;
+    uint8_t *v = realloc(e->vec, n);
+    if (!v) return -1;
+    e->vec = v;
+    e->vec_cap = n;
+    return 0;
+}
+
+static void stall_check(cring_engine_t *e);
+
+/* Exchange uncached records and feed them to the table; complete entries
+ * become responses (appended to *resp). */
+static cring_status_t exchange_records(cring_engine_t *e, response_t **resp, int *nresp,
+                                       int *cap_resp) {
+    const int P = e->size;
+    uint64_t my_len = 0;
+    for (size_t i = 0; i < e->nuncached; i++) my_len += 4 + e->uncached[i]->record_len;
+    uint64_t *lens = calloc((size_t)P, sizeof *lens);
+    size_t *sizes = calloc((size_t)P, sizeof *sizes);
+    uint8_t *mine = malloc(my_len ? my_len : 1), *all = NULL;
+    cring_status_t st = CRING_OK;
+    if (!lens || !sizes || !mine) {
+        st = CRING_ERR_NO_MEMORY;
+        goto done;
+    }
+    uint8_t *p = mine;
+    for (size_t i = 0; i < e->nuncached; i++) {
+        req_t *r = e->uncached[i];
+        put_le(&p, r->record_len, 4);
+        memcpy(p, r->record, r->record_len);
+        p += r->record_len;
+    }
+    e->nuncached = 0;
+    for (int r = 0; r < P; r++) sizes[r] = sizeof(uint64_t);
+    st = cring__comm_allgatherv(e->comm, &my_len, sizeof my_len, lens, sizes);
+    if (st != CRING_OK) goto done;
+    size_t total = 0;
+    for (int r = 0; r < P; r++) {
+        sizes[r] = (size_t)lens[r];
+        total += sizes[r];
+    }
+    all = malloc(total ? total : 1);
+    if (!all) {
+        st = CRING_ERR_NO_MEMORY;
+        goto done;
+    }
+    st = cring__comm_allgatherv(e->comm, mine, (size_t)my_len, all, sizes);
+    if (st != CRING_OK) goto done;
+
+    double now = cring__now_s();
+    size_t off = 0;
+    for (int r = 0; r < P; r++) {
+        size_t end = off + sizes[r];
+        while (off + 4 <= end) {
+            size_t len = (size_t)get_le(all + off, 4);
+            off += 4;
+            parsed_t pr;
+            if (len > end - off || parse_record(all + off, len, &pr) != 0) {
+                cring__log(CRING__LOG_ERROR, e->rank, "malformed request record from rank %d", r);
+                off = end;
+                break;
+            }
+            char name[MAX_NAME_BYTES + 1];
+            memcpy(name, pr.name, pr.name_len);
+            name[pr.name_len] = 0;
+            table_entry_t *t = cring__strmap_get(&e->table, name);
+            if (!t) {
+                t = calloc(1, sizeof *t);
+                if (t) {
+                    t->name = strdup(name);
+                    t->records = calloc((size_t)P, sizeof *t->records);
+                    t->lens = calloc((size_t)P, sizeof *t->lens);
+                }
+                if (!t || !t->name || !t->records || !t->lens) {
+                    table_entry_free(t, P);
+                    st = CRING_ERR_NO_MEMORY;
+                    goto done;
+                }
+                t->first_seen_s = now;
+                cring__strmap_put(&e->table, name, t);
+            }
+            if (!t->records[r]) t->have++;
+            free(t->records[r]);
+            t->records[r] = malloc(len);
+            if (!t->records[r]) {
+                st = CRING_ERR_NO_MEMORY;
+                goto done;
+            }
+            memcpy(t->records[r], all + off, len);
+            t->lens[r] = len;
+            off += len;
+            if (t->have < P) continue;
+
+            /* complete: answer it */
+            cring__strmap_remove(&e->table, name);
+            req_t *local = cring__strmap_get(&e->pending, name);
+            if (*nresp == *cap_resp) {
+                int cap = *cap_resp ? 2 * *cap_resp : 64;
+                response_t *nr = realloc(*resp, sizeof *nr * (size_t)cap);
+                if (!nr) {
+                    table_entry_free(t, P);
+                    st = CRING_ERR_NO_MEMORY;
+                    goto done;
+                }
+                *resp = nr;
+                *cap_resp = cap;
+            }
+            response_t *out = &(*resp)[(*nresp)++];
+            memset(out, 0, sizeof *out);
+            out->req = local;
+            parsed_t p0;
+            parse_record(t->records[0], t->lens[0], &p0);
+            char why[512] = "";
+            int bad = -1;
+            for (int q = 1; q < P && bad < 0; q++) {
+                parsed_t pq;
+                if (parse_record(t->records[q], t->lens[q], &pq) != 0 ||
+                    difference(&p0, &pq, why, sizeof why) > 0)
+                    bad = q;
+            }
+            if (bad >= 0) {
+                char msg[MAX_NAME_BYTES + 1024];
+                snprintf(msg, sizeof msg,
+                         "ranks disagree on tensor '%s': rank 0 vs rank %d: %s (rank 0 first)",
+                         name, bad, why);
+                out->status = CRING_ERR_MISMATCH;
+                out->error = strdup(msg);
+            } else {
+                out->owned_dims = malloc(sizeof(int64_t) * (size_t)(p0.ntensors ? p0.ntensors : 1) * (size_t)P);
+                if (out->owned_dims) {
+                    for (int q = 0; q < P; q++) {
+                        parsed_t pq;
+                        parse_record(t->records[q], t->lens[q], &pq);
+                        record_first_dims(&pq, q, P, out->owned_dims);
+                    }
+                }
+                out->first_dims = out->owned_dims;
+                if (local) cache_insert(e, local, out->owned_dims);
+            }
+            table_entry_free(t, P);
+        }
+        off = end;
+    }
+done:
+    free(lens);
+    free(sizes);
+    free(mine);
+    free(all);
+    return st;
+}
+
+/* Fail every request this rank holds: queued, pending or in the table. */
+static void fail_all(cring_engine_t *e, cring_status_t st, const char *msg) {
+    drain(e);
+    req_t **list = NULL;
+    size_t n = 0, cap = 0;
+    for (size_t b = 0; b < e->pending.nbuckets; b++)
+        for (cring__strmap_entry_t *x = e->pending.buckets[b]; x; x = x->next) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                req_t **l = realloc(list, cap * sizeof *l);
+                if (!l) break;
+                list = l;
+            }
+            list[n++] = x->value;
+        }
+    cring__strmap_free(&e->pending);
+    e->nuncached = 0;
+    for (int i = 0; i < e->cache_capacity; i++) e->cache[i].local = NULL;
+    for (size_t i = 0; i < n; i++) {
+        complete(e, list[i], st, msg);
+        req_free(list[i]);
+    }
+    free(list);
+}
+
+static cring_status_t transport_failed(cring_engine_t *e, cring_status_t st) {
+    int expected = CRING_OK;
+    if (atomic_compare_exchange_strong(&e->broken, &expected, (int)st))
+        snprintf(e->broken_msg, sizeof e->broken_msg, "%s", cring__comm_error(e->comm));
+    fail_all(e, st, e->broken_msg);
+    return st;
+}
+
+/* One round. *progress is set when some request completed. */
+static cring_status_t run_round(cring_engine_t *e, int *progress) {
+    *progress = 0;
+    const size_t vlen = V_HEADER + (size_t)e->cache_slots;
+    if (ensure_vec(e, vlen) != 0) return CRING_ERR_NO_MEMORY;
+    uint8_t *v = e->vec;
+    v[0] = e->nuncached ? 0 : 1;
+    v[1] = e->abort_requested ? 0 : 1;
+    v[2] = e->pending.count ? 0 : 1;
+    for (int i = 0; i < e->cache_slots; i++) {
+        cache_slot_t *s = &e->cache[i];
+        v[V_HEADER + i] = s->invalidate ? 0 : (s->in_use && s->local) ? 2 : 1;
+        s->invalidate = 0;
+    }
+    cring__comm_announce(e->comm, e->rounds_done + 1);
+    cring_status_t st = cring__comm_allreduce(e->comm, v, v, vlen, CRING_UINT8, CRING_MIN);
+    e->rounds_done++;
+    stats_add(e, &e->stats.cycles, 1);
+    if (st != CRING_OK) return transport_failed(e, st);
+
+    if (v[1] == 0) {
+        snprintf(e->broken_msg, sizeof e->broken_msg,
+                 "a rank stopped the job: some tensor stalled for more than "
+                 "CRING_STALL_SHUTDOWN_SECONDS=%g (see the stall warnings)",
+                 e->stall_shutdown_s);
+        atomic_store(&e->broken, (int)CRING_ERR_TIMEOUT);
+        fail_all(e, CRING_ERR_TIMEOUT, e->broken_msg);
+        return CRING_ERR_TIMEOUT;
+    }
+    /* Ready cached slots: collect before evicting, in slot order. */
+    response_t *resp = NULL;
+    int nresp = 0, cap = 0;
+    int nready = 0;
+    for (int i = 0; i < e->cache_slots; i++) nready += v[V_HEADER + i] == 2;
+    if (nready) {
+        cap = nready + 16;
+        resp = calloc((size_t)cap, sizeof *resp);
+        if (!resp) return CRING_ERR_NO_MEMORY;
+        for (int i = 0; i < e->cache_slots; i++) {
+            if (v[V_HEADER + i] != 2) continue;
+            cache_slot_t *s = &e->cache[i];
+            resp[nresp].req = s->local;
+            resp[nresp].first_dims = s->first_dims;
+            nresp++;
+            s->local->cache_id = -1;
+            s->local = NULL;
+        }
+    }
+    for (int i = 0; i < e->cache_slots; i++)
+        if (v[V_HEADER + i] == 0) cache_evict(e, i);
+    while (e->cache_slots > 0 && !e->cache[e->cache_slots - 1].in_use) e->cache_slots--;
+
+    if (v[0] == 0) {
+        st = exchange_records(e, &resp, &nresp, &cap);
+        if (st != CRING_OK) {
+            for (int i = 0; i < nresp; i++) {
+                free(resp[i].error);
+                free(resp[i].owned_dims);
+            }
+            free(resp);
+            return transport_failed(e, st);
+        }
+    }
+    double t_ready = cring__now_s();
+    for (int i = 0; i < nresp; i++) {
+        req_t *r = resp[i].req;
+        r->ready_s = t_ready;
+        cring__strmap_remove(&e->pending, r->name);
+        timeline_span(e, r->name, "NEGOTIATE", r->submit_s, t_ready, NULL);
+    }
+    st = execute(e, resp, nresp);
+    for (int i = 0; i < nresp; i++) {
+        req_free(resp[i].req);
+        free(resp[i].error);
+        free(resp[i].owned_dims);
+    }
+    free(resp);
+    *progress = nresp > 0;
+    if (st != CRING_OK) return transport_failed(e, st);
+    stall_check(e);
+    return CRING_OK;
+}
+
+/* ---- stall check -------------------------------------------------------------------------- */
+
+static void stall_check(cring_engine_t *e) {
+    double now = cring__now_s();
+    if (now - e->last_stall_check_s < 0.05) return;
+    e->last_stall_check_s = now;
+    /* Cached requests carry no rank detail: after half the threshold, have
+     * everyone re-describe them so the table can name the missing ranks. */
+    for (int i = 0; i < e->cache_slots; i++) {
+        cache_slot_t *s = &e->cache[i];
+        if (s->in_use && s->local && now - s->local->submit_s > e->stall_check_s / 2)
+            s->invalidate = 1;
+    }
+    for (size_t b = 0; b < e->table.nbuckets; b++)
+        for (cring__strmap_entry_t *x = e->table.buckets[b]; x; x = x->next) {
+            table_entry_t *t = x->value;
+            double age = now - t->first_seen_s;
+            if (e->stall_shutdown_s > 0 && age > e->stall_shutdown_s) e->abort_requested = 1;
+            if (t->warned || age < e->stall_check_s || !t->records[e->rank]) continue;
+            char missing[512] = "", present[512] = "";
+            size_t mo = 0, po = 0;
+            for (int r = 0; r < e->size; r++) {
+                char *buf = t->records[r] ? present : missing;
+                size_t *o = t->records[r] ? &po : &mo;
+                if (*o < sizeof missing - 16)
+                    *o += (size_t)snprintf(buf + *o, sizeof missing - *o, "%s%d", *o ? ", " : "", r);
+            }
+            cring__log(CRING__LOG_WARNING, e->rank,
+                       "stall: tensor '%s' was submitted by ranks [%s] %.0f s ago; missing "
+                       "ranks: [%s] (CRING_STALL_CHECK_SECONDS=%g)",
+                       t->name, present, age, missing, e->stall_check_s);
+            t->warned = 1;
+        }
+}
+
+/* ---- driving ------------------------------------------------------------------------------- */
+
+/* Run rounds while this rank has work or a peer waits for it. With `until`,
+ * return as soon as that handle is done. Called with progress_mu held. */
+static void drive(cring_engine_t *e, cring_handle_t *until) {
+    for (;;) {
+        if (atomic_load(&e->broken) != CRING_OK) {
+            fail_all(e, (cring_status_t)atomic_load(&e->broken), e->broken_msg);
+            return;
+        }
+        if (atomic_load(&e->stop)) return;
+        uint64_t token = cring__comm_wake_token(e->comm);
+        drain(e);
+        if (until && atomic_load(&until->done)) return;
+        int local = e->pending.count > 0;
+        if (!local && !cring__comm_peer_waiting(e->comm, e->rounds_done)) return;
+        int progress = 0;
+        if (run_round(e, &progress) != CRING_OK) continue;
+        if (!progress && local && !cring__comm_peer_waiting(e->comm, e->rounds_done) &&
+            !(until && atomic_load(&until->done)))
+            cring__comm_idle_wait(e->comm, token, e->cycle_time_s);
+    }
+}
+
+static void *engine_main(void *arg) {
+    cring_engine_t *e = arg;
+    while (!atomic_load(&e->stop)) {
+        uint64_t token = cring__comm_wake_token(e->comm);
+        pthread_mutex_lock(&e->progress_mu);
+        drive(e, NULL);
+        pthread_mutex_unlock(&e->progress_mu);
+        if (atomic_load(&e->stop) || atomic_load(&e->broken) != CRING_OK) break;
+        pthread_mutex_lock(&e->queue_mu);
+        int queued = e->queue_head != NULL;
+        pthread_mutex_unlock(&e->queue_mu);
+        if (!queued) cring__comm_idle_wait(e->comm, token, 0.5);
+    }
+    return NULL;
+}
+
+cring_status_t cring_handle_wait(cring_handle_t *h) {
+    cring_engine_t *e = h->engine;
+    while (!atomic_load(&h->done)) {
+        if (e && pthread_mutex_trylock(&e->progress_mu) == 0) {
+            drive(e, h);
+            pthread_mutex_unlock(&e->progress_mu);
+            if (atomic_load(&h->done)) break;
+        }
+        pthread_mutex_lock(&e->done_mu);
+        if (!atomic_load(&h->done)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 2 * 1000 * 1000;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->done_cv, &e->done_mu, &ts);
+        }
+        pthread_mutex_unlock(&e->done_mu);
+    }
+    return h->status;
+}
+
+int cring_handle_done(const cring_handle_t *h) { return atomic_load(&((cring_handle_t *)h)->done); }
+cring_status_t cring_handle_status(const cring_handle_t *h) { return h->status; }
+const char *cring_handle_error(const cring_handle_t *h) { return h->error ? h->error : ""; }
+
+const void *cring_handle_output(const cring_handle_t *h, int index, size_t *bytes_out,
+                                const int64_t **first_dims_out) {
+    if (!h->outputs || index < 0 || index >= h->ntensors) return NULL;
+    if (bytes_out) *bytes_out = h->output_bytes[index];
+    if (first_dims_out) *first_dims_out = h->first_dims + (size_t)index * (size_t)h->size;
+    return h->outputs[index];
+}
+
+void cring_handle_free(cring_handle_t *h) {
+    if (h) handle_release(h);
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------ */
+
+static void engine_release(cring_engine_t *e) {
+    if (atomic_fetch_sub(&e->refs, 1) != 1) return;
+    pthread_mutex_destroy(&e->queue_mu);
+    pthread_mutex_destroy(&e->done_mu);
+    pthread_cond_destroy(&e->done_cv);
+    pthread_mutex_destroy(&e->progress_mu);
+    pthread_mutex_destroy(&e->stats_mu);
+    pthread_mutex_destroy(&e->timeline_mu);
+    free(e);
+}
+
+cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
+    *out = NULL;
+    cring_engine_t *e = calloc(1, sizeof *e);
+    if (!e) {
+        cring_comm_destroy(comm);
+        return submit_fail(CRING_ERR_NO_MEMORY, "out of memory");
+    }
+    e->comm = comm;
+    e->rank = cring_comm_rank(comm);
+    e->size = cring_comm_size(comm);
+    atomic_store(&e->refs, 1);
+    pthread_mutex_init(&e->queue_mu, NULL);
+    pthread_mutex_init(&e->done_mu, NULL);
+    pthread_cond_init(&e->done_cv, NULL);
+    pthread_mutex_init(&e->progress_mu, NULL);
+    pthread_mutex_init(&e->stats_mu, NULL);
+    pthread_mutex_init(&e->timeline_mu, NULL);
+    long threshold = cring__env_long("CRING_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD);
+    e->fusion_threshold = threshold > 0 ? (size_t)threshold : 0;
+    e->cycle_time_s = cring__env_double("CRING_CYCLE_TIME", 1.0) / 1000.0;
+    e->stall_check_s = cring__env_double("CRING_STALL_CHECK_SECONDS", 60.0);
+    e->stall_shutdown_s = cring__env_double("CRING_STALL_SHUTDOWN_SECONDS", 0.0);
+    e->cache_capacity = (int)cring__env_long("CRING_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY);
+    if (e->cache_capacity < 0) e->cache_capacity = 0;
+    e->cache = calloc((size_t)(e->cache_capacity ? e->cache_capacity : 1), sizeof *e->cache);
+    if (!e->cache) {
+        cring_comm_destroy(comm);
+        engine_release(e);
+        return submit_fail(CRING_ERR_NO_MEMORY, "out of memory");
+    }
+    const char *tl = getenv("CRING_TIMELINE");
+    if (tl && *tl) {
+        char path[8192];
+        /* one file per rank: "trace.json" -> "trace.json" on rank 0 of 1,
+         * "trace.<rank>.json" otherwise */
+        const char *dot = strrchr(tl, '.');
+        if (e->size > 1 && dot && !strchr(dot, '/'))
+            snprintf(path, sizeof path, "%.*s.%d%s", (int)(dot - tl), tl, e->rank, dot);
+        else if (e->size > 1)
+            snprintf(path, sizeof path, "%s.%d", tl, e->rank);
+        else
+            snprintf(path, sizeof path, "%s", tl);
+        if (cring__timeline_open(path, e->rank, &e->timeline) != CRING_OK)
+            cring__log(CRING__LOG_WARNING, e->rank, "CRING_TIMELINE: cannot write %s", path);
+    }
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        cring_comm_destroy(comm);
+        cring__timeline_close(e->timeline);
+        free(e->cache);
+        engine_release(e);
+        return submit_fail(CRING_ERR_SYSTEM, "cannot start the engine thread");
+    }
+    e->thread_started = 1;
+    *out = e;
+    return CRING_OK;
+}
+
+cring_comm_t *cring_engine_comm(cring_engine_t *e) { return e->comm; }
+
+void cring_engine_stop(cring_engine_t *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->queue_mu);
+    atomic_store(&e->stop, 1);
+    pthread_mutex_unlock(&e->queue_mu);
+    cring__comm_wake(e->comm);
+    if (e->thread_started) pthread_join(e->thread, NULL);
+    pthread_mutex_lock(&e->progress_mu);
+    fail_all(e, CRING_ERR_CLOSED, "cring was shut down before this request completed");
+    for (int i = 0; i < e->cache_capacity; i++) {
+        e->cache[i].local = NULL;
+        cache_evict(e, i);
+    }
+    free(e->cache);
+    e->cache = NULL;
+    e->cache_capacity = e->cache_slots = 0;
+    for (size_t b = 0; b < e->table.nbuckets; b++)
+        for (cring__strmap_entry_t *x = e->table.buckets[b]; x; x = x->next)
+            table_entry_free(x->value, e->size);
+    cring__strmap_free(&e->table);
+    cring__strmap_free(&e->cache_index);
+    free(e->uncached);
+    free(e->vec);
+    free(e->fusion);
+    e->uncached = NULL;
+    e->vec = NULL;
+    e->fusion = NULL;
+    cring_comm_destroy(e->comm);
+    e->comm = NULL;
+    pthread_mutex_unlock(&e->progress_mu);
+    pthread_mutex_lock(&e->timeline_mu);
+    cring__timeline_close(e->timeline);
+    e->timeline = NULL;
+    pthread_mutex_unlock(&e->timeline_mu);
+    pthread_mutex_lock(&e->queue_mu);
+    cring__strmap_free(&e->in_flight);
+    pthread_mutex_unlock(&e->queue_mu);
+    engine_release(e);
+}
+
+void cring_engine_get_stats(cring_engine_t *e, cring_engine_stats_t *out) {
+    pthread_mutex_lock(&e->stats_mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+cring_status_t cring_engine_timeline(cring_engine_t *e, const char *path) {
+    cring__timeline_t *tl = NULL;
+    if (path) CRING_CHECK(cring__timeline_open(path, e->rank, &tl));
+    pthread_mutex_lock(&e->timeline_mu);
+    cring__timeline_t *old = e->timeline;
+    e->timeline = tl;
+    pthread_mutex_unlock(&e->timeline_mu);
+    cring__timeline_close(old);
+    return CRING_OK;
+}

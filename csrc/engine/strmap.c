@@ -1,0 +1,98 @@
+/* strmap.c: the string-keyed hash map of strmap.h (FNV-1a, chaining,
+ * doubling at load factor 1). No knowledge of what the values are. */
+#include "strmap.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t hash(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return (size_t)h;
+}
+
+static cring__strmap_entry_t **find(const cring__strmap_t *m, const char *key) {
+    if (!m->nbuckets) return NULL;
+    cring__strmap_entry_t **p = &m->buckets[hash(key) & (m->nbuckets - 1)];
+    while (*p && strcmp((*p)->key, key) != 0) p = &(*p)->next;
+    return p;
+}
+
+void *cring__strmap_get(const cring__strmap_t *m, const char *key) {
+    cring__strmap_entry_t **p = find(m, key);
+    return p && *p ? (*p)->value : NULL;
+}
+
+static int grow(cring__strmap_t *m) {
+    size_t n = m->nbuckets ? m->nbuckets * 2 : 64;
+    cring__strmap_entry_t **b = calloc(n, sizeof *b);
+    if (!b) return -1;
+    for (size_t i = 0; i < m->nbuckets; i++) {
+        cring__strmap_entry_t *e = m->buckets[i];
+        while (e) {
+            cring__strmap_entry_t *next = e->next;
+            size_t j = hash(e->key) & (n - 1);
+            e->next = b[j];
+            b[j] = e;
+            e = next;
+        }
+    }
+    free(m->buckets);
+    m->buckets = b;
+    m->nbuckets = n;
+    return 0;
+}
+
+int cring__strmap_put(cring__strmap_t *m, const char *key, void *value) {
+    if (m->count >= m->nbuckets && grow(m) != 0) return -1;
+    cring__strmap_entry_t **p = find(m, key);
+    if (*p) {
+        (*p)->value = value;
+        return 0;
+    }
+    cring__strmap_entry_t *e = malloc(sizeof *e);
+    if (!e) return -1;
+    e->key = strdup(key);
+    if (!e->key) {
+        free(e);
+        return -1;
+    }
+    e->value = value;
+    e->next = NULL;
+    *p = e;
+    m->count++;
+    return 0;
+}
+
+void *cring__strmap_remove(cring__strmap_t *m, const char *key) {
+    cring__strmap_entry_t **p = find(m, key);
+    if (!p || !*p) return NULL;
+    cring__strmap_entry_t *e = *p;
+    void *v = e->value;
+    *p = e->next;
+    free(e->key);
+    free(e);
+    m->count--;
+    return v;
+}
+
+void cring__strmap_each(const cring__strmap_t *m, void (*fn)(const char *, void *, void *),
+                        void *arg) {
+    for (size_t i = 0; i < m->nbuckets; i++)
+        for (cring__strmap_entry_t *e = m->buckets[i]; e; e = e->next) fn(e->key, e->value, arg);
+}
+
+void cring__strmap_free(cring__strmap_t *m) {
+    for (size_t i = 0; i < m->nbuckets; i++) {
+        cring__strmap_entry_t *e = m->buckets[i];
+        while (e) {
+            cring__strmap_entry_t *next = e->next;
+            free(e->key);
+            free(e);
+            e = next;
+        }
+    }
+    free(m->buckets);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,33 @@
+/* strmap.h: a small string-keyed hash map (chained, growing) for the engine's
+ * tables. Keys are copied; values are caller pointers. Not thread-safe. */
+#ifndef CRING_STRMAP_H
+#define CRING_STRMAP_H
+
+#include <stddef.h>
+
+typedef struct cring__strmap_entry {
+    char *key;
+    void *value;
+    struct cring__strmap_entry *next;
+} cring__strmap_entry_t;
+
+typedef struct cring__strmap {
+    cring__strmap_entry_t **buckets;
+    size_t nbuckets;
+    size_t count;
+} cring__strmap_t;
+
+/* Lookup: the value, or NULL when absent. */
+void *cring__strmap_get(const cring__strmap_t *m, const char *key);
+/* Insert or replace. Returns 0, or -1 when out of memory. */
+int cring__strmap_put(cring__strmap_t *m, const char *key, void *value);
+/* Remove and return the value (NULL when absent). */
+void *cring__strmap_remove(cring__strmap_t *m, const char *key);
+/* Call fn(key, value, arg) for every entry (order unspecified); fn must not
+ * modify the map. */
+void cring__strmap_each(const cring__strmap_t *m, void (*fn)(const char *, void *, void *),
+                        void *arg);
+/* Free the table and keys (not the values). */
+void cring__strmap_free(cring__strmap_t *m);
+
+#endif

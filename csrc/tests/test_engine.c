@@ -1,0 +1,178 @@
+/* test_engine.c: the engine through the public C API, without Python: ranks
+ * submit names in different orders, many small requests fuse into few
+ * collectives, a mismatch fails one handle on every rank and the engine goes
+ * on, a duplicate in-flight name is refused, groups and allgather work. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cring/cring.h"
+#include "testutil.h"
+
+#define NAMES 50
+#define SMALL 1000
+
+static cring_handle_t *submit1(cring_engine_t *e, const char *name, cring_collective_t coll,
+                               const void *send, void *recv, cring_dtype_t dt, int64_t n,
+                               cring_op_t op, int flags) {
+    cring_tensor_t t = {.send = send, .recv = recv, .dtype = dt, .ndim = 1, .shape = &n};
+    cring_request_t q = {.name = name, .collective = coll, .op = op, .root = 0, .prescale = 1,
+                         .postscale = 1, .compression = CRING_DTYPE_COUNT, .ntensors = 1,
+                         .tensors = &t, .flags = flags};
+    cring_handle_t *h = NULL;
+    cring_status_t st = cring_engine_submit(e, &q, &h);
+    if (st != CRING_OK) {
+        fprintf(stderr, "submit %s: %s\n", name, cring_engine_error_message());
+        return NULL;
+    }
+    return h;
+}
+
+static void run_rank(int rank, int size, int port, cring_transport_kind_t transport) {
+    alarm(120);
+    cring_config_t cfg;
+    cring_config_init(&cfg);
+    cfg.rank = rank;
+    cfg.size = size;
+    cfg.store_port = port;
+    cfg.transport = transport;
+    cfg.timeout_s = 30;
+    char job[32];
+    snprintf(job, sizeof job, "eng-%d-%d", size, (int)transport);
+    cfg.job_key = job;
+    cring_comm_t *comm;
+    CHECK_OK(cring_comm_init(&cfg, &comm));
+    cring_engine_t *e;
+    CHECK_OK(cring_engine_start(comm, &e));
+
+    /* 1. Names in different orders: rank 1 submits in reverse. */
+    static int32_t bufs[NAMES][17];
+    cring_handle_t *hs[NAMES];
+    for (int k = 0; k < NAMES; k++) {
+        int i = rank == 1 ? NAMES - 1 - k : k;
+        char name[32];
+        snprintf(name, sizeof name, "w%d", i);
+        for (int j = 0; j < 17; j++) bufs[i][j] = rank + i + j;
+        hs[i] = submit1(e, name, CRING_COLL_ALLREDUCE, bufs[i], bufs[i], CRING_INT32, 17, CRING_SUM, 0);
+        CHECK(hs[i] != NULL);
+    }
+    for (int i = 0; i < NAMES; i++) {
+        CHECK_OK(cring_handle_wait(hs[i]));
+        for (int j = 0; j < 17; j++) CHECK(bufs[i][j] == size * (i + j) + size * (size - 1) / 2);
+        cring_handle_free(hs[i]);
+    }
+
+    /* 2. Many small requests fuse: far fewer collectives than requests. */
+    cring_engine_stats_t before, after;
+    cring_engine_get_stats(e, &before);
+    static float small[SMALL][8];
+    static cring_handle_t *sh[SMALL];
+    for (int i = 0; i < SMALL; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "s%d", i);
+        for (int j = 0; j < 8; j++) small[i][j] = (float)(rank * 1000 + i);
+        sh[i] = submit1(e, name, CRING_COLL_ALLREDUCE, small[i], small[i], CRING_FLOAT32, 8,
+                        CRING_AVERAGE, 0);
+        CHECK(sh[i] != NULL);
+    }
+    for (int i = 0; i < SMALL; i++) {
+        CHECK_OK(cring_handle_wait(sh[i]));
+        float want = (float)i + 1000.0f * (float)(size - 1) / 2.0f;
+        for (int j = 0; j < 8; j++) CHECK(small[i][j] == want);
+        cring_handle_free(sh[i]);
+    }
+    cring_engine_get_stats(e, &after);
+    uint64_t colls = after.collectives - before.collectives;
+    if (rank == 0) printf("size %d: %d small allreduces ran as %llu collectives\n", size, SMALL,
+                          (unsigned long long)colls);
+    CHECK(colls < SMALL / 10);
+
+    /* 3. Mismatch: every rank's handle fails naming the tensor, then it works again. */
+    int32_t m[6] = {0};
+    cring_handle_t *mh = submit1(e, "mis", CRING_COLL_ALLREDUCE, m, m, CRING_INT32,
+                                 rank == size - 1 ? 6 : 5, CRING_SUM, CRING_REQUEST_CALLER_WAITS);
+    CHECK(mh);
+    if (size > 1) {
+        CHECK(cring_handle_wait(mh) == CRING_ERR_MISMATCH);
+        CHECK(strstr(cring_handle_error(mh), "'mis'") && strstr(cring_handle_error(mh), "shape"));
+    } else {
+        CHECK_OK(cring_handle_wait(mh));
+    }
+    cring_handle_free(mh);
+    int32_t one = 1;
+    cring_handle_t *oh = submit1(e, "after", CRING_COLL_ALLREDUCE, &one, &one, CRING_INT32, 1,
+                                 CRING_SUM, CRING_REQUEST_CALLER_WAITS);
+    CHECK_OK(cring_handle_wait(oh));
+    CHECK(one == size);
+    cring_handle_free(oh);
+
+    /* 4. A duplicate in-flight name is refused at submission. */
+    int32_t d1 = rank, d2 = rank;
+    cring_handle_t *dh = submit1(e, "dup", CRING_COLL_ALLREDUCE, &d1, &d1, CRING_INT32, 1, CRING_SUM, 0);
+    CHECK(dh);
+    cring_tensor_t t = {.send = &d2, .recv = &d2, .dtype = CRING_INT32, .ndim = 0, .shape = NULL};
+    cring_request_t q = {.name = "dup", .collective = CRING_COLL_ALLREDUCE, .op = CRING_SUM,
+                         .compression = CRING_DTYPE_COUNT, .ntensors = 1, .tensors = &t};
+    cring_handle_t *dh2 = NULL;
+    CHECK(cring_engine_submit(e, &q, &dh2) == CRING_ERR_INVALID_ARGUMENT && dh2 == NULL);
+    CHECK(strstr(cring_engine_error_message(), "already in flight"));
+    CHECK_OK(cring_handle_wait(dh));
+    cring_handle_free(dh);
+
+    /* 5. Allgather with different first dimensions. */
+    int64_t rows = rank + 1;
+    int64_t shape[2] = {rows, 2};
+    int32_t mine[16];
+    for (int i = 0; i < 2 * rows; i++) mine[i] = rank;
+    cring_tensor_t gt = {.send = mine, .dtype = CRING_INT32, .ndim = 2, .shape = shape};
+    cring_request_t gq = {.name = "gather", .collective = CRING_COLL_ALLGATHER,
+                          .compression = CRING_DTYPE_COUNT, .ntensors = 1, .tensors = &gt};
+    cring_handle_t *gh;
+    CHECK_OK(cring_engine_submit(e, &gq, &gh));
+    CHECK_OK(cring_handle_wait(gh));
+    size_t bytes;
+    const int64_t *dims;
+    const int32_t *out = cring_handle_output(gh, 0, &bytes, &dims);
+    CHECK(bytes == (size_t)(size * (size + 1)) * sizeof(int32_t));
+    size_t k = 0;
+    for (int r = 0; r < size; r++) {
+        CHECK(dims[r] == r + 1);
+        for (int i = 0; i < 2 * (r + 1); i++) CHECK(out[k++] == r);
+    }
+    cring_handle_free(gh);
+
+    cring_engine_stop(e);
+    exit(0);
+}
+
+static void run_world(int size, cring_transport_kind_t transport) {
+    cring_store_server_t *server;
+    int port;
+    CHECK_OK(cring_store_server_start("127.0.0.1", 0, NULL, &server, &port));
+    pid_t pids[8];
+    for (int r = 0; r < size; r++)
+        if ((pids[r] = fork()) == 0) run_rank(r, size, port, transport);
+    int failed = 0;
+    for (int r = 0; r < size; r++) {
+        int status;
+        waitpid(pids[r], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "size %d: rank %d failed (status 0x%x)\n", size, r, status);
+            failed = 1;
+        }
+    }
+    cring_store_server_stop(server);
+    CHECK(!failed);
+}
+
+int main(void) {
+    alarm(600);
+    for (int size = 1; size <= 4; size++) {
+        run_world(size, CRING_TRANSPORT_AUTO);
+        run_world(size, CRING_TRANSPORT_TCP);
+    }
+    TEST_DONE("test_engine");
+    return 0;
+}
