@@ -405,7 +405,7 @@ static int handle_request(cring_store_server_t *s, conn_t *c, const uint8_t *msg
     cursor_t cur = {.p = msg + 1, .left = len - 1, .bad = 0};
     switch (msg[0]) {
     case OP_SET: {
-        size_t klen;
+        size_t klen = 0;
         const char *key = cursor_key(&cur, &klen);
         if (cur.bad) return HANDLE_BAD;
         int created = 0;
@@ -419,7 +419,7 @@ static int handle_request(cring_store_server_t *s, conn_t *c, const uint8_t *msg
     }
     case OP_GET: {
         uint64_t timeout_ms = cursor_u64(&cur);
-        size_t klen;
+        size_t klen = 0;
         const char *key = cursor_key(&cur, &klen);
         if (cur.bad || cur.left != 0) return HANDLE_BAD;
         kv_entry_t *e = kv_find(&s->table, key, klen);
@@ -440,7 +440,7 @@ static int handle_request(cring_store_server_t *s, conn_t *c, const uint8_t *msg
         return HANDLE_WAIT;
     }
     case OP_ADD: {
-        size_t klen;
+        size_t klen = 0;
         const char *key = cursor_key(&cur, &klen);
         uint64_t delta = cursor_u64(&cur);
         if (cur.bad || cur.left != 0) return HANDLE_BAD;
@@ -1041,7 +1041,7 @@ void cring_store_close(cring_store_t *client) {
  * ERR_BROKEN, ERR_PEER_FAILURE / ERR_TIMEOUT (the client is then broken). */
 cring_status_t cring_store_set(cring_store_t *client, const char *key, const void *value,
                                size_t len) {
-    size_t klen;
+    size_t klen = 0;
     CRING_CHECK(client_usable(client));
     CRING_CHECK(check_key(key, &klen));
     if (len && !value)
@@ -1074,7 +1074,7 @@ cring_status_t cring_store_set(cring_store_t *client, const char *key, const voi
  * value (so a zero-length value gives a non-NULL buffer holding "\0"). */
 cring_status_t cring_store_get(cring_store_t *client, const char *key, double timeout_s,
                                void **value_out, size_t *len_out) {
-    size_t klen;
+    size_t klen = 0;
     if (value_out) *value_out = NULL;
     if (len_out) *len_out = 0;
     CRING_CHECK(client_usable(client));
@@ -1121,7 +1121,7 @@ cring_status_t cring_store_get(cring_store_t *client, const char *key, double ti
  * a value that is not 8 bytes), ERR_BROKEN, ERR_PEER_FAILURE, ERR_TIMEOUT. */
 cring_status_t cring_store_add(cring_store_t *client, const char *key, int64_t delta,
                                int64_t *new_value_out) {
-    size_t klen;
+    size_t klen = 0;
     CRING_CHECK(client_usable(client));
     CRING_CHECK(check_key(key, &klen));
     size_t body = 4 + klen + 8;
@@ -1163,7 +1163,7 @@ cring_status_t cring_store_wait(cring_store_t *client, const char *const *keys, 
         return cring__fail(cring__thread_errmsg(), CRING_ERR_INVALID_ARGUMENT, "keys is NULL");
     size_t body = 8 + 4;
     for (size_t i = 0; i < nkeys; i++) {
-        size_t klen;
+        size_t klen = 0;
         CRING_CHECK(check_key(keys[i], &klen));
         body += 4 + klen;
         if (body > STORE_MAX_MESSAGE_BYTES - 1)

@@ -1015,19 +1015,27 @@ static cring_status_t exchange_records(cring_engine_t *e, response_t **resp, int
             out->req = local;
             parsed_t p0;
             parse_record(t->records[0], t->lens[0], &p0);
-            char why[512] = "";
-            int bad = -1;
-            for (int q = 1; q < P && bad < 0; q++) {
+            char why[512] = "", scratch[512], others[256] = "";
+            int bad = -1, nbad = 0;
+            size_t oo = 0;
+            for (int q = 1; q < P; q++) {
                 parsed_t pq;
                 if (parse_record(t->records[q], t->lens[q], &pq) != 0 ||
-                    difference(&p0, &pq, why, sizeof why) > 0)
-                    bad = q;
+                    difference(&p0, &pq, bad < 0 ? why : scratch, sizeof why) > 0) {
+                    if (bad < 0) bad = q;
+                    nbad++;
+                    if (oo < sizeof others - 16)
+                        oo += (size_t)snprintf(others + oo, sizeof others - oo, "%s%d",
+                                               oo ? ", " : "", q);
+                }
             }
             if (bad >= 0) {
                 char msg[MAX_NAME_BYTES + 1024];
                 snprintf(msg, sizeof msg,
-                         "ranks disagree on tensor '%s': rank 0 vs rank %d: %s (rank 0 first)",
-                         name, bad, why);
+                         "ranks disagree on tensor '%s': rank 0 vs rank %d: %s (rank 0 "
+                         "first)%s%s%s",
+                         name, bad, why, nbad > 1 ? "; ranks that differ from rank 0: [" : "",
+                         nbad > 1 ? others : "", nbad > 1 ? "]" : "");
                 out->status = CRING_ERR_MISMATCH;
                 out->error = strdup(msg);
             } else {

@@ -14,14 +14,14 @@
 
 /* ---- module state --------------------------------------------------------- */
 typedef struct {
-    cring_comm_t *comm;        /* NULL until init() */
-    PyThread_type_lock lock;   /* one collective at a time; guards comm */
+    cring_engine_t *engine;    /* NULL until init(); changed only with the GIL held */
     PyObject *CRingError;
     PyObject *TimeoutError;
     PyObject *PeerFailureError;
     PyObject *MismatchError;
     PyObject *NotInitializedError;
     PyTypeObject *StoreServerType;
+    PyTypeObject *HandleType;
 } module_state;
 
 static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
@@ -263,45 +263,43 @@ static PyObject *py_init(PyObject *module, PyObject *args, PyObject *kwargs) {
                      transport);
         return NULL;
     }
-    if (s->comm) {
+    if (s->engine) {
         PyErr_SetString(s->CRingError, "cring is already initialized; call shutdown() first");
         return NULL;
     }
     cring_comm_t *comm = NULL;
+    cring_engine_t *engine = NULL;
     cring_status_t st;
     char detail[CRING__ERRMSG_BYTES];
     Py_BEGIN_ALLOW_THREADS
     st = cring_comm_init(&cfg, &comm);
     if (st != CRING_OK) snprintf(detail, sizeof detail, "%s", cring_last_init_error());
+    else if ((st = cring_engine_start(comm, &engine)) != CRING_OK)
+        snprintf(detail, sizeof detail, "%s", cring_engine_error_message());
     Py_END_ALLOW_THREADS
     if (st != CRING_OK) return raise_status(s, st, "cring.init failed", detail);
-    PyThread_acquire_lock(s->lock, WAIT_LOCK);
-    s->comm = comm;
-    PyThread_release_lock(s->lock);
+    s->engine = engine;
     Py_RETURN_NONE;
 }
 
 static PyObject *py_shutdown(PyObject *module, PyObject *unused) {
     module_state *s = get_state(module);
-    cring_comm_t *comm;
+    cring_engine_t *engine = s->engine;
+    s->engine = NULL; /* with the GIL held: no submission sees it any more */
     Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(s->lock, WAIT_LOCK); /* waits for a collective in flight */
-    comm = s->comm;
-    s->comm = NULL;
-    PyThread_release_lock(s->lock);
-    cring_comm_destroy(comm);
+    cring_engine_stop(engine);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
 static PyObject *py_is_initialized(PyObject *module, PyObject *unused) {
-    return PyBool_FromLong(get_state(module)->comm != NULL);
+    return PyBool_FromLong(get_state(module)->engine != NULL);
 }
 
 static PyObject *py_topology(PyObject *module, PyObject *unused) {
     module_state *s = get_state(module);
-    cring_comm_t *c = s->comm;
-    if (!c) return raise_not_initialized(s);
+    if (!s->engine) return raise_not_initialized(s);
+    cring_comm_t *c = cring_engine_comm(s->engine);
     return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:s}", "rank", cring_comm_rank(c), "size",
                          cring_comm_size(c), "local_rank", cring_comm_local_rank(c),
                          "local_size", cring_comm_local_size(c), "cross_rank",
@@ -326,74 +324,6 @@ static PyObject *py_tensor_info(PyObject *module, PyObject *args) {
     return res;
 }
 
-/* ---- collectives ------------------------------------------------------------ */
-typedef enum { CALL_ALLREDUCE, CALL_BROADCAST, CALL_ALLGATHER, CALL_REDUCESCATTER } call_kind;
-
-typedef struct {
-    call_kind kind;
-    const void *send;
-    void *recv;
-    size_t count;
-    size_t bytes;
-    cring_dtype_t dtype;
-    cring_op_t op;
-    int root;
-    const size_t *table;
-} call_args;
-
-/* Run one collective with the GIL released and the module lock held. */
-static PyObject *run_collective(module_state *s, const call_args *a, const char *what,
-                                const char *name) {
-    cring_status_t st = CRING_OK;
-    int initialized = 1;
-    char detail[CRING__ERRMSG_BYTES] = "";
-    Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(s->lock, WAIT_LOCK);
-    if (!s->comm) {
-        initialized = 0;
-    } else {
-        switch (a->kind) {
-        case CALL_ALLREDUCE:
-            st = cring_allreduce(s->comm, a->send, a->recv, a->count, a->dtype, a->op);
-            break;
-        case CALL_BROADCAST: st = cring_broadcast(s->comm, a->recv, a->bytes, a->root); break;
-        case CALL_ALLGATHER:
-            st = cring_allgatherv(s->comm, a->send, a->bytes, a->recv, a->table);
-            break;
-        case CALL_REDUCESCATTER:
-            st = cring_reducescatter(s->comm, a->send, a->recv, a->table, a->dtype, a->op);
-            break;
-        }
-        if (st != CRING_OK) snprintf(detail, sizeof detail, "%s", cring_comm_last_error(s->comm));
-    }
-    PyThread_release_lock(s->lock);
-    Py_END_ALLOW_THREADS
-    if (!initialized) return raise_not_initialized(s);
-    if (st != CRING_OK) {
-        char context[512];
-        snprintf(context, sizeof context, "%s of tensor '%s' failed", what, name);
-        return raise_status(s, st, context, detail);
-    }
-    Py_RETURN_NONE;
-}
-
-static int check_op(cring_dtype_t dtype, int op, const char *name) {
-    if (op == CRING_ADASUM) {
-        PyErr_SetString(PyExc_NotImplementedError, "cring does not implement Adasum");
-        return -1;
-    }
-    if (op < 0 || op >= CRING_OP_COUNT) {
-        PyErr_Format(PyExc_ValueError, "unknown reduction op %d", op);
-        return -1;
-    }
-    if (!cring__reduce_supported(dtype, (cring_op_t)op)) {
-        PyErr_Format(PyExc_TypeError, "tensor '%s': op %s cannot reduce dtype %s", name,
-                     cring_op_name((cring_op_t)op), cring_dtype_name(dtype));
-        return -1;
-    }
-    return 0;
-}
-
 static int same_layout(const tensor_ref *a, const tensor_ref *b, const char *name) {
     if (a->dtype != b->dtype || a->numel != b->numel) {
         PyErr_Format(PyExc_ValueError,
@@ -404,171 +334,290 @@ static int same_layout(const tensor_ref *a, const tensor_ref *b, const char *nam
     return 0;
 }
 
-/* allreduce(send, recv, op, name): recv may be send itself (in place). */
-static PyObject *py_allreduce(PyObject *module, PyObject *args) {
-    module_state *s = get_state(module);
-    PyObject *send_obj, *recv_obj;
-    int op;
-    const char *name;
-    if (!PyArg_ParseTuple(args, "OOis", &send_obj, &recv_obj, &op, &name)) return NULL;
-    if (!s->comm) return raise_not_initialized(s);
-    tensor_ref in = {0}, out = {0};
-    PyObject *res = NULL;
-    int in_place = send_obj == recv_obj;
-    if (tensor_acquire(recv_obj, name, 1, &out) < 0) goto done;
-    if (!in_place && tensor_acquire(send_obj, name, 0, &in) < 0) goto done;
-    const tensor_ref *src = in_place ? &out : &in;
-    if (!in_place && same_layout(src, &out, name) < 0) goto done;
-    if (check_op(out.dtype, op, name) < 0) goto done;
-    call_args a = {.kind = CALL_ALLREDUCE, .send = src->data, .recv = out.data,
-                   .count = out.numel, .dtype = out.dtype, .op = (cring_op_t)op};
-    res = run_collective(s, &a, "allreduce", name);
-done:
-    tensor_release(&in);
-    tensor_release(&out);
-    return res;
+/* ---- handles ------------------------------------------------------------------ */
+/* A submitted request: the C handle plus the DLPack views that keep the
+ * tensors' memory alive until the engine is done with them. */
+typedef struct {
+    PyObject_HEAD
+    cring_handle_t *handle;
+    tensor_ref *refs;
+    int nrefs;
+    int collective;
+    char *name;
+    int released;
+} HandleObject;
+
+static const char *collective_label(int c) {
+    switch (c) {
+    case CRING_COLL_ALLREDUCE: return "allreduce";
+    case CRING_COLL_BROADCAST: return "broadcast";
+    case CRING_COLL_ALLGATHER: return "allgather";
+    case CRING_COLL_REDUCESCATTER: return "reducescatter";
+    default: return "barrier";
+    }
 }
 
-/* broadcast(buf, root, name): in place. */
-static PyObject *py_broadcast(PyObject *module, PyObject *args) {
+/* Wait (GIL released) and drop the tensor views. */
+static cring_status_t handle_finish(HandleObject *self) {
+    cring_status_t st;
+    cring_handle_t *h = self->handle;
+    if (!cring_handle_done(h)) {
+        Py_BEGIN_ALLOW_THREADS
+        st = cring_handle_wait(h);
+        Py_END_ALLOW_THREADS
+    } else {
+        st = cring_handle_status(h);
+    }
+    if (!self->released) {
+        for (int i = 0; i < self->nrefs; i++) tensor_release(&self->refs[i]);
+        self->released = 1;
+    }
+    return st;
+}
+
+static PyObject *Handle_done(HandleObject *self, PyObject *unused) {
+    return PyBool_FromLong(cring_handle_done(self->handle));
+}
+
+/* wait(): block until complete; raise the request's error, if any. */
+static PyObject *Handle_wait(HandleObject *self, PyObject *unused) {
+    cring_status_t st = handle_finish(self);
+    if (st != CRING_OK) {
+        module_state *s = PyType_GetModuleState(Py_TYPE(self));
+        char context[512], quoted[512];
+        const char *detail = cring_handle_error(self->handle);
+        snprintf(quoted, sizeof quoted, "'%s'", self->name);
+        if (strstr(detail, quoted)) /* the detail names the tensor already */
+            snprintf(context, sizeof context, "%s failed", collective_label(self->collective));
+        else
+            snprintf(context, sizeof context, "%s of tensor '%s' failed",
+                     collective_label(self->collective), self->name);
+        return raise_status(s, st, context, detail);
+    }
+    Py_RETURN_NONE;
+}
+
+/* copy_output(i, dst): copy allgather result i into tensor dst. */
+static PyObject *Handle_copy_output(HandleObject *self, PyObject *args) {
+    int index;
+    PyObject *dst_obj;
+    if (!PyArg_ParseTuple(args, "iO", &index, &dst_obj)) return NULL;
+    size_t bytes;
+    const void *src = cring_handle_done(self->handle)
+                          ? cring_handle_output(self->handle, index, &bytes, NULL)
+                          : NULL;
+    if (!src) {
+        PyErr_SetString(PyExc_ValueError, "no allgather result (not complete, or not an allgather)");
+        return NULL;
+    }
+    tensor_ref dst;
+    if (tensor_acquire(dst_obj, self->name, 1, &dst) < 0) return NULL;
+    size_t have = dst.numel * cring_dtype_size(dst.dtype);
+    if (have != bytes) {
+        tensor_release(&dst);
+        PyErr_Format(PyExc_ValueError, "allgather of '%s': output needs %zu bytes, got %zu",
+                     self->name, bytes, have);
+        return NULL;
+    }
+    if (bytes) memcpy(dst.data, src, bytes);
+    tensor_release(&dst);
+    Py_RETURN_NONE;
+}
+
+static void Handle_dealloc(HandleObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    if (self->handle) {
+        handle_finish(self); /* the engine may still write into these tensors */
+        cring_handle_free(self->handle);
+    }
+    PyMem_Free(self->refs);
+    PyMem_Free(self->name);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *Handle_get_name(HandleObject *self, void *closure) {
+    return PyUnicode_FromString(self->name);
+}
+
+static PyMethodDef Handle_methods[] = {
+    {"done", (PyCFunction)Handle_done, METH_NOARGS, "True once complete; never blocks."},
+    {"wait", (PyCFunction)Handle_wait, METH_NOARGS, "Block until complete; raise its error."},
+    {"copy_output", (PyCFunction)Handle_copy_output, METH_VARARGS,
+     "copy_output(index, dst): copy an allgather result into dst."},
+    {NULL}};
+static PyGetSetDef Handle_getset[] = {{"name", (getter)Handle_get_name, NULL, NULL, NULL}, {NULL}};
+static PyType_Slot Handle_slots[] = {
+    {Py_tp_dealloc, Handle_dealloc},
+    {Py_tp_methods, Handle_methods},
+    {Py_tp_getset, Handle_getset},
+    {Py_tp_doc, "A request submitted to cring's engine."},
+    {0, NULL}};
+static PyType_Spec Handle_spec = {"cring._C.Handle", sizeof(HandleObject), 0, Py_TPFLAGS_DEFAULT,
+                                  Handle_slots};
+
+/* all_gather_dims(handle, index, size) is exposed through a module function
+ * because the handle does not know the world size. */
+static PyObject *py_first_dims(PyObject *module, PyObject *args) {
     module_state *s = get_state(module);
-    PyObject *obj;
-    int root;
-    const char *name;
-    if (!PyArg_ParseTuple(args, "Ois", &obj, &root, &name)) return NULL;
-    if (!s->comm) return raise_not_initialized(s);
-    int size = cring_comm_size(s->comm);
-    if (root < 0 || root >= size) {
+    PyObject *hobj;
+    int index, size;
+    if (!PyArg_ParseTuple(args, "O!ii", s->HandleType, &hobj, &index, &size)) return NULL;
+    HandleObject *self = (HandleObject *)hobj;
+    const int64_t *dims;
+    size_t bytes;
+    if (!cring_handle_done(self->handle) ||
+        !cring_handle_output(self->handle, index, &bytes, &dims)) {
+        PyErr_SetString(PyExc_ValueError, "no allgather result (not complete, or not an allgather)");
+        return NULL;
+    }
+    PyObject *list = PyList_New(size);
+    for (int r = 0; list && r < size; r++) PyList_SET_ITEM(list, r, PyLong_FromLongLong(dims[r]));
+    return list;
+}
+
+/* submit(collective, name, tensors, op, root, prescale, postscale, compression,
+ *        caller_waits) -> Handle
+ * tensors: list of (send, recv) pairs; recv None for allgather, recv is send
+ * for in-place operations. */
+static PyObject *py_submit(PyObject *module, PyObject *args) {
+    module_state *s = get_state(module);
+    int coll, op, root, caller_waits;
+    const char *name, *compression;
+    PyObject *list;
+    double prescale, postscale;
+    if (!PyArg_ParseTuple(args, "isO!iiddzp", &coll, &name, &PyList_Type, &list, &op, &root,
+                          &prescale, &postscale, &compression, &caller_waits))
+        return NULL;
+    if (!s->engine) return raise_not_initialized(s);
+    cring_engine_t *engine = s->engine;
+    int size = cring_comm_size(cring_engine_comm(engine));
+    int rank = cring_comm_rank(cring_engine_comm(engine));
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
+    if (reduces && op == CRING_ADASUM) {
+        PyErr_SetString(PyExc_NotImplementedError, "cring does not implement Adasum");
+        return NULL;
+    }
+    if (reduces && (op < 0 || op >= CRING_OP_COUNT)) {
+        PyErr_Format(PyExc_ValueError, "unknown reduction op %d", op);
+        return NULL;
+    }
+    if (coll == CRING_COLL_BROADCAST && (root < 0 || root >= size)) {
         PyErr_Format(PyExc_ValueError, "tensor '%s': root_rank %d is out of range for size %d",
                      name, root, size);
         return NULL;
     }
-    tensor_ref ref;
-    /* Only receivers write; a read-only tensor is fine on the root. */
-    int writable = cring_comm_rank(s->comm) != root;
-    if (tensor_acquire(obj, name, writable, &ref) < 0) return NULL;
-    call_args a = {.kind = CALL_BROADCAST, .recv = ref.data,
-                   .bytes = ref.numel * cring_dtype_size(ref.dtype), .root = root};
-    PyObject *res = run_collective(s, &a, "broadcast", name);
-    tensor_release(&ref);
-    return res;
-}
-
-/* Parse a sequence of `size` non-negative ints into a malloc'd table. */
-static size_t *parse_table(PyObject *seq, int size, size_t scale, const char *what) {
-    PyObject *fast = PySequence_Fast(seq, "expected a sequence of ints");
-    if (!fast) return NULL;
-    size_t *table = NULL;
-    if (PySequence_Fast_GET_SIZE(fast) != size) {
-        PyErr_Format(PyExc_ValueError, "%s needs %d entries (one per rank), got %zd", what, size,
-                     PySequence_Fast_GET_SIZE(fast));
-        goto done;
-    }
-    table = PyMem_Malloc(sizeof *table * (size_t)(size > 0 ? size : 1));
-    if (!table) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (int i = 0; i < size; i++) {
-        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-        if (v < 0) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "%s entry %d is negative", what, i);
-            PyMem_Free(table);
-            table = NULL;
-            goto done;
+    cring_dtype_t comp = CRING_DTYPE_COUNT;
+    if (compression) {
+        if (!strcmp(compression, "float16")) comp = CRING_FLOAT16;
+        else if (!strcmp(compression, "bfloat16")) comp = CRING_BFLOAT16;
+        else {
+            PyErr_Format(PyExc_ValueError, "compression must be float16 or bfloat16, got %s",
+                         compression);
+            return NULL;
         }
-        table[i] = (size_t)v * scale;
     }
-done:
-    Py_DECREF(fast);
-    return table;
+    HandleObject *self = PyObject_New(HandleObject, s->HandleType);
+    if (!self) return NULL;
+    self->handle = NULL;
+    self->nrefs = 0;
+    self->released = 0;
+    self->collective = coll;
+    self->name = PyMem_Malloc(strlen(name) + 1);
+    self->refs = PyMem_Calloc((size_t)(2 * n + 1), sizeof(tensor_ref));
+    cring_tensor_t *ts = PyMem_Calloc((size_t)(n + 1), sizeof *ts);
+    int64_t *scalar_shapes = PyMem_Calloc((size_t)(n + 1), sizeof(int64_t));
+    if (!self->name || !self->refs || !ts || !scalar_shapes) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    strcpy(self->name, name);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyList_GET_ITEM(list, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "tensors must be (send, recv) pairs");
+            goto fail;
+        }
+        PyObject *send_obj = PyTuple_GET_ITEM(pair, 0), *recv_obj = PyTuple_GET_ITEM(pair, 1);
+        int in_place = send_obj == recv_obj;
+        int needs_write = coll != CRING_COLL_ALLGATHER && in_place &&
+                          !(coll == CRING_COLL_BROADCAST && rank == root);
+        tensor_ref *in = &self->refs[self->nrefs];
+        if (tensor_acquire(send_obj, name, needs_write, in) < 0) goto fail;
+        self->nrefs++;
+        tensor_ref *out = in;
+        if (!in_place && recv_obj != Py_None) {
+            out = &self->refs[self->nrefs];
+            if (tensor_acquire(recv_obj, name, 1, out) < 0) goto fail;
+            self->nrefs++;
+            if (coll != CRING_COLL_REDUCESCATTER && same_layout(in, out, name) < 0) goto fail;
+            if (coll == CRING_COLL_REDUCESCATTER && out->dtype != in->dtype) {
+                PyErr_Format(PyExc_ValueError, "tensor '%s': output dtype differs", name);
+                goto fail;
+            }
+        }
+        if (reduces && !cring__reduce_supported(in->dtype, (cring_op_t)op)) {
+            PyErr_Format(PyExc_TypeError, "tensor '%s': op %s cannot reduce dtype %s", name,
+                         cring_op_name((cring_op_t)op), cring_dtype_name(in->dtype));
+            goto fail;
+        }
+        if (comp != CRING_DTYPE_COUNT && in->dtype != CRING_FLOAT32) {
+            PyErr_Format(PyExc_TypeError,
+                         "tensor '%s': compression applies to float32 tensors, not %s", name,
+                         cring_dtype_name(in->dtype));
+            goto fail;
+        }
+        ts[i].send = in->data;
+        ts[i].recv = out->data;
+        ts[i].dtype = in->dtype;
+        ts[i].ndim = in->t->ndim;
+        ts[i].shape = in->t->shape;
+        if (in->t->ndim == 0) { /* a scalar counts as one element with one row */
+            scalar_shapes[i] = 1;
+            ts[i].ndim = coll == CRING_COLL_ALLGATHER ? 1 : 0;
+            ts[i].shape = &scalar_shapes[i];
+        }
+    }
+    cring_request_t req = {.name = name, .collective = (cring_collective_t)coll,
+                           .op = (cring_op_t)op, .root = root, .prescale = prescale,
+                           .postscale = postscale, .compression = comp, .ntensors = (int)n,
+                           .tensors = ts, .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0};
+    cring_status_t st = cring_engine_submit(engine, &req, &self->handle);
+    if (st != CRING_OK) {
+        char context[512];
+        snprintf(context, sizeof context, "%s of tensor '%s'", collective_label(coll), name);
+        raise_status(s, st, context, cring_engine_error_message());
+        goto fail;
+    }
+    PyMem_Free(ts);
+    PyMem_Free(scalar_shapes);
+    return (PyObject *)self;
+fail:
+    PyMem_Free(ts);
+    PyMem_Free(scalar_shapes);
+    self->released = 0;
+    Py_DECREF(self); /* releases the refs taken so far */
+    return NULL;
 }
 
-/* allgather(send, recv, elements_per_rank, name). */
-static PyObject *py_allgather(PyObject *module, PyObject *args) {
+static PyObject *py_engine_stats(PyObject *module, PyObject *unused) {
     module_state *s = get_state(module);
-    PyObject *send_obj, *recv_obj, *counts_obj;
-    const char *name;
-    if (!PyArg_ParseTuple(args, "OOOs", &send_obj, &recv_obj, &counts_obj, &name)) return NULL;
-    if (!s->comm) return raise_not_initialized(s);
-    tensor_ref in = {0}, out = {0};
-    size_t *table = NULL;
-    PyObject *res = NULL;
-    if (tensor_acquire(send_obj, name, 0, &in) < 0) goto done;
-    if (tensor_acquire(recv_obj, name, 1, &out) < 0) goto done;
-    size_t es = cring_dtype_size(in.dtype);
-    int size = cring_comm_size(s->comm);
-    table = parse_table(counts_obj, size, es, "elements_per_rank");
-    if (!table) goto done;
-    size_t total = 0;
-    for (int i = 0; i < size; i++) total += table[i];
-    if (out.dtype != in.dtype || out.numel * es != total ||
-        table[cring_comm_rank(s->comm)] != in.numel * es) {
-        PyErr_Format(PyExc_ValueError, "tensor '%s': allgather output does not fit the inputs",
-                     name);
-        goto done;
-    }
-    call_args a = {.kind = CALL_ALLGATHER, .send = in.data, .recv = out.data,
-                   .bytes = in.numel * es, .table = table};
-    res = run_collective(s, &a, "allgather", name);
-done:
-    PyMem_Free(table);
-    tensor_release(&in);
-    tensor_release(&out);
-    return res;
+    if (!s->engine) return raise_not_initialized(s);
+    cring_engine_stats_t st;
+    cring_engine_get_stats(s->engine, &st);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K}", "cycles", st.cycles, "collectives",
+                         st.collectives, "tensors", st.tensors, "fused_tensors", st.fused_tensors,
+                         "cache_hits", st.cache_hits, "errors", st.errors);
 }
 
-/* reducescatter(send, recv, elements_per_rank, op, name). */
-static PyObject *py_reducescatter(PyObject *module, PyObject *args) {
+static PyObject *py_timeline(PyObject *module, PyObject *args) {
     module_state *s = get_state(module);
-    PyObject *send_obj, *recv_obj, *counts_obj;
-    int op;
-    const char *name;
-    if (!PyArg_ParseTuple(args, "OOOis", &send_obj, &recv_obj, &counts_obj, &op, &name))
-        return NULL;
-    if (!s->comm) return raise_not_initialized(s);
-    tensor_ref in = {0}, out = {0};
-    size_t *table = NULL;
-    PyObject *res = NULL;
-    if (tensor_acquire(send_obj, name, 0, &in) < 0) goto done;
-    if (tensor_acquire(recv_obj, name, 1, &out) < 0) goto done;
-    if (check_op(in.dtype, op, name) < 0) goto done;
-    int size = cring_comm_size(s->comm);
-    table = parse_table(counts_obj, size, 1, "elements_per_rank");
-    if (!table) goto done;
-    size_t total = 0;
-    for (int i = 0; i < size; i++) total += table[i];
-    if (out.dtype != in.dtype || total != in.numel ||
-        table[cring_comm_rank(s->comm)] != out.numel) {
-        PyErr_Format(PyExc_ValueError,
-                     "tensor '%s': reducescatter output does not fit the input", name);
-        goto done;
-    }
-    call_args a = {.kind = CALL_REDUCESCATTER, .send = in.data, .recv = out.data,
-                   .dtype = in.dtype, .op = (cring_op_t)op, .table = table};
-    res = run_collective(s, &a, "reducescatter", name);
-done:
-    PyMem_Free(table);
-    tensor_release(&in);
-    tensor_release(&out);
-    return res;
-}
-
-static PyObject *py_barrier(PyObject *module, PyObject *unused) {
-    module_state *s = get_state(module);
-    cring_status_t st = CRING_OK;
-    int initialized = 1;
-    char detail[CRING__ERRMSG_BYTES] = "";
-    Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(s->lock, WAIT_LOCK);
-    if (!s->comm) initialized = 0;
-    else if ((st = cring_barrier(s->comm)) != CRING_OK)
-        snprintf(detail, sizeof detail, "%s", cring_comm_last_error(s->comm));
-    PyThread_release_lock(s->lock);
-    Py_END_ALLOW_THREADS
-    if (!initialized) return raise_not_initialized(s);
-    if (st != CRING_OK) return raise_status(s, st, "barrier failed", detail);
+    const char *path = NULL;
+    if (!PyArg_ParseTuple(args, "z", &path)) return NULL;
+    if (!s->engine) return raise_not_initialized(s);
+    cring_status_t st = cring_engine_timeline(s->engine, path);
+    if (st != CRING_OK) return raise_status(s, st, "cannot write the timeline", cring_last_init_error());
     Py_RETURN_NONE;
 }
 
@@ -672,16 +721,16 @@ static PyMethodDef module_methods[] = {
     {"init", (PyCFunction)(void (*)(void))py_init, METH_VARARGS | METH_KEYWORDS,
      "init(rank, size, addr, port, serve_store, secret=None, job_key=None, listen_addr=None, "
      "transport='auto', timeout_s=600.0)"},
-    {"shutdown", py_shutdown, METH_NOARGS, "Destroy the communicator (no communication)."},
+    {"shutdown", py_shutdown, METH_NOARGS, "Stop the engine and destroy the communicator."},
     {"is_initialized", py_is_initialized, METH_NOARGS, NULL},
     {"topology", py_topology, METH_NOARGS, "dict of rank, size, local_*, cross_*, transport"},
     {"tensor_info", py_tensor_info, METH_VARARGS, "(shape, dtype name, read_only) via DLPack"},
-    {"allreduce", py_allreduce, METH_VARARGS, "allreduce(send, recv, op, name)"},
-    {"broadcast", py_broadcast, METH_VARARGS, "broadcast(buf, root, name)"},
-    {"allgather", py_allgather, METH_VARARGS, "allgather(send, recv, elements_per_rank, name)"},
-    {"reducescatter", py_reducescatter, METH_VARARGS,
-     "reducescatter(send, recv, elements_per_rank, op, name)"},
-    {"barrier", py_barrier, METH_NOARGS, NULL},
+    {"submit", py_submit, METH_VARARGS,
+     "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
+     "compression, caller_waits) -> Handle"},
+    {"first_dims", py_first_dims, METH_VARARGS, "first_dims(handle, index, size)"},
+    {"engine_stats", py_engine_stats, METH_NOARGS, "engine counters"},
+    {"timeline", py_timeline, METH_VARARGS, "timeline(path or None)"},
     {"copy", py_copy, METH_VARARGS, "copy(src, dst[, name]): copy between DLPack tensors"},
     {"reduce_isa", py_reduce_isa, METH_NOARGS, "kernel family chosen for this CPU"},
     {NULL, NULL, 0, NULL}};
@@ -697,11 +746,6 @@ static int add_exception(PyObject *m, PyObject **slot, const char *name, PyObjec
 
 static int module_exec(PyObject *m) {
     module_state *s = get_state(m);
-    s->lock = PyThread_allocate_lock();
-    if (!s->lock) {
-        PyErr_NoMemory();
-        return -1;
-    }
     if (add_exception(m, &s->CRingError, "CRingError", PyExc_RuntimeError,
                       "Base class of errors raised by cring's collectives.") < 0)
         return -1;
@@ -723,6 +767,14 @@ static int module_exec(PyObject *m) {
     s->StoreServerType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &StoreServer_spec, NULL);
     if (!s->StoreServerType) return -1;
     if (PyModule_AddObjectRef(m, "StoreServer", (PyObject *)s->StoreServerType) < 0) return -1;
+    s->HandleType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Handle_spec, NULL);
+    if (!s->HandleType) return -1;
+    if (PyModule_AddObjectRef(m, "Handle", (PyObject *)s->HandleType) < 0) return -1;
+    for (int c = CRING_COLL_ALLREDUCE; c <= CRING_COLL_BARRIER; c++) {
+        static const char *const names[] = {"", "ALLREDUCE", "BROADCAST", "ALLGATHER",
+                                            "REDUCESCATTER", "BARRIER"};
+        if (PyModule_AddIntConstant(m, names[c], c) < 0) return -1;
+    }
     return 0;
 }
 
@@ -734,6 +786,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(s->MismatchError);
     Py_VISIT(s->NotInitializedError);
     Py_VISIT(s->StoreServerType);
+    Py_VISIT(s->HandleType);
     return 0;
 }
 
@@ -745,19 +798,16 @@ static int module_clear(PyObject *m) {
     Py_CLEAR(s->MismatchError);
     Py_CLEAR(s->NotInitializedError);
     Py_CLEAR(s->StoreServerType);
+    Py_CLEAR(s->HandleType);
     return 0;
 }
 
 static void module_free(void *m) {
     module_state *s = get_state((PyObject *)m);
     module_clear((PyObject *)m);
-    if (s->comm) {
-        cring_comm_destroy(s->comm);
-        s->comm = NULL;
-    }
-    if (s->lock) {
-        PyThread_free_lock(s->lock);
-        s->lock = NULL;
+    if (s->engine) {
+        cring_engine_stop(s->engine);
+        s->engine = NULL;
     }
 }
 

@@ -1,20 +1,18 @@
 """The user-facing collectives on NumPy, torch or any DLPack tensor.
 
-Thin: argument checks that need shapes, output allocation of the caller's
-kind, and calls into cring._C, which does the communication with the GIL
-released. Synchronous calls only; every rank must call the same collectives in
-the same order.
+Thin: output allocation of the caller's kind, names, and submission to the C
+engine (cring._C), which negotiates, fuses and runs every collective with the
+GIL released. Synchronous calls are an async submission plus synchronize():
+one code path. Ranks may submit named collectives in any order; unnamed ones
+get deterministic names, so those must be called in the same order.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-import math
 import threading
-from typing import Any, Optional
-
-import numpy as np
+from typing import Any, Callable, Optional, Sequence
 
 from . import _C, _discovery
 from ._tensors import dlpack_source, empty_like
@@ -193,25 +191,170 @@ def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
     return shape, dtype_name
 
 
-def allreduce_(tensor: Any, op: int = Average, name: Optional[str] = None) -> Any:
-    """Reduce `tensor` over all ranks in place and return the same object.
-    op: cring.Average (default, as in Horovod), Sum, Min, Max or Product."""
+class Compressor:
+    """Compression for allreduce payloads: float32 tensors travel as
+    `wire_dtype` (cast down before, up after); other dtypes are unaffected."""
+
+    def __init__(self, name: str, wire_dtype: Optional[str]):
+        self.name = name
+        self.wire_dtype = wire_dtype
+
+    def __repr__(self) -> str:
+        return f"Compression.{self.name}"
+
+
+class Compression:
+    """Choices for the `compression=` argument (as in Horovod)."""
+
+    none = Compressor("none", None)
+    fp16 = Compressor("fp16", "float16")
+    bf16 = Compressor("bf16", "bfloat16")
+
+
+def _wire(compression: Any, dtype_name: str) -> Optional[str]:
+    if compression is None:
+        return None
+    wire = compression.wire_dtype if isinstance(compression, Compressor) else str(compression)
+    if wire in (None, "none"):
+        return None
+    if wire not in ("float16", "bfloat16"):
+        raise ValueError(f"compression must be Compression.none, fp16 or bf16, got {compression!r}")
+    return wire if dtype_name == "float32" else None
+
+
+class Handle:
+    """A collective in flight: pass it to cring.poll() or cring.synchronize().
+    Usable from any thread; synchronize() returns the result once."""
+
+    __slots__ = ("_h", "_finish", "_result", "_finished")
+
+    def __init__(self, handle: Any, finish: Callable[[Any], Any]):
+        self._h = handle
+        self._finish = finish
+        self._finished = False
+        self._result: Any = None
+
+    @property
+    def name(self) -> str:
+        return self._h.name
+
+    def __repr__(self) -> str:
+        state = "done" if self._h.done() else "pending"
+        return f"<cring.Handle {self._h.name!r} {state}>"
+
+
+def poll(handle: Handle) -> bool:
+    """True once the collective has completed (successfully or not). Never blocks."""
+    return bool(handle._h.done())
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for the collective and return its result (the output tensor, or
+    a list for grouped calls); raise its error (MismatchError, ...)."""
+    if not handle._finished:
+        handle._h.wait()
+        handle._result = handle._finish(handle._h)
+        handle._finished = True
+    return handle._result
+
+
+def _submit(collective: int, name: str, pairs: list, finish: Callable[[Any], Any], *,
+            op: int = 0, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
+            wire: Optional[str] = None, caller_waits: bool = False) -> Handle:
     _require_init()
-    name = _name("allreduce", name)
-    src = dlpack_source(tensor)
-    _C.allreduce(src, src, _op(op), name)
-    return tensor
+    h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
+                  caller_waits)
+    return Handle(h, finish)
 
 
-def allreduce(tensor: Any, op: int = Average, name: Optional[str] = None) -> Any:
+def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compression: Any,
+                     prescale_factor: float, postscale_factor: float, grouped: bool,
+                     caller_waits: bool) -> Handle:
+    op = _op(op)
+    pairs, outs, wires = [], [], set()
+    for x in tensors:
+        src = dlpack_source(x)
+        shape, dtype_name = _info(x, name)
+        wires.add(_wire(compression, dtype_name))
+        out = x if in_place else empty_like(x, shape, dtype_name)
+        pairs.append((src, src if in_place else dlpack_source(out)))
+        outs.append(out)
+    wire = wires.pop() if len(wires) == 1 else None
+    finish = (lambda h: outs) if grouped else (lambda h: outs[0])
+    return _submit(_C.ALLREDUCE, name, pairs, finish, op=op, prescale=prescale_factor,
+                   postscale=postscale_factor, wire=wire, caller_waits=caller_waits)
+
+
+def allreduce_async(tensor: Any, op: int = Average, name: Optional[str] = None,
+                    compression: Any = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0) -> Handle:
+    """Start an allreduce into a new tensor; synchronize() returns it."""
+    return _allreduce_async([tensor], False, op, _name("allreduce", name), compression,
+                            prescale_factor, postscale_factor, False, False)
+
+
+def allreduce_async_(tensor: Any, op: int = Average, name: Optional[str] = None,
+                     compression: Any = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0) -> Handle:
+    """Start an in-place allreduce; synchronize() returns the tensor itself."""
+    return _allreduce_async([tensor], True, op, _name("allreduce", name), compression,
+                            prescale_factor, postscale_factor, False, False)
+
+
+def allreduce(tensor: Any, op: int = Average, name: Optional[str] = None,
+              compression: Any = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0) -> Any:
     """Return a new tensor of the caller's kind holding the reduction of
-    `tensor` over all ranks; the input is unchanged."""
-    _require_init()
-    name = _name("allreduce", name)
-    shape, dtype_name = _info(tensor, name)
-    out = empty_like(tensor, shape, dtype_name)
-    _C.allreduce(dlpack_source(tensor), out, _op(op), name)
-    return out
+    `tensor` over all ranks; the input is unchanged.
+    op: cring.Average (default, as in Horovod), Sum, Min, Max or Product."""
+    return synchronize(_allreduce_async([tensor], False, op, _name("allreduce", name),
+                                        compression, prescale_factor, postscale_factor, False,
+                                        True))
+
+
+def allreduce_(tensor: Any, op: int = Average, name: Optional[str] = None,
+               compression: Any = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0) -> Any:
+    """Reduce `tensor` over all ranks in place and return the same object."""
+    return synchronize(_allreduce_async([tensor], True, op, _name("allreduce", name),
+                                        compression, prescale_factor, postscale_factor, False,
+                                        True))
+
+
+def grouped_allreduce_async(tensors: Sequence[Any], op: int = Average, name: Optional[str] = None,
+                            compression: Any = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0) -> Handle:
+    """Start one allreduce over a list of tensors, negotiated and run as one
+    unit; synchronize() returns the list of results."""
+    return _allreduce_async(list(tensors), False, op, _name("grouped_allreduce", name),
+                            compression, prescale_factor, postscale_factor, True, False)
+
+
+def grouped_allreduce_async_(tensors: Sequence[Any], op: int = Average,
+                             name: Optional[str] = None, compression: Any = None,
+                             prescale_factor: float = 1.0,
+                             postscale_factor: float = 1.0) -> Handle:
+    """In-place form of grouped_allreduce_async."""
+    return _allreduce_async(list(tensors), True, op, _name("grouped_allreduce", name),
+                            compression, prescale_factor, postscale_factor, True, False)
+
+
+def grouped_allreduce(tensors: Sequence[Any], op: int = Average, name: Optional[str] = None,
+                      compression: Any = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> list:
+    """Allreduce a list of tensors as one unit; returns new tensors."""
+    return synchronize(_allreduce_async(list(tensors), False, op,
+                                        _name("grouped_allreduce", name), compression,
+                                        prescale_factor, postscale_factor, True, True))
+
+
+def grouped_allreduce_(tensors: Sequence[Any], op: int = Average, name: Optional[str] = None,
+                       compression: Any = None, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0) -> list:
+    """Allreduce a list of tensors as one unit, in place; returns the list."""
+    return synchronize(_allreduce_async(list(tensors), True, op,
+                                        _name("grouped_allreduce", name), compression,
+                                        prescale_factor, postscale_factor, True, True))
 
 
 def _check_root(root_rank: int, name: str) -> int:
@@ -221,87 +364,168 @@ def _check_root(root_rank: int, name: str) -> int:
     return root
 
 
-def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
-    """Overwrite `tensor` on every rank with root_rank's values; returns it."""
+def _broadcast_async(tensor: Any, root_rank: int, name: str, in_place: bool,
+                     caller_waits: bool) -> Handle:
     _require_init()
-    name = _name("broadcast", name)
+    root = _check_root(root_rank, name)
     src = dlpack_source(tensor)
-    _C.broadcast(src, _check_root(root_rank, name), name)
-    return tensor
+    if in_place:
+        return _submit(_C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root,
+                       caller_waits=caller_waits)
+    shape, dtype_name = _info(tensor, name)
+    out = empty_like(tensor, shape, dtype_name)
+    return _submit(_C.BROADCAST, name, [(src, dlpack_source(out))], lambda h: out, root=root,
+                   caller_waits=caller_waits)
+
+
+def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
+    """Start a broadcast into a new tensor."""
+    return _broadcast_async(tensor, root_rank, _name("broadcast", name), False, False)
+
+
+def broadcast_async_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
+    """Start an in-place broadcast."""
+    return _broadcast_async(tensor, root_rank, _name("broadcast", name), True, False)
 
 
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
     """Return a new tensor holding root_rank's values; the input is unchanged."""
+    return synchronize(_broadcast_async(tensor, root_rank, _name("broadcast", name), False, True))
+
+
+def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
+    """Overwrite `tensor` on every rank with root_rank's values; returns it."""
+    return synchronize(_broadcast_async(tensor, root_rank, _name("broadcast", name), True, True))
+
+
+def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> Handle:
     _require_init()
-    name = _name("broadcast", name)
-    root = _check_root(root_rank, name)
-    shape, dtype_name = _info(tensor, name)
-    out = empty_like(tensor, shape, dtype_name)
-    if rank() == root:
-        _C.copy(dlpack_source(tensor), out, name)
-    _C.broadcast(out, root, name)
-    return out
+    infos = [_info(x, name) for x in tensors]
+    pairs = [(dlpack_source(x), None) for x in tensors]
+
+    def finish(h: Any) -> Any:
+        outs = []
+        for i, (x, (shape, dtype_name)) in enumerate(zip(tensors, infos)):
+            dims = _C.first_dims(h, i, size())
+            trailing = tuple(shape[1:])
+            out = empty_like(x, (sum(dims),) + trailing, dtype_name)
+            h.copy_output(i, dlpack_source(out))
+            outs.append(out)
+        return outs if grouped else outs[0]
+
+    return _submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits)
 
 
-def _gather_shapes(shape: tuple[int, ...], dtype_name: str, name: str) -> np.ndarray:
-    """Every rank's (ndim, first dimension, trailing-shape hash, dtype) as a
-    (size, 4) int64 array, checking that only the first dimension differs."""
-    trailing = hash(tuple(shape[1:])) & 0x7FFFFFFFFFFFFFFF
-    mine = np.array([len(shape), shape[0] if shape else 1, trailing,
-                     list(_DTYPE_CODES).index(dtype_name)], dtype=np.int64)
-    every = np.empty(size() * 4, dtype=np.int64)
-    _C.allgather(mine, every, [4] * size(), name)
-    every = every.reshape(size(), 4)
-    for r in range(size()):
-        if every[r, 0] != every[0, 0] or every[r, 2] != every[0, 2]:
-            raise MismatchError(
-                f"allgather of tensor '{name}': rank {r} has a tensor of different rank or "
-                f"trailing dimensions than rank 0 (only the first dimension may differ)")
-        if every[r, 3] != every[0, 3]:
-            raise MismatchError(
-                f"allgather of tensor '{name}': rank {r} has dtype {_DTYPE_CODES[every[r, 3]]}, "
-                f"rank 0 has {_DTYPE_CODES[every[0, 3]]}")
-    return every
-
-
-_DTYPE_CODES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64",
-                "bool")
+def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
+    """Start an allgather; synchronize() returns the concatenated tensor."""
+    return _allgather_async([tensor], _name("allgather", name), False, False)
 
 
 def allgather(tensor: Any, name: Optional[str] = None) -> Any:
     """Concatenate every rank's tensor along the first dimension (which may
-    differ between ranks); trailing dimensions and dtype must match."""
+    differ between ranks); trailing dimensions and dtype must match. A 0-d
+    tensor gathers as one row."""
+    return synchronize(_allgather_async([tensor], _name("allgather", name), False, True))
+
+
+def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None) -> Handle:
+    """Start an allgather of several tensors as one unit."""
+    return _allgather_async(list(tensors), _name("grouped_allgather", name), True, False)
+
+
+def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None) -> list:
+    """Allgather several tensors as one unit; returns a list."""
+    return synchronize(_allgather_async(list(tensors), _name("grouped_allgather", name), True,
+                                        True))
+
+
+def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
+                         prescale_factor: float, postscale_factor: float,
+                         caller_waits: bool) -> Handle:
     _require_init()
-    name = _name("allgather", name)
-    shape, dtype_name = _info(tensor, name)
-    if not shape:
-        shape = (1,)  # a scalar gathers as one row
-    every = _gather_shapes(shape, dtype_name, name)
-    row = math.prod(shape[1:])
-    rows = [int(n) for n in every[:, 1]]
-    out = empty_like(tensor, (sum(rows),) + tuple(shape[1:]), dtype_name)
-    _C.allgather(dlpack_source(tensor), out, [n * row for n in rows], name)
-    return out
+    op = _op(op)
+    pairs, outs = [], []
+    p, r = size(), rank()
+    for x in tensors:
+        shape, dtype_name = _info(x, name)
+        if not shape:
+            raise ValueError(f"tensor '{name}': reducescatter needs at least one dimension")
+        n = shape[0]
+        rows = n // p + (1 if r < n % p else 0)
+        out = empty_like(x, (rows,) + tuple(shape[1:]), dtype_name)
+        pairs.append((dlpack_source(x), dlpack_source(out)))
+        outs.append(out)
+    finish = (lambda h: outs) if grouped else (lambda h: outs[0])
+    return _submit(_C.REDUCESCATTER, name, pairs, finish, op=op, prescale=prescale_factor,
+                   postscale=postscale_factor, caller_waits=caller_waits)
 
 
-def reducescatter(tensor: Any, op: int = Average, name: Optional[str] = None) -> Any:
+def reducescatter_async(tensor: Any, op: int = Average, name: Optional[str] = None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start a reducescatter; synchronize() returns this rank's part."""
+    return _reducescatter_async([tensor], op, _name("reducescatter", name), False,
+                                prescale_factor, postscale_factor, False)
+
+
+def reducescatter(tensor: Any, op: int = Average, name: Optional[str] = None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Any:
     """Reduce `tensor` over all ranks and return this rank's part of the
     result, split along the first dimension: with n rows and P ranks, rank r
     gets n // P rows, plus one if r < n % P."""
-    _require_init()
-    name = _name("reducescatter", name)
-    shape, dtype_name = _info(tensor, name)
-    if not shape:
-        raise ValueError(f"tensor '{name}': reducescatter needs at least one dimension")
-    n, p = shape[0], size()
-    rows = [n // p + (1 if r < n % p else 0) for r in range(p)]
-    row = math.prod(shape[1:])
-    out = empty_like(tensor, (rows[rank()],) + tuple(shape[1:]), dtype_name)
-    _C.reducescatter(dlpack_source(tensor), out, [k * row for k in rows], _op(op), name)
-    return out
+    return synchronize(_reducescatter_async([tensor], op, _name("reducescatter", name), False,
+                                            prescale_factor, postscale_factor, True))
+
+
+def grouped_reducescatter_async(tensors: Sequence[Any], op: int = Average,
+                                name: Optional[str] = None, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Start a reducescatter of several tensors as one unit."""
+    return _reducescatter_async(list(tensors), op, _name("grouped_reducescatter", name), True,
+                                prescale_factor, postscale_factor, False)
+
+
+def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, name: Optional[str] = None,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
+    """Reducescatter several tensors as one unit; returns a list."""
+    return synchronize(_reducescatter_async(list(tensors), op,
+                                            _name("grouped_reducescatter", name), True,
+                                            prescale_factor, postscale_factor, True))
 
 
 def barrier() -> None:
     """Return once every rank has called barrier()."""
+    synchronize(_submit(_C.BARRIER, _name("barrier", None), [], lambda h: None,
+                        caller_waits=True))
+
+
+def engine_stats() -> dict:
+    """Counters of the background engine: negotiation cycles, data
+    collectives run (a fused batch counts once), tensors completed, tensors
+    that went through the fusion buffer, response-cache hits, errors."""
     _require_init()
-    _C.barrier()
+    return dict(_C.engine_stats())
+
+
+def _rank_path(path: str) -> str:
+    if size() == 1:
+        return path
+    root, dot, ext = path.rpartition(".")
+    if dot and "/" not in ext:
+        return f"{root}.{rank()}.{ext}"
+    return f"{path}.{rank()}"
+
+
+def start_timeline(file_path: str) -> str:
+    """Write a Chrome-trace timeline (open it in Perfetto or chrome://tracing)
+    of every collective from now on. With several ranks each writes its own
+    file: "trace.json" becomes "trace.<rank>.json". Returns the path used."""
+    _require_init()
+    path = _rank_path(str(file_path))
+    _C.timeline(path)
+    return path
+
+
+def stop_timeline() -> None:
+    """Stop writing the timeline (the file stays valid JSON)."""
+    _require_init()
+    _C.timeline(None)
