@@ -404,6 +404,10 @@ void cring__comm_announce(cring_comm_t *c, uint64_t round) {
     if (c->shm) cring__shm_announce(c->shm, round);
 }
 
+void cring__comm_set_driving(cring_comm_t *c, int on) {
+    if (c->shm) cring__shm_set_driving(c->shm, on);
+}
+
 int cring__comm_peer_waiting(cring_comm_t *c, uint64_t rounds_done) {
     if (c->shm) return cring__shm_peer_announced(c->shm) > rounds_done;
     if (c->p2p) return c->p2p->ops->idle_wait(c->p2p, -1, 0);
@@ -412,20 +416,23 @@ int cring__comm_peer_waiting(cring_comm_t *c, uint64_t rounds_done) {
 
 uint64_t cring__comm_wake_token(cring_comm_t *c) { return c->shm ? cring__shm_bell(c->shm) : 0; }
 
-void cring__comm_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
+int cring__comm_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
     if (c->shm) {
         cring__shm_idle_wait(c->shm, (uint32_t)token, max_wait_s);
-    } else if (c->p2p) {
-        c->p2p->ops->idle_wait(c->p2p, c->wake_fd, max_wait_s);
-        uint64_t drained;
-        while (read(c->wake_fd, &drained, sizeof drained) > 0) {
-        }
-    } else {
-        /* one rank: nobody else to wait for; a local wake cannot be waited
-         * on without a transport, so sleep briefly */
-        struct timespec ts = {0, 1000000};
-        if (max_wait_s > 0) nanosleep(&ts, NULL);
+        return cring__shm_bell(c->shm) != (uint32_t)token;
     }
+    if (c->p2p) {
+        int peer_input = c->p2p->ops->idle_wait(c->p2p, c->wake_fd, max_wait_s);
+        uint64_t drained;
+        int woken = 0;
+        while (read(c->wake_fd, &drained, sizeof drained) > 0) woken = 1;
+        return peer_input || woken;
+    }
+    /* one rank: nothing to wait for but a local wake, which needs no
+     * transport: sleep briefly and let the caller look again */
+    struct timespec ts = {0, 1000000};
+    if (max_wait_s > 0) nanosleep(&ts, NULL);
+    return 1;
 }
 
 /* ---- public collectives: agree, then run ------------------------------------- */

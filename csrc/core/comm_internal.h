@@ -32,14 +32,17 @@ void cring__comm_wake(cring_comm_t *comm);
  * of collectives, so an idle peer joins (shared memory needs this; TCP peers
  * see the data itself). */
 void cring__comm_announce(cring_comm_t *comm, uint64_t round);
+/* Mark whether a thread of this rank is driving rounds (shared memory uses
+ * it to decide whether a waiting peer must ring this rank's bell). */
+void cring__comm_set_driving(cring_comm_t *comm, int on);
 /* 1 when some peer has started a round after `rounds_done` (this rank's
  * count of finished rounds) and waits for this rank. Never blocks. */
 int cring__comm_peer_waiting(cring_comm_t *comm, uint64_t rounds_done);
 /* A token to take before checking for work, then pass to idle_wait, so a wake
  * between the check and the wait is not lost. */
 uint64_t cring__comm_wake_token(cring_comm_t *comm);
-/* Sleep until woken (cring__comm_wake), a peer starts a round, or max_wait_s
- * passes. Only the driving thread calls it. */
-void cring__comm_idle_wait(cring_comm_t *comm, uint64_t token, double max_wait_s);
+/* Sleep until woken (cring__comm_wake or a peer's ring), TCP input arrives
+ * from a peer, or max_wait_s passes. Returns 1 when woken, 0 on time-out. */
+int cring__comm_idle_wait(cring_comm_t *comm, uint64_t token, double max_wait_s);
 
 #endif

@@ -135,6 +135,7 @@ struct cring_engine {
 
     /* driving state, under progress_mu */
     pthread_mutex_t progress_mu;
+    _Atomic int callers_waiting; /* threads blocked on progress_mu for their own handle */
     cring__strmap_t pending;      /* drained requests waiting for a response */
     req_t **uncached;             /* requests to describe in the next round */
     size_t nuncached, cap_uncached;
@@ -1224,6 +1225,7 @@ static void drive(cring_engine_t *e, cring_handle_t *until) {
             return;
         }
         if (atomic_load(&e->stop)) return;
+        if (!until && atomic_load(&e->callers_waiting)) return; /* let them drive */
         uint64_t token = cring__comm_wake_token(e->comm);
         drain(e);
         if (until && atomic_load(&until->done)) return;
@@ -1237,18 +1239,62 @@ static void drive(cring_engine_t *e, cring_handle_t *until) {
     }
 }
 
+/* Run rounds as this rank's driver (progress_mu held). */
+static void drive_locked(cring_engine_t *e, cring_handle_t *until) {
+    if (atomic_load(&e->stop)) return;
+    cring__comm_set_driving(e->comm, 1);
+    drive(e, until);
+    /* A peer that announced a round we did not serve rings our bell once its
+     * spin runs out (see poke_if_idle in shm.c), so leaving never strands
+     * it, and a fast peer does not make us hand rounds to the engine thread. */
+    cring__comm_set_driving(e->comm, 0);
+}
+
+/* The engine thread takes the driver's role only if it is free. */
+static int try_drive(cring_engine_t *e) {
+    if (pthread_mutex_trylock(&e->progress_mu) != 0) return 0;
+    drive_locked(e, NULL);
+    pthread_mutex_unlock(&e->progress_mu);
+    return 1;
+}
+
+static void wait_done_cv(cring_engine_t *e, const cring_handle_t *h, long ns) {
+    pthread_mutex_lock(&e->done_mu);
+    if (!h || !atomic_load(&((cring_handle_t *)h)->done)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += ns;
+        while (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&e->done_cv, &e->done_mu, &ts);
+    }
+    pthread_mutex_unlock(&e->done_mu);
+}
+
+/* The engine thread drives only when something asks it to: a local async
+ * submission, or a peer that waited for this rank past its spin phase while
+ * no thread here was driving (it rings the bell). Serving every announced
+ * round itself would steal rounds from threads waiting on their own
+ * handles, which drive them without a context switch; and it steps aside as
+ * soon as such a thread wants the role. */
 static void *engine_main(void *arg) {
     cring_engine_t *e = arg;
+    int rung = 1;
     while (!atomic_load(&e->stop)) {
         uint64_t token = cring__comm_wake_token(e->comm);
-        pthread_mutex_lock(&e->progress_mu);
-        drive(e, NULL);
-        pthread_mutex_unlock(&e->progress_mu);
+        if (rung) try_drive(e); /* busy: a thread is driving for its own handle */
+        rung = 0;
         if (atomic_load(&e->stop) || atomic_load(&e->broken) != CRING_OK) break;
         pthread_mutex_lock(&e->queue_mu);
         int queued = e->queue_head != NULL;
         pthread_mutex_unlock(&e->queue_mu);
-        if (!queued) cring__comm_idle_wait(e->comm, token, 0.5);
+        if (queued && !atomic_load(&e->callers_waiting)) {
+            rung = 1;
+            continue;
+        }
+        rung = cring__comm_idle_wait(e->comm, token, 0.5);
     }
     return NULL;
 }
@@ -1256,23 +1302,13 @@ static void *engine_main(void *arg) {
 cring_status_t cring_handle_wait(cring_handle_t *h) {
     cring_engine_t *e = h->engine;
     while (!atomic_load(&h->done)) {
-        if (e && pthread_mutex_trylock(&e->progress_mu) == 0) {
-            drive(e, h);
-            pthread_mutex_unlock(&e->progress_mu);
-            if (atomic_load(&h->done)) break;
-        }
-        pthread_mutex_lock(&e->done_mu);
-        if (!atomic_load(&h->done)) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 2 * 1000 * 1000;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&e->done_cv, &e->done_mu, &ts);
-        }
-        pthread_mutex_unlock(&e->done_mu);
+        atomic_fetch_add(&e->callers_waiting, 1);
+        pthread_mutex_lock(&e->progress_mu);
+        atomic_fetch_sub(&e->callers_waiting, 1);
+        drive_locked(e, h);
+        int stopped = atomic_load(&e->stop);
+        pthread_mutex_unlock(&e->progress_mu);
+        if (stopped && !atomic_load(&h->done)) wait_done_cv(e, h, 10 * 1000 * 1000);
     }
     return h->status;
 }
@@ -1403,6 +1439,14 @@ void cring_engine_stop(cring_engine_t *e) {
     cring__strmap_free(&e->in_flight);
     pthread_mutex_unlock(&e->queue_mu);
     engine_release(e);
+}
+
+cring_status_t cring_engine_exclusive(cring_engine_t *e,
+                                      cring_status_t (*fn)(cring_comm_t *, void *), void *arg) {
+    pthread_mutex_lock(&e->progress_mu);
+    cring_status_t st = e->comm ? fn(e->comm, arg) : CRING_ERR_CLOSED;
+    pthread_mutex_unlock(&e->progress_mu);
+    return st;
 }
 
 void cring_engine_get_stats(cring_engine_t *e, cring_engine_stats_t *out) {

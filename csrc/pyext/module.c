@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../common/common.h"
+#include "../core/comm_internal.h"
 #include "../reduce/reduce.h"
 #include "cring/cring.h"
 #include "dlpack_abi.h"
@@ -601,6 +602,72 @@ fail:
     return NULL;
 }
 
+/* ---- benchmark hooks: C-level loops, no Python in the timed region ---------- */
+typedef struct {
+    void *buf;
+    size_t count;
+    long iters;
+    int raw; /* 1: the algorithm without the agreement step */
+} bench_args;
+
+static cring_status_t bench_direct(cring_comm_t *comm, void *p) {
+    bench_args *a = p;
+    cring_status_t st = cring_barrier(comm);
+    for (long i = 0; st == CRING_OK && i < a->iters; i++)
+        st = a->raw ? cring__comm_allreduce(comm, a->buf, a->buf, a->count, CRING_FLOAT32, CRING_SUM)
+                    : cring_allreduce(comm, a->buf, a->buf, a->count, CRING_FLOAT32, CRING_SUM);
+    return st;
+}
+
+/* bench_allreduce(mode, iters, nbytes) -> seconds for `iters` float32 sum
+ * allreduces of nbytes, timed in C. mode: "engine" (submit + wait, as a
+ * synchronous call), "direct" (cring_allreduce: agreement + algorithm) or
+ * "raw" (the algorithm alone). Every rank must make the same call. */
+static PyObject *py_bench_allreduce(PyObject *module, PyObject *args) {
+    module_state *s = get_state(module);
+    const char *mode;
+    long iters;
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "sln", &mode, &iters, &nbytes)) return NULL;
+    if (!s->engine) return raise_not_initialized(s);
+    bench_args a = {.count = (size_t)nbytes / 4, .iters = iters, .raw = !strcmp(mode, "raw")};
+    a.buf = calloc(a.count ? a.count : 1, 4);
+    if (!a.buf) return PyErr_NoMemory();
+    cring_engine_t *e = s->engine;
+    cring_status_t st = CRING_OK;
+    double t0 = 0, t1 = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (!strcmp(mode, "engine")) {
+        int64_t shape = (int64_t)a.count;
+        cring_tensor_t t = {.send = a.buf, .recv = a.buf, .dtype = CRING_FLOAT32, .ndim = 1,
+                            .shape = &shape};
+        cring_request_t q = {.name = "bench", .collective = CRING_COLL_ALLREDUCE,
+                             .op = CRING_SUM, .prescale = 1, .postscale = 1,
+                             .compression = CRING_DTYPE_COUNT, .ntensors = 1, .tensors = &t,
+                             .flags = CRING_REQUEST_CALLER_WAITS};
+        t0 = cring__now_s();
+        for (long i = 0; st == CRING_OK && i < iters; i++) {
+            cring_handle_t *h;
+            st = cring_engine_submit(e, &q, &h);
+            if (st != CRING_OK) break;
+            st = cring_handle_wait(h);
+            cring_handle_free(h);
+        }
+        t1 = cring__now_s();
+    } else {
+        a.iters = 0; /* a barrier first, outside the timed loop */
+        st = cring_engine_exclusive(e, bench_direct, &a);
+        a.iters = iters;
+        t0 = cring__now_s();
+        if (st == CRING_OK) st = cring_engine_exclusive(e, bench_direct, &a);
+        t1 = cring__now_s();
+    }
+    Py_END_ALLOW_THREADS
+    free(a.buf);
+    if (st != CRING_OK) return raise_status(s, st, "benchmark failed", "");
+    return PyFloat_FromDouble(t1 - t0);
+}
+
 static PyObject *py_engine_stats(PyObject *module, PyObject *unused) {
     module_state *s = get_state(module);
     if (!s->engine) return raise_not_initialized(s);
@@ -730,6 +797,8 @@ static PyMethodDef module_methods[] = {
      "compression, caller_waits) -> Handle"},
     {"first_dims", py_first_dims, METH_VARARGS, "first_dims(handle, index, size)"},
     {"engine_stats", py_engine_stats, METH_NOARGS, "engine counters"},
+    {"bench_allreduce", py_bench_allreduce, METH_VARARGS,
+     "bench_allreduce(mode, iters, nbytes) -> seconds (mode: engine, direct, raw)"},
     {"timeline", py_timeline, METH_VARARGS, "timeline(path or None)"},
     {"copy", py_copy, METH_VARARGS, "copy(src, dst[, name]): copy between DLPack tensors"},
     {"reduce_isa", py_reduce_isa, METH_NOARGS, "kernel family chosen for this CPU"},

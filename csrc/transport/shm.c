@@ -35,6 +35,7 @@ typedef struct shm_ctrl {
     _Alignas(CRING_CACHE_LINE) _Atomic uint32_t bell; /* rung by peers and local threads */
     _Atomic uint32_t bell_sleepers;
     _Atomic uint64_t announced; /* last round this rank announced */
+    _Atomic uint32_t driving;   /* a thread of this rank is running collectives */
     _Alignas(CRING_CACHE_LINE) unsigned char slots[2][CRING__SHM_SLOT_BYTES];
 } shm_ctrl_t;
 
@@ -338,8 +339,15 @@ void cring__shm_idle_wait(cring__shm_t *shm, uint32_t seen, double max_wait_s) {
 
 void cring__shm_announce(cring__shm_t *shm, uint64_t round) {
     atomic_store(&shm->ctrl[shm->rank].announced, round);
-    for (int r = 0; r < shm->size; r++)
-        if (r != shm->rank) cring__shm_ring(shm, r);
+}
+
+void cring__shm_set_driving(cring__shm_t *shm, int on) {
+    atomic_store(&shm->ctrl[shm->rank].driving, on ? 1u : 0u);
+}
+
+/* A rank we wait for whose threads are all idle needs its bell rung. */
+static void poke_if_idle(cring__shm_t *shm, int peer) {
+    if (!atomic_load(&shm->ctrl[peer].driving)) cring__shm_ring(shm, peer);
 }
 
 uint64_t cring__shm_peer_announced(const cring__shm_t *shm) {
@@ -373,13 +381,16 @@ cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq) {
         cpu_relax();
         if (reached(c, seq)) return CRING_OK;
     }
+    poke_if_idle(shm, peer);
     for (long i = 0; i < shm->yield_iters; i++) {
         sched_yield();
         if (reached(c, seq)) return CRING_OK;
     }
     double start = cring__now_s(), next_liveness = start + 0.1;
-    const struct timespec slice = {0, 20 * 1000 * 1000}; /* 20 ms */
+    long slice_ns = 50 * 1000; /* doubles up to 20 ms: prompt re-pokes first */
     for (;;) {
+        struct timespec slice = {0, slice_ns};
+        if (slice_ns < 20 * 1000 * 1000) slice_ns *= 2;
         atomic_fetch_add(&c->waiters, 1);
         atomic_thread_fence(memory_order_seq_cst);
         uint32_t word = atomic_load(&c->futex_word);
@@ -388,6 +399,7 @@ cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq) {
         atomic_fetch_sub(&c->waiters, 1);
         if (reached(c, seq)) return CRING_OK;
         if (atomic_load(&shm->hdr->aborted)) return aborted_status(shm);
+        poke_if_idle(shm, peer);
         double now = cring__now_s();
         if (now >= next_liveness) {
             next_liveness = now + 0.1;

@@ -103,8 +103,11 @@ uint32_t cring__shm_bell(const cring__shm_t *shm);
  * or max_wait_s passes. */
 void cring__shm_idle_wait(cring__shm_t *shm, uint32_t seen, double max_wait_s);
 /* Announce that this rank is about to start round `round` of collectives
- * (rounds count from 1 and only grow), then ring every peer's bell. */
+ * (rounds count from 1 and only grow). Rings nobody: a rank that then waits
+ * for a peer rings that peer's bell if no thread of the peer is driving. */
 void cring__shm_announce(cring__shm_t *shm, uint64_t round);
+/* Say whether a thread of this rank is driving collectives now. */
+void cring__shm_set_driving(cring__shm_t *shm, int on);
 /* The highest round any peer has announced. */
 uint64_t cring__shm_peer_announced(const cring__shm_t *shm);
 

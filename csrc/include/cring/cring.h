@@ -298,6 +298,14 @@ CRING_API const void *cring_handle_output(const cring_handle_t *handle, int inde
  * its buffers must stay valid until it completes. */
 CRING_API void cring_handle_free(cring_handle_t *handle);
 
+/* Run fn(comm, arg) on the engine's communicator while no round is being
+ * driven on this rank. For benchmarks and tools: every rank must call it at
+ * the same point, with no request in flight anywhere, and fn must make the
+ * same collective calls on every rank. Returns fn's status. */
+CRING_API cring_status_t cring_engine_exclusive(cring_engine_t *engine,
+                                                cring_status_t (*fn)(cring_comm_t *, void *),
+                                                void *arg);
+
 CRING_API void cring_engine_get_stats(cring_engine_t *engine, cring_engine_stats_t *out);
 /* Start writing a Chrome-trace timeline to path (replacing any current one);
  * NULL stops it. The file is valid JSON after every event written. */
