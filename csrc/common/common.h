@@ -29,6 +29,9 @@
 
 /* Monotonic clock in seconds. */
 double cring__now_s(void);
+/* The same clock at scheduler-tick resolution (a few ms), much cheaper to
+ * read: for time-outs and stall checks, not for measurements. */
+double cring__now_coarse_s(void);
 
 /* Log levels: CRING_LOG_LEVEL=error|warning|info|debug (default warning). */
 enum { CRING__LOG_ERROR = 0, CRING__LOG_WARNING = 1, CRING__LOG_INFO = 2, CRING__LOG_DEBUG = 3 };

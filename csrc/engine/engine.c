@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../core/comm_internal.h"
 #include "../reduce/reduce.h"
@@ -156,11 +157,14 @@ struct cring_engine {
     double cycle_time_s;
     double stall_check_s, stall_shutdown_s;
 
-    /* introspection */
+    /* introspection (relaxed atomics: counters only) */
     pthread_mutex_t stats_mu;
-    cring_engine_stats_t stats;
+    struct {
+        _Atomic uint64_t cycles, collectives, tensors, fused_tensors, cache_hits, errors;
+    } stats;
     pthread_mutex_t timeline_mu;
     cring__timeline_t *timeline;
+    _Atomic int timeline_on; /* read without the lock by submitters */
 };
 
 static _Thread_local char submit_error[CRING__ERRMSG_BYTES];
@@ -190,14 +194,9 @@ static const char *collective_name(cring_collective_t c) {
 
 static void engine_release(cring_engine_t *e);
 
-static void req_free(req_t *r) {
-    if (!r) return;
-    for (int i = 0; i < r->ntensors; i++) free(r->t[i].shape);
-    free(r->t);
-    free(r->name);
-    free(r->record);
-    free(r);
-}
+/* A request and everything it owns (tensor specs, shapes, name, record) is
+ * one allocation. */
+static void req_free(req_t *r) { free(r); }
 
 static void handle_release(cring_handle_t *h) {
     if (atomic_fetch_sub(&h->refs, 1) != 1) return;
@@ -236,12 +235,16 @@ static uint64_t get_le(const uint8_t *p, int n) {
     return v;
 }
 
-static int build_record(req_t *r) {
+static size_t record_bytes(const cring_request_t *q) {
+    size_t len = 2 + strlen(q->name) + 1 + 1 + 1 + 4 + 2;
+    for (int i = 0; i < q->ntensors; i++) len += 2 + 8 * (size_t)q->tensors[i].ndim;
+    return len;
+}
+
+/* Write r's record into r->record (sized by record_bytes). */
+static void build_record(req_t *r) {
     size_t name_len = strlen(r->name);
-    size_t len = 2 + name_len + 1 + 1 + 1 + 4 + 2;
-    for (int i = 0; i < r->ntensors; i++) len += 2 + 8 * (size_t)r->t[i].ndim;
-    uint8_t *rec = malloc(len), *p = rec;
-    if (!rec) return -1;
+    uint8_t *p = r->record;
     put_le(&p, name_len, 2);
     memcpy(p, r->name, name_len);
     p += name_len;
@@ -255,9 +258,7 @@ static int build_record(req_t *r) {
         put_le(&p, (uint64_t)r->t[i].ndim, 1);
         for (int d = 0; d < r->t[i].ndim; d++) put_le(&p, (uint64_t)r->t[i].shape[d], 8);
     }
-    r->record = rec;
-    r->record_len = len;
-    return 0;
+    r->record_len = (size_t)(p - r->record);
 }
 
 /* Parse and bounds-check a record (records come from other processes). */
@@ -342,25 +343,27 @@ static void record_first_dims(const parsed_t *p, int r, int size, int64_t *dims)
 
 /* ---- completion -------------------------------------------------------------------------- */
 
-static void stats_add(cring_engine_t *e, uint64_t *field, uint64_t n) {
-    pthread_mutex_lock(&e->stats_mu);
-    *field += n;
-    pthread_mutex_unlock(&e->stats_mu);
+static void stats_add(cring_engine_t *e, _Atomic uint64_t *field, uint64_t n) {
+    (void)e;
+    atomic_fetch_add_explicit(field, n, memory_order_relaxed);
 }
 
 /* Complete a request: record the status, drop the name from the in-flight set,
  * wake waiters, release the engine's reference. The caller owns r. */
 static void complete(cring_engine_t *e, req_t *r, cring_status_t st, const char *error) {
     cring_handle_t *h = r->handle;
+    if (e->timeline) { /* a user who saw the handle complete finds it in the file */
+        pthread_mutex_lock(&e->timeline_mu);
+        cring__timeline_flush(e->timeline);
+        pthread_mutex_unlock(&e->timeline_mu);
+    }
     h->status = st;
     if (st != CRING_OK) h->error = strdup(error && *error ? error : cring_status_string(st));
     pthread_mutex_lock(&e->queue_mu);
     cring__strmap_remove(&e->in_flight, r->name);
     pthread_mutex_unlock(&e->queue_mu);
-    pthread_mutex_lock(&e->stats_mu);
-    e->stats.tensors += (uint64_t)r->ntensors;
-    if (st != CRING_OK) e->stats.errors++;
-    pthread_mutex_unlock(&e->stats_mu);
+    stats_add(e, &e->stats.tensors, (uint64_t)r->ntensors);
+    if (st != CRING_OK) stats_add(e, &e->stats.errors, 1);
     pthread_mutex_lock(&e->done_mu);
     atomic_store(&h->done, 1);
     pthread_cond_broadcast(&e->done_cv);
@@ -419,9 +422,18 @@ static cring_status_t validate(cring_engine_t *e, const cring_request_t *q) {
 }
 
 static req_t *make_req(cring_engine_t *e, const cring_request_t *q) {
-    req_t *r = calloc(1, sizeof *r);
+    size_t ndims = 0, name_len = strlen(q->name);
+    for (int i = 0; i < q->ntensors; i++) ndims += (size_t)q->tensors[i].ndim;
+    size_t bytes = sizeof(req_t) + sizeof(tensor_spec_t) * (size_t)q->ntensors +
+                   sizeof(int64_t) * ndims + name_len + 1 + record_bytes(q);
+    req_t *r = malloc(bytes);
     if (!r) return NULL;
-    r->name = strdup(q->name);
+    memset(r, 0, sizeof *r);
+    r->t = (tensor_spec_t *)(r + 1);
+    int64_t *dims = (int64_t *)(r->t + q->ntensors);
+    r->name = (char *)(dims + ndims);
+    r->record = (uint8_t *)r->name + name_len + 1;
+    memcpy(r->name, q->name, name_len + 1);
     r->coll = q->collective;
     r->op = q->op;
     r->root = q->root;
@@ -430,8 +442,6 @@ static req_t *make_req(cring_engine_t *e, const cring_request_t *q) {
     r->compression = q->compression;
     r->ntensors = q->ntensors;
     r->cache_id = -1;
-    r->t = calloc((size_t)(q->ntensors ? q->ntensors : 1), sizeof *r->t);
-    if (!r->name || !r->t) goto fail;
     for (int i = 0; i < q->ntensors; i++) {
         const cring_tensor_t *in = &q->tensors[i];
         tensor_spec_t *t = &r->t[i];
@@ -439,8 +449,8 @@ static req_t *make_req(cring_engine_t *e, const cring_request_t *q) {
         t->recv = in->recv;
         t->dtype = in->dtype;
         t->ndim = in->ndim;
-        t->shape = malloc(sizeof *t->shape * (size_t)(in->ndim ? in->ndim : 1));
-        if (!t->shape) goto fail;
+        t->shape = dims;
+        dims += in->ndim;
         t->count = 1;
         t->row_elems = 1;
         for (int d = 0; d < in->ndim; d++) {
@@ -450,11 +460,9 @@ static req_t *make_req(cring_engine_t *e, const cring_request_t *q) {
         }
         t->bytes = t->count * cring_dtype_size(t->dtype);
     }
-    if (build_record(r) != 0) goto fail;
+    build_record(r);
+    (void)e;
     return r;
-fail:
-    req_free(r);
-    return NULL;
 }
 
 cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
@@ -476,7 +484,8 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     h->engine = e;
     atomic_store(&h->refs, 2);
     r->handle = h;
-    r->submit_s = cring__now_s();
+    /* the coarse clock is cheaper but lags: the timeline needs the precise one */
+    r->submit_s = atomic_load(&e->timeline_on) ? cring__now_s() : cring__now_coarse_s();
     pthread_mutex_lock(&e->queue_mu);
     if (atomic_load(&e->stop)) { /* checked under the lock: stop drains the queue after */
         pthread_mutex_unlock(&e->queue_mu);
@@ -615,6 +624,9 @@ static void timeline_span(cring_engine_t *e, const char *name, const char *phase
     pthread_mutex_unlock(&e->timeline_mu);
 }
 
+/* Timestamps only matter to the timeline; reading the clock is not free. */
+static double tl_now(const cring_engine_t *e) { return e->timeline ? cring__now_s() : 0.0; }
+
 static int ensure_fusion(cring_engine_t *e, size_t bytes) {
     if (bytes <= e->fusion_cap) return 0;
     void *p = realloc(e->fusion, bytes);
@@ -640,13 +652,13 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
             total += batch[b]->t[i].count;
             ntensors++;
         }
-    double t0 = cring__now_s();
+    double t0 = tl_now(e);
     for (int b = 0; b < n; b++) timeline_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
     cring_status_t st;
     if (!staging) {
         tensor_spec_t *t = &first->t[0];
         st = cring__comm_allreduce(e->comm, t->send, t->recv, t->count, dtype, first->op);
-        double t1 = cring__now_s();
+        double t1 = tl_now(e);
         if (st == CRING_OK && first->postscale != 1.0)
             cring__convert(dtype, t->recv, dtype, t->recv, t->count, first->postscale);
         timeline_span(e, first->name, "ALLREDUCE", t0, t1, NULL);
@@ -661,9 +673,9 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
                 cring__convert(wire, buf + off * es, t->dtype, t->send, t->count, batch[b]->prescale);
                 off += t->count;
             }
-        double t1 = cring__now_s();
+        double t1 = tl_now(e);
         st = cring__comm_allreduce(e->comm, buf, buf, total, wire, first->op);
-        double t2 = cring__now_s();
+        double t2 = tl_now(e);
         off = 0;
         if (st == CRING_OK)
             for (int b = 0; b < n; b++)
@@ -673,7 +685,7 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
                                    batch[b]->postscale);
                     off += t->count;
                 }
-        double t3 = cring__now_s();
+        double t3 = tl_now(e);
         char args[96];
         snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors, total * es);
         for (int b = 0; b < n; b++) {
@@ -692,14 +704,14 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
 static cring_status_t run_broadcast(cring_engine_t *e, req_t **batch, int n) {
     const req_t *first = batch[0];
     int root = first->root, i_am_root = e->rank == root;
-    double t0 = cring__now_s();
+    double t0 = tl_now(e);
     for (int b = 0; b < n; b++) timeline_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
     cring_status_t st;
     if (n == 1 && first->ntensors == 1) {
         tensor_spec_t *t = &first->t[0];
         if (i_am_root && t->send != t->recv) memcpy(t->recv, t->send, t->bytes);
         st = cring__comm_broadcast(e->comm, t->recv, t->bytes, root);
-        timeline_span(e, first->name, "BROADCAST", t0, cring__now_s(), NULL);
+        timeline_span(e, first->name, "BROADCAST", t0, tl_now(e), NULL);
     } else {
         size_t total = 0, ntensors = 0;
         for (int b = 0; b < n; b++)
@@ -716,9 +728,9 @@ static cring_status_t run_broadcast(cring_engine_t *e, req_t **batch, int n) {
                     memcpy(buf + off, batch[b]->t[i].send, batch[b]->t[i].bytes);
                     off += batch[b]->t[i].bytes;
                 }
-        double t1 = cring__now_s();
+        double t1 = tl_now(e);
         st = cring__comm_broadcast(e->comm, buf, total, root);
-        double t2 = cring__now_s();
+        double t2 = tl_now(e);
         off = 0;
         if (st == CRING_OK)
             for (int b = 0; b < n; b++)
@@ -726,7 +738,7 @@ static cring_status_t run_broadcast(cring_engine_t *e, req_t **batch, int n) {
                     memcpy(batch[b]->t[i].recv, buf + off, batch[b]->t[i].bytes);
                     off += batch[b]->t[i].bytes;
                 }
-        double t3 = cring__now_s();
+        double t3 = tl_now(e);
         for (int b = 0; b < n; b++) {
             timeline_span(e, batch[b]->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1, NULL);
             timeline_span(e, batch[b]->name, "BROADCAST", t1, t2, NULL);
@@ -740,7 +752,7 @@ static cring_status_t run_broadcast(cring_engine_t *e, req_t **batch, int n) {
 
 static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *first_dims) {
     cring_handle_t *h = r->handle;
-    double t0 = cring__now_s();
+    double t0 = tl_now(e);
     timeline_span(e, r->name, "QUEUE", r->ready_s, t0, NULL);
     h->outputs = calloc((size_t)r->ntensors, sizeof *h->outputs);
     h->output_bytes = calloc((size_t)r->ntensors, sizeof *h->output_bytes);
@@ -770,12 +782,12 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
         stats_add(e, &e->stats.collectives, 1);
     }
     free(sizes);
-    timeline_span(e, r->name, "ALLGATHER", t0, cring__now_s(), NULL);
+    timeline_span(e, r->name, "ALLGATHER", t0, tl_now(e), NULL);
     return st;
 }
 
 static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
-    double t0 = cring__now_s();
+    double t0 = tl_now(e);
     timeline_span(e, r->name, "QUEUE", r->ready_s, t0, NULL);
     size_t *counts = malloc(sizeof *counts * (size_t)e->size);
     if (!counts) return CRING_ERR_NO_MEMORY;
@@ -799,7 +811,7 @@ static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
         stats_add(e, &e->stats.collectives, 1);
     }
     free(counts);
-    timeline_span(e, r->name, "REDUCESCATTER", t0, cring__now_s(), NULL);
+    timeline_span(e, r->name, "REDUCESCATTER", t0, tl_now(e), NULL);
     return st;
 }
 
@@ -874,9 +886,9 @@ static cring_status_t execute(cring_engine_t *e, response_t *resp, int n) {
         case CRING_COLL_ALLGATHER: st = run_allgather(e, r0->req, r0->first_dims); break;
         case CRING_COLL_REDUCESCATTER: st = run_reducescatter(e, r0->req); break;
         default: {
-            double t0 = cring__now_s();
+            double t0 = tl_now(e);
             st = cring__comm_barrier(e->comm);
-            timeline_span(e, r0->req->name, "BARRIER", t0, cring__now_s(), NULL);
+            timeline_span(e, r0->req->name, "BARRIER", t0, tl_now(e), NULL);
             stats_add(e, &e->stats.collectives, 1);
         }
         }
@@ -953,7 +965,7 @@ static cring_status_t exchange_records(cring_engine_t *e, response_t **resp, int
     st = cring__comm_allgatherv(e->comm, mine, (size_t)my_len, all, sizes);
     if (st != CRING_OK) goto done;
 
-    double now = cring__now_s();
+    double now = cring__now_coarse_s();
     size_t off = 0;
     for (int r = 0; r < P; r++) {
         size_t end = off + sizes[r];
@@ -1159,7 +1171,7 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
             return transport_failed(e, st);
         }
     }
-    double t_ready = cring__now_s();
+    double t_ready = tl_now(e);
     for (int i = 0; i < nresp; i++) {
         req_t *r = resp[i].req;
         r->ready_s = t_ready;
@@ -1182,7 +1194,7 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
 /* ---- stall check -------------------------------------------------------------------------- */
 
 static void stall_check(cring_engine_t *e) {
-    double now = cring__now_s();
+    double now = cring__now_coarse_s();
     if (now - e->last_stall_check_s < 0.05) return;
     e->last_stall_check_s = now;
     /* Cached requests carry no rank detail: after half the threshold, have
@@ -1233,6 +1245,17 @@ static void drive(cring_engine_t *e, cring_handle_t *until) {
         if (!local && !cring__comm_peer_waiting(e->comm, e->rounds_done)) return;
         int progress = 0;
         if (run_round(e, &progress) != CRING_OK) continue;
+        /* The engine thread paces its rounds by CRING_CYCLE_TIME while
+         * asynchronous work keeps arriving, so what arrives together is
+         * fused (Horovod's cycle); a thread waiting on its own handle never
+         * waits for this timer. */
+        if (!until && e->cycle_time_s > 0 && !atomic_load(&e->callers_waiting) &&
+            (e->pending.count > 0 || e->queue_head != NULL)) {
+            struct timespec ts = {(time_t)e->cycle_time_s,
+                                  (long)((e->cycle_time_s - (double)(time_t)e->cycle_time_s) * 1e9)};
+            nanosleep(&ts, NULL);
+            continue;
+        }
         if (!progress && local && !cring__comm_peer_waiting(e->comm, e->rounds_done) &&
             !(until && atomic_load(&until->done)))
             cring__comm_idle_wait(e->comm, token, e->cycle_time_s);
@@ -1284,7 +1307,20 @@ static void *engine_main(void *arg) {
     int rung = 1;
     while (!atomic_load(&e->stop)) {
         uint64_t token = cring__comm_wake_token(e->comm);
-        if (rung) try_drive(e); /* busy: a thread is driving for its own handle */
+        if (rung) {
+            /* Asynchronous submissions: give the producer CRING_CYCLE_TIME
+             * to submit more, so they fuse; a thread that starts waiting
+             * drives at once instead (it does not wait for this timer). */
+            pthread_mutex_lock(&e->queue_mu);
+            int queued = e->queue_head != NULL;
+            pthread_mutex_unlock(&e->queue_mu);
+            if (queued && e->cycle_time_s > 0 && !atomic_load(&e->callers_waiting)) {
+                struct timespec ts = {(time_t)e->cycle_time_s,
+                                      (long)((e->cycle_time_s - (double)(time_t)e->cycle_time_s) * 1e9)};
+                nanosleep(&ts, NULL);
+            }
+            try_drive(e); /* busy: a thread is driving for its own handle */
+        }
         rung = 0;
         if (atomic_load(&e->stop) || atomic_load(&e->broken) != CRING_OK) break;
         pthread_mutex_lock(&e->queue_mu);
@@ -1386,6 +1422,7 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
             snprintf(path, sizeof path, "%s", tl);
         if (cring__timeline_open(path, e->rank, &e->timeline) != CRING_OK)
             cring__log(CRING__LOG_WARNING, e->rank, "CRING_TIMELINE: cannot write %s", path);
+        atomic_store(&e->timeline_on, e->timeline != NULL);
     }
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         cring_comm_destroy(comm);
@@ -1450,9 +1487,12 @@ cring_status_t cring_engine_exclusive(cring_engine_t *e,
 }
 
 void cring_engine_get_stats(cring_engine_t *e, cring_engine_stats_t *out) {
-    pthread_mutex_lock(&e->stats_mu);
-    *out = e->stats;
-    pthread_mutex_unlock(&e->stats_mu);
+    out->cycles = atomic_load(&e->stats.cycles);
+    out->collectives = atomic_load(&e->stats.collectives);
+    out->tensors = atomic_load(&e->stats.tensors);
+    out->fused_tensors = atomic_load(&e->stats.fused_tensors);
+    out->cache_hits = atomic_load(&e->stats.cache_hits);
+    out->errors = atomic_load(&e->stats.errors);
 }
 
 cring_status_t cring_engine_timeline(cring_engine_t *e, const char *path) {
@@ -1461,6 +1501,7 @@ cring_status_t cring_engine_timeline(cring_engine_t *e, const char *path) {
     pthread_mutex_lock(&e->timeline_mu);
     cring__timeline_t *old = e->timeline;
     e->timeline = tl;
+    atomic_store(&e->timeline_on, tl != NULL);
     pthread_mutex_unlock(&e->timeline_mu);
     cring__timeline_close(old);
     return CRING_OK;

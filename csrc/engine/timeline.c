@@ -1,20 +1,39 @@
 /* timeline.c: Chrome-trace JSON writer. Each tensor name gets its own track
  * (a "tid" with a thread_name metadata event) inside the rank's process
- * track; every event is written and the array closed and flushed at once.
- * Knows nothing of collectives beyond the strings it is given. */
+ * track. Knows nothing of collectives beyond the strings it is given.
+ *
+ * The file must be valid JSON whenever anyone reads it, even while it grows,
+ * and a reader may hold it open for any time, so no file that was ever
+ * visible is written again: each update builds a new file (the previous
+ * one's events copied in the kernel, the new events appended, the closing
+ * bracket) and renames it over the path. Only events not yet published are
+ * kept in memory. Once the file is large, updates are spaced so that copying
+ * costs at most a few percent of one core; closing publishes everything. */
 #include "timeline.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "strmap.h"
 
+static const char HEAD[] = "[\n", TAIL[] = "\n]\n";
+#define SMALL_FILE_BYTES (4u << 20) /* below this, every flush publishes */
+
 struct cring__timeline {
-    FILE *f;
+    char *path;
+    char *tmp_path;
+    int fd_visible;       /* read side of the file now at path */
+    size_t visible_bytes; /* HEAD + published events (TAIL excluded) */
+    double last_publish_s;
     int rank;
     double t0;
-    long close_pos; /* offset of the closing "]" */
+    char *buf; /* events not yet published, with separators */
+    size_t len, cap;
     int nevents;
     int next_tid;
     cring__strmap_t tids;
@@ -36,46 +55,123 @@ static void json_escape(const char *in, char *out, size_t out_len) {
     out[o] = 0;
 }
 
-/* Write one event and re-close the array. */
+static int write_all(int fd, const void *data, size_t n) {
+    const char *p = data;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Copy the first n bytes of src into dst (in the kernel when it can). */
+static int copy_prefix(int src, int dst, size_t n) {
+    loff_t in_off = 0;
+    while (n) {
+        ssize_t c = copy_file_range(src, &in_off, dst, NULL, n, 0);
+        if (c <= 0) break;
+        n -= (size_t)c;
+    }
+    char chunk[65536];
+    while (n) { /* no copy_file_range here: plain reads */
+        ssize_t r = pread(src, chunk, n < sizeof chunk ? n : sizeof chunk, (off_t)in_off);
+        if (r <= 0 || write_all(dst, chunk, (size_t)r) != 0) return -1;
+        in_off += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Build the next version of the file and rename it over the path. */
+static int publish(cring__timeline_t *tl) {
+    int fd = open(tl->tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    int ok = tl->fd_visible >= 0 ? copy_prefix(tl->fd_visible, fd, tl->visible_bytes) == 0
+                                 : write_all(fd, HEAD, sizeof HEAD - 1) == 0;
+    ok = ok && write_all(fd, tl->buf, tl->len) == 0 && write_all(fd, TAIL, sizeof TAIL - 1) == 0;
+    if (!ok || rename(tl->tmp_path, tl->path) != 0) {
+        close(fd);
+        unlink(tl->tmp_path);
+        return -1;
+    }
+    if (tl->fd_visible >= 0) close(tl->fd_visible);
+    tl->fd_visible = fd;
+    tl->visible_bytes = (tl->visible_bytes ? tl->visible_bytes : sizeof HEAD - 1) + tl->len;
+    tl->len = 0;
+    tl->last_publish_s = cring__now_s();
+    return 0;
+}
+
 static void emit(cring__timeline_t *tl, const char *event) {
-    fseek(tl->f, tl->close_pos, SEEK_SET);
-    fprintf(tl->f, "%s%s", tl->nevents ? ",\n" : "\n", event);
-    tl->close_pos = ftell(tl->f);
-    fputs("\n]\n", tl->f);
-    fflush(tl->f);
+    size_t n = strlen(event) + 2;
+    if (tl->len + n + 1 > tl->cap) {
+        size_t cap = tl->cap ? tl->cap * 2 : 1 << 16;
+        while (cap < tl->len + n + 1) cap *= 2;
+        char *b = realloc(tl->buf, cap);
+        if (!b) return; /* drop the event rather than fail the collective */
+        tl->buf = b;
+        tl->cap = cap;
+    }
+    tl->len += (size_t)snprintf(tl->buf + tl->len, tl->cap - tl->len, "%s%s",
+                                tl->nevents ? ",\n" : "", event);
     tl->nevents++;
+}
+
+void cring__timeline_flush(cring__timeline_t *tl) {
+    if (!tl || !tl->len) return;
+    /* A large file is copied at each update: space updates so that copying
+     * (roughly 1 GB/s) takes at most ~2% of the time. */
+    if (tl->visible_bytes > SMALL_FILE_BYTES &&
+        cring__now_s() - tl->last_publish_s < (double)tl->visible_bytes / 20e6)
+        return;
+    publish(tl);
 }
 
 cring_status_t cring__timeline_open(const char *path, int rank, cring__timeline_t **out) {
     *out = NULL;
     cring__timeline_t *tl = calloc(1, sizeof *tl);
     if (!tl) return CRING_ERR_NO_MEMORY;
-    tl->f = fopen(path, "w");
-    if (!tl->f) {
-        free(tl);
-        return cring__fail(cring__thread_errmsg(), CRING_ERR_SYSTEM,
-                           "cannot open timeline file %s", path);
+    tl->fd_visible = -1;
+    size_t plen = strlen(path);
+    tl->path = malloc(plen + 1);
+    tl->tmp_path = malloc(plen + 32);
+    if (!tl->path || !tl->tmp_path) {
+        cring__timeline_close(tl);
+        return CRING_ERR_NO_MEMORY;
     }
+    memcpy(tl->path, path, plen + 1);
+    snprintf(tl->tmp_path, plen + 32, "%s.tmp.%d", path, (int)getpid());
     tl->rank = rank;
     tl->t0 = cring__now_s();
-    fputs("[", tl->f);
-    tl->close_pos = ftell(tl->f);
-    fputs("\n]\n", tl->f);
-    fflush(tl->f);
     char ev[160];
     snprintf(ev, sizeof ev,
              "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
              "\"rank %d\"}}",
              rank, rank);
     emit(tl, ev);
+    if (publish(tl) != 0) {
+        int e = errno;
+        cring__timeline_close(tl);
+        return cring__fail(cring__thread_errmsg(), CRING_ERR_SYSTEM,
+                           "cannot write timeline file %s: %s", path, strerror(e));
+    }
     *out = tl;
     return CRING_OK;
 }
 
 void cring__timeline_close(cring__timeline_t *tl) {
     if (!tl) return;
-    fclose(tl->f);
+    if (tl->len && tl->path) publish(tl);
+    if (tl->fd_visible >= 0) close(tl->fd_visible);
     cring__strmap_free(&tl->tids);
+    free(tl->buf);
+    free(tl->path);
+    free(tl->tmp_path);
     free(tl);
 }
 

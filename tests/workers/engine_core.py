@@ -4,8 +4,8 @@
   (2 ranks: the last rank reverses; more: a random permutation seeded by
   rank), twice with the same names (the second pass goes through the
   response cache), every result against NumPy;
-- 1000 small async allreduces: all right, and fused into far fewer
-  collectives (the counts go into the result file);
+- 1000 small async allreduces: all right (how many collectives they ran as
+  goes into the result file and is printed; engine_fusion.py checks it);
 - broadcast, allgather, reducescatter and allreduce in one async batch,
   submitted in a different order on each rank.
 

@@ -1,0 +1,163 @@
+"""Engine benchmark: what negotiation and tensor fusion buy.
+
+Two ranks, in one run:
+  * 500 tensors of 4 KiB submitted with allreduce_async_ and then
+    synchronized (the engine fuses what is ready together),
+  * the same 500 tensors as 500 synchronous cring.allreduce_ calls,
+  * the same 500 tensors as 500 torch.distributed gloo all_reduce calls,
+  * a lone synchronous 8-byte allreduce: through the engine (submit + wait),
+    as the direct C call (cring_allreduce: agreement + algorithm) and as the
+    bare algorithm, each timed in a C loop, plus the Python-level call.
+
+Prints a table, writes benchmarks/results/engine.csv. Run it as
+    python benchmarks/engine.py          (it starts its two ranks itself)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def launch(args: argparse.Namespace) -> int:
+    cmd = [sys.executable, "-m", "cring.run", "-np", "2", sys.executable, __file__, "--worker",
+           "--tensors", str(args.tensors), "--bytes", str(args.bytes), "--repeats",
+           str(args.repeats)]
+    return subprocess.call(cmd, timeout=900)
+
+
+def timed(fn, repeats: int, barrier) -> float:
+    """Median wall time of fn over `repeats` runs after two warm-ups."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def worker(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    import cring
+
+    cring.init()
+    rank, size = cring.rank(), cring.size()
+    n, elems = args.tensors, args.bytes // 4
+    bufs = [np.full(elems, rank, np.float32) for _ in range(n)]
+
+    def fused() -> None:
+        handles = [cring.allreduce_async_(b, op=cring.Average, name=f"grad.{i}")
+                   for i, b in enumerate(bufs)]
+        for h in handles:
+            cring.synchronize(h)
+
+    def sync_loop() -> None:
+        for i, b in enumerate(bufs):
+            cring.allreduce_(b, op=cring.Average, name=f"grad.{i}")
+
+    rows = []
+    before = cring.engine_stats()
+    t_fused = timed(fused, args.repeats, cring.barrier)
+    after = cring.engine_stats()
+    runs = args.repeats + 2
+    collectives_per_run = (after["collectives"] - before["collectives"] - runs) / runs
+    expected = (size - 1) / 2
+    assert all(np.allclose(b, expected) for b in bufs), "wrong fused results"
+    t_sync = timed(sync_loop, args.repeats, cring.barrier)
+
+    # gloo in the same processes; rank 0 picks the port and tells the others
+    import torch
+    import torch.distributed as dist
+
+    port = np.zeros(1, np.int64)
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port[0] = s.getsockname()[1]
+    cring.broadcast_(port, 0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=rank,
+                            world_size=size)
+    tbufs = [torch.full((elems,), float(rank)) for _ in range(n)]
+
+    def gloo_loop() -> None:
+        for t in tbufs:
+            dist.all_reduce(t)
+
+    t_gloo = timed(gloo_loop, args.repeats, dist.barrier)
+    dist.destroy_process_group()
+
+    rows.append(("fused async, %d x %d B" % (n, args.bytes), t_fused, collectives_per_run))
+    rows.append(("sync loop, %d x %d B" % (n, args.bytes), t_sync, None))
+    rows.append(("gloo loop, %d x %d B" % (n, args.bytes), t_gloo, None))
+
+    # lone 8-byte allreduce, C loops
+    iters = 20000
+    lone = {}
+    for mode in ("raw", "direct", "engine"):
+        samples = [cring._C.bench_allreduce(mode, iters, 8) / iters for _ in range(5)]
+        lone[mode] = statistics.median(samples)
+    x8 = np.zeros(2, np.float32)
+
+    def python_lone() -> None:
+        for _ in range(2000):
+            cring.allreduce_(x8, op=cring.Sum, name="lone")
+
+    lone["python"] = timed(python_lone, 5, cring.barrier) / 2000
+
+    if rank == 0:
+        print(f"\ncring engine benchmark: {size} ranks over {cring.transport()}, "
+              f"median of {args.repeats} runs\n")
+        print(f"{'case':32s} {'time':>12s} {'vs gloo':>9s} {'collectives':>12s}")
+        for name, t, colls in rows:
+            c = f"{colls:.1f}" if colls is not None else ""
+            print(f"{name:32s} {t * 1e3:9.3f} ms {t_gloo / t:8.1f}x {c:>12s}")
+        print(f"\nfused vs gloo loop: {t_gloo / t_fused:.1f}x faster (target >= 10x)")
+        print(f"fused vs sync loop: {t_sync / t_fused:.1f}x faster\n")
+        print(f"{'lone 8-byte allreduce':32s} {'time':>12s}")
+        for mode, label in (("raw", "algorithm alone (C)"),
+                            ("direct", "cring_allreduce (C, agreement)"),
+                            ("engine", "engine submit+wait (C)"),
+                            ("python", "cring.allreduce_ (Python)")):
+            print(f"{label:32s} {lone[mode] * 1e6:9.2f} us")
+        print(f"\nengine / direct call: {lone['engine'] / lone['direct']:.2f}x (target <= 2x); "
+              f"engine / bare algorithm: {lone['engine'] / lone['raw']:.2f}x")
+        RESULTS.mkdir(exist_ok=True)
+        with open(RESULTS / "engine.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["case", "seconds"])
+            for name, t, _ in rows:
+                w.writerow([name, f"{t:.6g}"])
+            for mode, t in lone.items():
+                w.writerow([f"lone 8 B allreduce: {mode}", f"{t:.6g}"])
+    cring.shutdown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tensors", type=int, default=500)
+    parser.add_argument("--bytes", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    return launch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
