@@ -41,5 +41,11 @@ cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, cons
 cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void *buf,
                                     size_t nbytes, int root);
 cring_status_t cring__shm_barrier(cring__shm_t *shm);
+/* Every rank contributes `bytes` (each rank its own length, up to half a
+ * window) and gets a pointer to every rank's bytes, valid until this rank's
+ * next collective: one exchange, no copying out. ptrs_out[rank] points to
+ * this rank's copy. lens_out (may be NULL) receives every rank's length. */
+cring_status_t cring__shm_gather_small(cring__shm_t *shm, int rank, int size, const void *mine,
+                                       size_t bytes, const void **ptrs_out, size_t *lens_out);
 
 #endif /* CRING_ALGO_H */

@@ -2,15 +2,18 @@
  * windows of transport/shm.c. Pure index math plus memcpy and the reduce
  * kernels; the transport owns mapping, counters and waiting.
  *
- * A collective may start while peers still read this rank's window for the
- * previous one, so before its first write it waits until every peer has
- * published the counter value this rank had at entry ("base"): each rank
- * publishes its last value only after its last read. Windows are split in
- * two halves used by
- * alternate rounds (double buffering): round k writes half k%2 only after
- * every rank finished reading that half in round k-2. Each rank's progress
- * counter advances by the same amount on every rank, so the expected values
- * are plain arithmetic on the counter at entry ("base"). */
+ * Each rank's progress counter advances by the same amount on every rank,
+ * so the values to wait for are plain arithmetic on the counter at entry
+ * ("base"). Windows are split in two halves; round k of a collective uses
+ * half (base + k) % 2. Before its first write a collective waits until every
+ * peer has reached `base`. Every algorithm but the small allreduce publishes
+ * its last value only after its last read, so the windows are free then; the
+ * small allreduce publishes once, before reading, and is safe because the
+ * next collective's round 0 writes the other half, and its round 1 (the
+ * small allreduce's half) comes only after every peer has published round
+ * 0, which it does after finishing its reads. Within a collective the
+ * halves double-buffer: round k rewrites a half only after every rank
+ * finished reading it in round k-2. */
 #include <string.h>
 
 #include "../reduce/reduce.h"
@@ -26,9 +29,12 @@ static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 /* Elements per cache line, so slices start on cache-line boundaries. */
 static size_t align_elems(size_t esize) { return esize >= CRING_CACHE_LINE ? 1 : CRING_CACHE_LINE / esize; }
 
-static unsigned char *half_of(cring__shm_t *shm, int peer, uint64_t round) {
+/* The window half used by round k of a collective entered at counter value
+ * `base` is (base + k) % 2: consecutive collectives start on alternating
+ * halves (see the file comment). */
+static unsigned char *half_of(cring__shm_t *shm, int peer, uint64_t base_plus_round) {
     size_t half = cring__shm_window_bytes(shm) / 2;
-    return (unsigned char *)cring__shm_window(shm, peer) + (round & 1) * half;
+    return (unsigned char *)cring__shm_window(shm, peer) + (base_plus_round & 1) * half;
 }
 
 /* Reduce this rank's slice [lo, lo+n) (element offsets into a window half
@@ -47,22 +53,23 @@ static void reduce_slice(cring__shm_t *shm, int rank, int size, uint64_t round,
 }
 
 /*
- * Small allreduce: every rank copies its input into its window (publish
- * base+1), waits for all, and reduces all `size` inputs itself, in rank order
- * so every rank computes bit-identical results; it then publishes base+2 to
- * say it has finished reading the others' windows.
+ * Small allreduce: every rank copies its input into its window half
+ * base % 2 (publish base+1), waits for all, and reduces all `size` inputs
+ * itself, in rank order so every rank computes bit-identical results. It
+ * publishes nothing after reading: the next collective starts on the other
+ * half, and peers publish again only once they have finished reading this
+ * one, so one publish per small allreduce is enough.
  */
 static cring_status_t small_allreduce(cring__shm_t *shm, int rank, int size, uint64_t base,
                                       const void *send, void *recv, size_t count,
                                       cring_dtype_t dtype, cring_op_t op) {
     const size_t bytes = count * cring_dtype_size(dtype);
     const void *srcs[MAX_STACK_RANKS];
-    memcpy(half_of(shm, rank, 0), send, bytes);
+    memcpy(half_of(shm, rank, base), send, bytes);
     cring__shm_publish(shm, base + 1);
     CRING_CHECK(cring__shm_wait_all(shm, base + 1));
-    for (int q = 0; q < size; q++) srcs[q] = q == rank ? send : half_of(shm, q, 0);
+    for (int q = 0; q < size; q++) srcs[q] = q == rank ? send : half_of(shm, q, base);
     cring__reduce_multi(dtype, op, recv, (const void *const *)srcs, size, count, size);
-    cring__shm_publish(shm, base + 2);
     return CRING_OK;
 }
 
@@ -102,7 +109,7 @@ cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const
     for (size_t k = 0; k < rounds; k++) {
         const size_t off = k * chunk, n = CRING_MIN(chunk, count - off);
         const size_t s = ceil_div(ceil_div(n, (size_t)size), al) * al;
-        unsigned char *mine = half_of(shm, rank, k);
+        unsigned char *mine = half_of(shm, rank, base + k);
         if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 3 * (k - 2) + 3));
         for (int q = 0; q < size; q++) {
             size_t lo = CRING_MIN((size_t)q * s, n), hi = CRING_MIN(lo + s, n);
@@ -112,7 +119,7 @@ cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const
         CRING_CHECK(cring__shm_wait_all(shm, base + 3 * k + 1));
         size_t lo = CRING_MIN((size_t)rank * s, n), hi = CRING_MIN(lo + s, n);
         if (hi > lo) {
-            reduce_slice(shm, rank, size, k, in + (off + lo) * es, lo * es, mine + lo * es,
+            reduce_slice(shm, rank, size, base + k, in + (off + lo) * es, lo * es, mine + lo * es,
                          hi - lo, dtype, op);
             memcpy(out + (off + lo) * es, mine + lo * es, (hi - lo) * es);
         }
@@ -122,7 +129,7 @@ cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const
             size_t qlo = CRING_MIN((size_t)q * s, n), qhi = CRING_MIN(qlo + s, n);
             CRING_CHECK(cring__shm_wait(shm, q, base + 3 * k + 2));
             if (qhi > qlo)
-                memcpy(out + (off + qlo) * es, half_of(shm, q, k) + qlo * es, (qhi - qlo) * es);
+                memcpy(out + (off + qlo) * es, half_of(shm, q, base + k) + qlo * es, (qhi - qlo) * es);
         }
         cring__shm_publish(shm, base + 3 * k + 3);
     }
@@ -162,7 +169,7 @@ cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size,
     CRING_CHECK(cring__shm_wait_all(shm, base));
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * piece;
-        unsigned char *mine = half_of(shm, rank, k);
+        unsigned char *mine = half_of(shm, rank, base + k);
         if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
         for (int q = 0; q < size; q++) {
             if (q == rank || counts[q] <= lo) continue;
@@ -173,7 +180,7 @@ cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size,
         CRING_CHECK(cring__shm_wait_all(shm, base + 2 * k + 1));
         if (counts[rank] > lo) {
             size_t n = CRING_MIN(piece, counts[rank] - lo);
-            reduce_slice(shm, rank, size, k, in + (offs[rank] + lo) * es,
+            reduce_slice(shm, rank, size, base + k, in + (offs[rank] + lo) * es,
                          (size_t)rank * piece * es, out + lo * es, n, dtype, op);
         }
         cring__shm_publish(shm, base + 2 * k + 2);
@@ -206,13 +213,13 @@ cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, cons
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * half;
         if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
-        if (send_bytes > lo) memcpy(half_of(shm, rank, k), in + lo, CRING_MIN(half, send_bytes - lo));
+        if (send_bytes > lo) memcpy(half_of(shm, rank, base + k), in + lo, CRING_MIN(half, send_bytes - lo));
         cring__shm_publish(shm, base + 2 * k + 1);
         for (int i = 1; i < size; i++) {
             int q = (rank + i) % size; /* spread readers over different windows */
             CRING_CHECK(cring__shm_wait(shm, q, base + 2 * k + 1));
             if (recv_bytes[q] > lo)
-                memcpy(out + offs[q] + lo, half_of(shm, q, k), CRING_MIN(half, recv_bytes[q] - lo));
+                memcpy(out + offs[q] + lo, half_of(shm, q, base + k), CRING_MIN(half, recv_bytes[q] - lo));
         }
         cring__shm_publish(shm, base + 2 * k + 2);
     }
@@ -236,14 +243,43 @@ cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void 
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * half, n = CRING_MIN(half, nbytes - lo);
         if (rank == root) {
+            /* round 1 reuses the half the previous collective may have used:
+             * wait until every reader has entered this one */
+            if (k == 1) CRING_CHECK(cring__shm_wait_all(shm, base + 1));
             if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
-            memcpy(half_of(shm, root, k), data + lo, n);
+            memcpy(half_of(shm, root, base + k), data + lo, n);
             cring__shm_publish(shm, base + 2 * k + 1);
         } else {
             CRING_CHECK(cring__shm_wait(shm, root, base + 2 * k + 1));
-            memcpy(data + lo, half_of(shm, root, k), n);
+            memcpy(data + lo, half_of(shm, root, base + k), n);
         }
         cring__shm_publish(shm, base + 2 * k + 2);
+    }
+    return CRING_OK;
+}
+
+/*
+ * Gather small blocks: like the small allreduce, every rank writes into its
+ * half base % 2 and publishes once; readers then read the blocks in place.
+ * Each block is preceded by its length (8 bytes), so lengths may differ.
+ */
+cring_status_t cring__shm_gather_small(cring__shm_t *shm, int rank, int size, const void *mine,
+                                       size_t bytes, const void **ptrs_out, size_t *lens_out) {
+    const size_t half = cring__shm_window_bytes(shm) / 2;
+    if (bytes + 8 > half) return CRING_ERR_INVALID_ARGUMENT;
+    const uint64_t base = cring__shm_seq(shm);
+    CRING_CHECK(cring__shm_wait_all(shm, base));
+    unsigned char *w = half_of(shm, rank, base);
+    uint64_t len = bytes;
+    memcpy(w, &len, 8);
+    memcpy(w + 8, mine, bytes);
+    cring__shm_publish(shm, base + 1);
+    CRING_CHECK(cring__shm_wait_all(shm, base + 1));
+    for (int q = 0; q < size; q++) {
+        const unsigned char *b = half_of(shm, q, base);
+        memcpy(&len, b, 8);
+        ptrs_out[q] = b + 8;
+        if (lens_out) lens_out[q] = len > half - 8 ? 0 : (size_t)len;
     }
     return CRING_OK;
 }

@@ -384,6 +384,25 @@ cring_status_t cring__comm_barrier(cring_comm_t *c) {
     return finish(c, c->shm ? cring__shm_barrier(c->shm) : cring__p2p_barrier(c->p2p));
 }
 
+int cring__comm_can_gather_small(const cring_comm_t *c) { return c->shm != NULL || c->size == 1; }
+
+size_t cring__comm_gather_small_max(const cring_comm_t *c) {
+    return c->shm ? cring__shm_window_bytes(c->shm) / 2 - 8 : (size_t)-1;
+}
+
+cring_status_t cring__comm_gather_small(cring_comm_t *c, const void *mine, size_t bytes,
+                                        const void **ptrs_out, size_t *lens_out) {
+    CRING_CHECK(check_usable(c));
+    if (c->size == 1) {
+        ptrs_out[0] = mine;
+        if (lens_out) lens_out[0] = bytes;
+        return CRING_OK;
+    }
+    if (!c->shm) return CRING_ERR_NOT_SUPPORTED;
+    return finish(c, cring__shm_gather_small(c->shm, c->rank, c->size, mine, bytes, ptrs_out,
+                                             lens_out));
+}
+
 cring_status_t cring__comm_broken(const cring_comm_t *c) {
     return (cring_status_t)atomic_load(&((cring_comm_t *)c)->broken);
 }

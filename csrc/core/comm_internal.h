@@ -20,6 +20,14 @@ cring_status_t cring__comm_reducescatter(cring_comm_t *comm, const void *send, v
                                          const size_t *counts, cring_dtype_t dtype,
                                          cring_op_t op);
 cring_status_t cring__comm_barrier(cring_comm_t *comm);
+/* Gather small blocks of per-rank length in one exchange and return pointers
+ * to every rank's block, valid until the next collective. Only on shared
+ * memory (ERR_NOT_SUPPORTED otherwise, before communicating; check
+ * cring__comm_can_gather_small first); bytes <= cring__comm_gather_small_max. */
+int cring__comm_can_gather_small(const cring_comm_t *comm);
+size_t cring__comm_gather_small_max(const cring_comm_t *comm);
+cring_status_t cring__comm_gather_small(cring_comm_t *comm, const void *mine, size_t bytes,
+                                        const void **ptrs_out, size_t *lens_out);
 
 /* CRING_OK while usable, else the status that broke it. Thread-safe read. */
 cring_status_t cring__comm_broken(const cring_comm_t *comm);

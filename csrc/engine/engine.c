@@ -41,6 +41,9 @@
 #define DEFAULT_FUSION_THRESHOLD (64u << 20)
 #define DEFAULT_CACHE_CAPACITY 1024
 #define MAX_NAME_BYTES 4096
+/* A lone small allreduce rides along with the negotiation round (below). */
+#define SPECULATE_MAX_BYTES 4096
+#define BLOCK_HEADER_BYTES 16 /* plus 8: six u32 header words in all */
 
 /* ---- requests and handles ----------------------------------------------------- */
 
@@ -95,7 +98,6 @@ typedef struct cache_slot {
     size_t record_len;
     int64_t *first_dims; /* ntensors x size, for allgather */
     req_t *local;        /* this rank's request pending on this slot */
-    int invalidate;      /* send 0 for it in the next round */
 } cache_slot_t;
 
 typedef struct table_entry {
@@ -109,6 +111,7 @@ typedef struct table_entry {
 
 typedef struct response {
     req_t *req;
+    int executed; /* its data already travelled with the negotiation round */
     cring_status_t status; /* CRING_ERR_MISMATCH with message, or OK */
     char *error;
     const int64_t *first_dims; /* allgather: ntensors x size (not owned) */
@@ -133,6 +136,7 @@ struct cring_engine {
     /* completion */
     pthread_mutex_t done_mu;
     pthread_cond_t done_cv;
+    _Atomic int done_waiters; /* threads blocked on done_cv */
 
     /* driving state, under progress_mu */
     pthread_mutex_t progress_mu;
@@ -141,11 +145,19 @@ struct cring_engine {
     req_t **uncached;             /* requests to describe in the next round */
     size_t nuncached, cap_uncached;
     cache_slot_t *cache;
+    uint8_t *slot_state; /* this rank's vector byte per slot: 0 invalidate, 1 idle, 2 pending */
     int cache_capacity, cache_slots; /* slots[0..cache_slots) are in the vector */
     cring__strmap_t cache_index;     /* name -> slot + 1 */
     cring__strmap_t table;           /* name -> table_entry_t */
     uint8_t *vec;
     size_t vec_cap;
+    uint8_t *block; /* this rank's negotiation block, when gathering */
+    size_t block_cap;
+    const void **peer_blocks;
+    size_t *peer_lens;
+    uint16_t *slot_hits; /* per slot while combining blocks; all zero between rounds */
+    uint32_t *inval_ids; /* scratch: slots this rank invalidates in a round */
+    req_t *last_attached; /* the request most recently matched to a cache slot */
     void *fusion;
     size_t fusion_cap;
     uint64_t rounds_done;
@@ -364,10 +376,12 @@ static void complete(cring_engine_t *e, req_t *r, cring_status_t st, const char 
     pthread_mutex_unlock(&e->queue_mu);
     stats_add(e, &e->stats.tensors, (uint64_t)r->ntensors);
     if (st != CRING_OK) stats_add(e, &e->stats.errors, 1);
-    pthread_mutex_lock(&e->done_mu);
     atomic_store(&h->done, 1);
-    pthread_cond_broadcast(&e->done_cv);
-    pthread_mutex_unlock(&e->done_mu);
+    if (atomic_load(&e->done_waiters)) { /* seq_cst: pairs with wait_done_cv */
+        pthread_mutex_lock(&e->done_mu);
+        pthread_cond_broadcast(&e->done_cv);
+        pthread_mutex_unlock(&e->done_mu);
+    }
     handle_release(h);
 }
 
@@ -503,7 +517,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
         free(h);
         return st;
     }
-    if (cring__strmap_put(&e->in_flight, r->name, r) != 0) {
+    if (cring__strmap_put_borrowed(&e->in_flight, r->name, r) != 0) {
         pthread_mutex_unlock(&e->queue_mu);
         req_free(r);
         free(h);
@@ -550,6 +564,7 @@ static void cache_evict(cring_engine_t *e, int id) {
     free(s->record);
     free(s->first_dims);
     memset(s, 0, sizeof *s);
+    e->slot_state[id] = 1;
 }
 
 /* Insert a negotiated request: identical slot choice on every rank. */
@@ -577,6 +592,7 @@ static void cache_insert(cring_engine_t *e, req_t *r, const int64_t *first_dims)
     s->record_len = r->record_len;
     if (first_dims) memcpy(s->first_dims, first_dims, sizeof(int64_t) * ndims);
     s->in_use = 1;
+    e->slot_state[id] = 1;
     cring__strmap_put(&e->cache_index, r->name, (void *)(intptr_t)(id + 1));
     if (id + 1 > e->cache_slots) e->cache_slots = id + 1;
 }
@@ -599,15 +615,17 @@ static void drain(cring_engine_t *e) {
     while (r) {
         req_t *next = r->next;
         r->next = NULL;
-        cring__strmap_put(&e->pending, r->name, r);
+        cring__strmap_put_borrowed(&e->pending, r->name, r);
         int id = cache_lookup(e, r->name);
         if (id >= 0 && e->cache[id].record_len == r->record_len &&
             memcmp(e->cache[id].record, r->record, r->record_len) == 0) {
             r->cache_id = id;
             e->cache[id].local = r;
+            e->last_attached = r;
+            if (e->slot_state[id] != 0) e->slot_state[id] = 2;
             stats_add(e, &e->stats.cache_hits, 1);
         } else {
-            if (id >= 0) e->cache[id].invalidate = 1; /* changed: everyone re-negotiates */
+            if (id >= 0) e->slot_state[id] = 0; /* changed: everyone re-negotiates */
             push_uncached(e, r);
         }
         r = next;
@@ -862,7 +880,7 @@ static cring_status_t execute(cring_engine_t *e, response_t *resp, int n) {
     int i = 0;
     while (i < n) {
         response_t *r0 = &resp[i];
-        if (r0->status != CRING_OK) {
+        if (r0->status != CRING_OK || r0->executed) {
             complete(e, r0->req, r0->status, r0->error);
             i++;
             continue;
@@ -871,7 +889,8 @@ static cring_status_t execute(cring_engine_t *e, response_t *resp, int n) {
         batch[0] = r0->req;
         if (fusible(r0->req)) {
             size_t bytes = req_wire_bytes(r0->req);
-            while (i + nb < n && resp[i + nb].status == CRING_OK && fusible(resp[i + nb].req) &&
+            while (i + nb < n && resp[i + nb].status == CRING_OK && !resp[i + nb].executed &&
+                   fusible(resp[i + nb].req) &&
                    fusion_key_cmp(resp[i + nb].req, r0->req) == 0 &&
                    bytes + req_wire_bytes(resp[i + nb].req) <= e->fusion_threshold) {
                 bytes += req_wire_bytes(resp[i + nb].req);
@@ -1092,7 +1111,11 @@ static void fail_all(cring_engine_t *e, cring_status_t st, const char *msg) {
         }
     cring__strmap_free(&e->pending);
     e->nuncached = 0;
-    for (int i = 0; i < e->cache_capacity; i++) e->cache[i].local = NULL;
+    e->last_attached = NULL;
+    for (int i = 0; i < e->cache_capacity; i++) {
+        e->cache[i].local = NULL;
+        if (e->slot_state[i] == 2) e->slot_state[i] = 1;
+    }
     for (size_t i = 0; i < n; i++) {
         complete(e, list[i], st, msg);
         req_free(list[i]);
@@ -1108,6 +1131,152 @@ static cring_status_t transport_failed(cring_engine_t *e, cring_status_t st) {
     return st;
 }
 
+/* A request whose data can travel with this round: the only thing pending
+ * here, cached, a plain small allreduce. */
+static req_t *speculation_candidate(cring_engine_t *e) {
+    req_t *r = e->last_attached;
+    if (!r || e->pending.count != 1 || e->nuncached || r->cache_id < 0) return NULL;
+    if (r->coll != CRING_COLL_ALLREDUCE || r->ntensors != 1 ||
+        r->compression != CRING_DTYPE_COUNT || r->prescale != 1.0)
+        return NULL;
+    if (r->t[0].bytes > SPECULATE_MAX_BYTES || e->slot_state[r->cache_id] != 2) return NULL;
+    return r;
+}
+
+/* Combine every rank's vector with MIN into e->vec (0 beats 2 beats 1 per
+ * slot; 0 beats 1 per flag).
+ *
+ * On shared memory each rank instead contributes a sparse block, gathered in
+ * one exchange and combined locally, so a round costs the same however many
+ * names are cached: the three flags, the slots it has pending and the slots
+ * it invalidates. A rank whose only pending request is a small cached
+ * allreduce also appends its data: when every rank did so for the same slot,
+ * that request is reduced right here from the gathered blocks (in rank order,
+ * so bit-identical on every rank) and needs no collective of its own
+ * (*executed_out). Over TCP the dense vector is MIN-allreduced. */
+static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **executed_out) {
+    *executed_out = NULL;
+    const int P = e->size;
+    uint8_t *v = e->vec;
+    const int nslots = (int)vlen - V_HEADER;
+    req_t *spec = speculation_candidate(e);
+    size_t payload = spec ? spec->t[0].bytes : 0;
+    /* worst case: every slot listed */
+    size_t max_len = BLOCK_HEADER_BYTES + 8 + 4 * (size_t)nslots + payload;
+    if (!cring__comm_can_gather_small(e->comm) || max_len > cring__comm_gather_small_max(e->comm))
+        return cring__comm_allreduce(e->comm, v, v, vlen, CRING_UINT8, CRING_MIN);
+    if (max_len > e->block_cap) {
+        uint8_t *b = realloc(e->block, max_len);
+        if (!b) return CRING_ERR_NO_MEMORY;
+        e->block = b;
+        e->block_cap = max_len;
+    }
+    if (!e->peer_blocks) {
+        e->peer_blocks = calloc((size_t)P, sizeof *e->peer_blocks);
+        e->peer_lens = calloc((size_t)P, sizeof *e->peer_lens);
+        e->slot_hits = calloc((size_t)(e->cache_capacity ? e->cache_capacity : 1), sizeof *e->slot_hits);
+        e->inval_ids = calloc((size_t)(e->cache_capacity ? e->cache_capacity : 1), sizeof *e->inval_ids);
+        if (!e->peer_blocks || !e->peer_lens || !e->slot_hits || !e->inval_ids)
+            return CRING_ERR_NO_MEMORY;
+    }
+    /* block: u32 flags (bit i set when v[i] == 0), u32 npending, u32 ninvalid,
+     * u32 spec_slot + 1, u32 spec_bytes, u32 nslots, then the ids, then data */
+    uint32_t *ids = (uint32_t *)(e->block + BLOCK_HEADER_BYTES + 8);
+    uint32_t npend = 0, ninval = 0, *inval = e->inval_ids;
+    const uint8_t *sv = v + V_HEADER;
+    for (int i = 0; i < nslots; i++) { /* skip idle slots eight at a time */
+        if ((i & 7) == 0 && i + 8 <= nslots) {
+            uint64_t w;
+            memcpy(&w, sv + i, 8);
+            if (w == 0x0101010101010101ull) {
+                i += 7;
+                continue;
+            }
+        }
+        if (sv[i] == 2) ids[npend++] = (uint32_t)i;
+        else if (sv[i] == 0) inval[ninval++] = (uint32_t)i;
+    }
+    memcpy(ids + npend, inval, sizeof *inval * ninval);
+    uint32_t header[6] = {(uint32_t)(v[0] == 0) | (uint32_t)(v[1] == 0) << 1 | (uint32_t)(v[2] == 0) << 2,
+                          npend, ninval, spec ? (uint32_t)spec->cache_id + 1 : 0, (uint32_t)payload,
+                          (uint32_t)nslots};
+    memcpy(e->block, header, sizeof header);
+    size_t len = BLOCK_HEADER_BYTES + 8 + 4 * (size_t)(npend + ninval);
+    if (spec) memcpy(e->block + len, spec->t[0].send, payload);
+    len += payload;
+    CRING_CHECK(cring__comm_gather_small(e->comm, e->block, len, e->peer_blocks, e->peer_lens));
+
+    /* combine: flags by OR, pending slots by count, invalidations by union */
+    uint32_t flags = 0;
+    int agree = spec != NULL;
+    for (int q = 0; q < P; q++) {
+        const uint8_t *b = e->peer_blocks[q];
+        uint32_t h[6];
+        memcpy(h, b, sizeof h);
+        if (e->peer_lens[q] < BLOCK_HEADER_BYTES + 8 || h[5] != (uint32_t)nslots ||
+            e->peer_lens[q] < BLOCK_HEADER_BYTES + 8 + 4 * (size_t)(h[1] + h[2]) + h[4]) {
+            cring__log(CRING__LOG_ERROR, e->rank, "malformed negotiation block from rank %d", q);
+            return CRING_ERR_PROTOCOL;
+        }
+        flags |= h[0];
+        const uint8_t *qids = b + BLOCK_HEADER_BYTES + 8;
+        for (uint32_t k = 0; k < h[1] + h[2]; k++) {
+            uint32_t id;
+            memcpy(&id, qids + 4 * (size_t)k, 4);
+            if (id >= (uint32_t)nslots) return CRING_ERR_PROTOCOL;
+            e->slot_hits[id] = k < h[1] ? e->slot_hits[id] + 1 : (uint16_t)(e->slot_hits[id] | 0x8000);
+        }
+        if (!spec || h[3] != header[3] || h[4] != header[4]) agree = 0;
+    }
+    v[0] = (flags & 1) ? 0 : 1;
+    v[1] = (flags & 2) ? 0 : 1;
+    v[2] = (flags & 4) ? 0 : 1;
+    memset(v + V_HEADER, 1, (size_t)nslots);
+    for (int q = 0; q < P; q++) { /* read back the touched slots, and reset them */
+        const uint8_t *b = e->peer_blocks[q];
+        uint32_t h[6];
+        memcpy(h, b, sizeof h);
+        const uint8_t *qids = b + BLOCK_HEADER_BYTES + 8;
+        for (uint32_t k = 0; k < h[1] + h[2]; k++) {
+            uint32_t id;
+            memcpy(&id, qids + 4 * (size_t)k, 4);
+            uint16_t hits = e->slot_hits[id];
+            if (hits == 0xffff) continue; /* already decided */
+            v[V_HEADER + id] = (hits & 0x8000) ? 0 : (hits == (uint16_t)P ? 2 : 1);
+            e->slot_hits[id] = 0xffff;
+        }
+    }
+    for (int q = 0; q < P; q++) {
+        const uint8_t *b = e->peer_blocks[q];
+        uint32_t h[6];
+        memcpy(h, b, sizeof h);
+        const uint8_t *qids = b + BLOCK_HEADER_BYTES + 8;
+        for (uint32_t k = 0; k < h[1] + h[2]; k++) {
+            uint32_t id;
+            memcpy(&id, qids + 4 * (size_t)k, 4);
+            e->slot_hits[id] = 0;
+        }
+    }
+    if (agree && v[V_HEADER + spec->cache_id] == 2 && v[1] != 0) {
+        const void *srcs[P];
+        size_t off = BLOCK_HEADER_BYTES + 8;
+        for (int q = 0; q < P; q++) {
+            uint32_t h[6];
+            memcpy(h, e->peer_blocks[q], sizeof h);
+            srcs[q] = (const uint8_t *)e->peer_blocks[q] + off + 4 * (size_t)(h[1] + h[2]);
+        }
+        tensor_spec_t *t = &spec->t[0];
+        double t0 = tl_now(e);
+        cring__reduce_multi(t->dtype, spec->op, t->recv, srcs, P, t->count, P);
+        if (spec->postscale != 1.0)
+            cring__convert(t->dtype, t->recv, t->dtype, t->recv, t->count, spec->postscale);
+        timeline_span(e, spec->name, "ALLREDUCE", t0, tl_now(e), "\"with_negotiation\": true");
+        stats_add(e, &e->stats.collectives, 1);
+        *executed_out = spec;
+    }
+    return CRING_OK;
+}
+
 /* One round. *progress is set when some request completed. */
 static cring_status_t run_round(cring_engine_t *e, int *progress) {
     *progress = 0;
@@ -1117,13 +1286,10 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
     v[0] = e->nuncached ? 0 : 1;
     v[1] = e->abort_requested ? 0 : 1;
     v[2] = e->pending.count ? 0 : 1;
-    for (int i = 0; i < e->cache_slots; i++) {
-        cache_slot_t *s = &e->cache[i];
-        v[V_HEADER + i] = s->invalidate ? 0 : (s->in_use && s->local) ? 2 : 1;
-        s->invalidate = 0;
-    }
+    memcpy(v + V_HEADER, e->slot_state, (size_t)e->cache_slots);
     cring__comm_announce(e->comm, e->rounds_done + 1);
-    cring_status_t st = cring__comm_allreduce(e->comm, v, v, vlen, CRING_UINT8, CRING_MIN);
+    req_t *spec = NULL;
+    cring_status_t st = exchange_vector(e, vlen, &spec);
     e->rounds_done++;
     stats_add(e, &e->stats.cycles, 1);
     if (st != CRING_OK) return transport_failed(e, st);
@@ -1137,27 +1303,45 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
         fail_all(e, CRING_ERR_TIMEOUT, e->broken_msg);
         return CRING_ERR_TIMEOUT;
     }
-    /* Ready cached slots: collect before evicting, in slot order. */
+    /* Slots whose byte is not 1: ready (2) in slot order, or evicted (0).
+     * Most bytes are 1 in steady state: skip them eight at a time. */
     response_t *resp = NULL;
     int nresp = 0, cap = 0;
-    int nready = 0;
-    for (int i = 0; i < e->cache_slots; i++) nready += v[V_HEADER + i] == 2;
-    if (nready) {
-        cap = nready + 16;
-        resp = calloc((size_t)cap, sizeof *resp);
-        if (!resp) return CRING_ERR_NO_MEMORY;
-        for (int i = 0; i < e->cache_slots; i++) {
-            if (v[V_HEADER + i] != 2) continue;
-            cache_slot_t *s = &e->cache[i];
-            resp[nresp].req = s->local;
-            resp[nresp].first_dims = s->first_dims;
-            nresp++;
-            s->local->cache_id = -1;
-            s->local = NULL;
+    const uint8_t *sv = v + V_HEADER;
+    const int nslots = e->cache_slots;
+    for (int i = 0; i < nslots; i++) {
+        if ((i & 7) == 0 && i + 8 <= nslots) {
+            uint64_t w;
+            memcpy(&w, sv + i, 8);
+            if (w == 0x0101010101010101ull) {
+                i += 7;
+                continue;
+            }
         }
+        if (sv[i] == 1) continue;
+        if (sv[i] == 0) {
+            cache_evict(e, i);
+            continue;
+        }
+        cache_slot_t *s = &e->cache[i];
+        if (nresp == cap) {
+            cap = cap ? 2 * cap : 16;
+            response_t *nr = realloc(resp, sizeof *nr * (size_t)cap);
+            if (!nr) {
+                free(resp);
+                return CRING_ERR_NO_MEMORY;
+            }
+            resp = nr;
+        }
+        memset(&resp[nresp], 0, sizeof resp[nresp]);
+        resp[nresp].req = s->local;
+        resp[nresp].first_dims = s->first_dims;
+        resp[nresp].executed = s->local == spec;
+        nresp++;
+        s->local->cache_id = -1;
+        s->local = NULL;
+        e->slot_state[i] = 1;
     }
-    for (int i = 0; i < e->cache_slots; i++)
-        if (v[V_HEADER + i] == 0) cache_evict(e, i);
     while (e->cache_slots > 0 && !e->cache[e->cache_slots - 1].in_use) e->cache_slots--;
 
     if (v[0] == 0) {
@@ -1175,6 +1359,7 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
     for (int i = 0; i < nresp; i++) {
         req_t *r = resp[i].req;
         r->ready_s = t_ready;
+        if (r == e->last_attached) e->last_attached = NULL;
         cring__strmap_remove(&e->pending, r->name);
         timeline_span(e, r->name, "NEGOTIATE", r->submit_s, t_ready, NULL);
     }
@@ -1202,7 +1387,7 @@ static void stall_check(cring_engine_t *e) {
     for (int i = 0; i < e->cache_slots; i++) {
         cache_slot_t *s = &e->cache[i];
         if (s->in_use && s->local && now - s->local->submit_s > e->stall_check_s / 2)
-            s->invalidate = 1;
+            e->slot_state[i] = 0;
     }
     for (size_t b = 0; b < e->table.nbuckets; b++)
         for (cring__strmap_entry_t *x = e->table.buckets[b]; x; x = x->next) {
@@ -1283,6 +1468,7 @@ static int try_drive(cring_engine_t *e) {
 
 static void wait_done_cv(cring_engine_t *e, const cring_handle_t *h, long ns) {
     pthread_mutex_lock(&e->done_mu);
+    atomic_fetch_add(&e->done_waiters, 1);
     if (!h || !atomic_load(&((cring_handle_t *)h)->done)) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -1293,6 +1479,7 @@ static void wait_done_cv(cring_engine_t *e, const cring_handle_t *h, long ns) {
         }
         pthread_cond_timedwait(&e->done_cv, &e->done_mu, &ts);
     }
+    atomic_fetch_sub(&e->done_waiters, 1);
     pthread_mutex_unlock(&e->done_mu);
 }
 
@@ -1403,7 +1590,10 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
     e->cache_capacity = (int)cring__env_long("CRING_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY);
     if (e->cache_capacity < 0) e->cache_capacity = 0;
     e->cache = calloc((size_t)(e->cache_capacity ? e->cache_capacity : 1), sizeof *e->cache);
-    if (!e->cache) {
+    e->slot_state = malloc((size_t)(e->cache_capacity ? e->cache_capacity : 1));
+    if (e->slot_state) memset(e->slot_state, 1, (size_t)(e->cache_capacity ? e->cache_capacity : 1));
+    if (!e->cache || !e->slot_state) {
+        free(e->slot_state);
         cring_comm_destroy(comm);
         engine_release(e);
         return submit_fail(CRING_ERR_NO_MEMORY, "out of memory");
@@ -1428,6 +1618,7 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
         cring_comm_destroy(comm);
         cring__timeline_close(e->timeline);
         free(e->cache);
+        free(e->slot_state);
         engine_release(e);
         return submit_fail(CRING_ERR_SYSTEM, "cannot start the engine thread");
     }
@@ -1452,7 +1643,9 @@ void cring_engine_stop(cring_engine_t *e) {
         cache_evict(e, i);
     }
     free(e->cache);
+    free(e->slot_state);
     e->cache = NULL;
+    e->slot_state = NULL;
     e->cache_capacity = e->cache_slots = 0;
     for (size_t b = 0; b < e->table.nbuckets; b++)
         for (cring__strmap_entry_t *x = e->table.buckets[b]; x; x = x->next)
@@ -1461,6 +1654,16 @@ void cring_engine_stop(cring_engine_t *e) {
     cring__strmap_free(&e->cache_index);
     free(e->uncached);
     free(e->vec);
+    free(e->block);
+    free(e->peer_blocks);
+    free(e->peer_lens);
+    free(e->slot_hits);
+    free(e->inval_ids);
+    e->slot_hits = NULL;
+    e->inval_ids = NULL;
+    e->block = NULL;
+    e->peer_blocks = NULL;
+    e->peer_lens = NULL;
     free(e->fusion);
     e->uncached = NULL;
     e->vec = NULL;

@@ -44,25 +44,35 @@ static int grow(cring__strmap_t *m) {
     return 0;
 }
 
-int cring__strmap_put(cring__strmap_t *m, const char *key, void *value) {
+static int put(cring__strmap_t *m, const char *key, void *value, int copy) {
     if (m->count >= m->nbuckets && grow(m) != 0) return -1;
     cring__strmap_entry_t **p = find(m, key);
     if (*p) {
         (*p)->value = value;
         return 0;
     }
-    cring__strmap_entry_t *e = malloc(sizeof *e);
-    if (!e) return -1;
-    e->key = strdup(key);
+    cring__strmap_entry_t *e = m->spare;
+    if (e) m->spare = e->next;
+    else if (!(e = malloc(sizeof *e))) return -1;
+    e->key = copy ? strdup(key) : (char *)key;
     if (!e->key) {
         free(e);
         return -1;
     }
+    e->owns_key = copy;
     e->value = value;
     e->next = NULL;
     *p = e;
     m->count++;
     return 0;
+}
+
+int cring__strmap_put(cring__strmap_t *m, const char *key, void *value) {
+    return put(m, key, value, 1);
+}
+
+int cring__strmap_put_borrowed(cring__strmap_t *m, const char *key, void *value) {
+    return put(m, key, value, 0);
 }
 
 void *cring__strmap_remove(cring__strmap_t *m, const char *key) {
@@ -71,8 +81,9 @@ void *cring__strmap_remove(cring__strmap_t *m, const char *key) {
     cring__strmap_entry_t *e = *p;
     void *v = e->value;
     *p = e->next;
-    free(e->key);
-    free(e);
+    if (e->owns_key) free(e->key);
+    e->next = m->spare; /* keep it for the next insert */
+    m->spare = e;
     m->count--;
     return v;
 }
@@ -88,10 +99,15 @@ void cring__strmap_free(cring__strmap_t *m) {
         cring__strmap_entry_t *e = m->buckets[i];
         while (e) {
             cring__strmap_entry_t *next = e->next;
-            free(e->key);
+            if (e->owns_key) free(e->key);
             free(e);
             e = next;
         }
+    }
+    while (m->spare) {
+        cring__strmap_entry_t *next = m->spare->next;
+        free(m->spare);
+        m->spare = next;
     }
     free(m->buckets);
     memset(m, 0, sizeof *m);

@@ -9,18 +9,23 @@ typedef struct cring__strmap_entry {
     char *key;
     void *value;
     struct cring__strmap_entry *next;
+    int owns_key;
 } cring__strmap_entry_t;
 
 typedef struct cring__strmap {
     cring__strmap_entry_t **buckets;
     size_t nbuckets;
     size_t count;
+    cring__strmap_entry_t *spare; /* recycled entries */
 } cring__strmap_t;
 
 /* Lookup: the value, or NULL when absent. */
 void *cring__strmap_get(const cring__strmap_t *m, const char *key);
 /* Insert or replace. Returns 0, or -1 when out of memory. */
 int cring__strmap_put(cring__strmap_t *m, const char *key, void *value);
+/* The same without copying the key: the caller keeps `key` alive and
+ * unchanged until the entry is removed (saves an allocation per insert). */
+int cring__strmap_put_borrowed(cring__strmap_t *m, const char *key, void *value);
 /* Remove and return the value (NULL when absent). */
 void *cring__strmap_remove(cring__strmap_t *m, const char *key);
 /* Call fn(key, value, arg) for every entry (order unspecified); fn must not

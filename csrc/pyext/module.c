@@ -142,15 +142,23 @@ static int tensor_acquire(PyObject *obj, const char *name, int writable, tensor_
                      name, Py_TYPE(obj)->tp_name);
         return -1;
     }
-    PyObject *args = PyTuple_New(0);
-    PyObject *kwargs = Py_BuildValue("{s:(ii)}", "max_version", 1, 0);
-    PyObject *cap = (args && kwargs) ? PyObject_Call(method, args, kwargs) : NULL;
+    /* __dlpack__(max_version=(1, 0)) by vectorcall with a cached kwnames */
+    static PyObject *kwnames = NULL, *version = NULL;
+    if (!kwnames) {
+        kwnames = Py_BuildValue("(s)", "max_version");
+        version = Py_BuildValue("(ii)", 1, 0);
+        if (!kwnames || !version) {
+            Py_DECREF(method);
+            return -1;
+        }
+    }
+    PyObject *vargs[2] = {NULL, version};
+    PyObject *cap = PyObject_Vectorcall(method, vargs + 1, 0 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                        kwnames);
     if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
         PyErr_Clear(); /* a producer that predates DLPack 1.0 */
         cap = PyObject_CallNoArgs(method);
     }
-    Py_XDECREF(args);
-    Py_XDECREF(kwargs);
     Py_DECREF(method);
     if (!cap) {
         PyObject *type, *value, *tb;
@@ -381,20 +389,14 @@ static PyObject *Handle_done(HandleObject *self, PyObject *unused) {
 }
 
 /* wait(): block until complete; raise the request's error, if any. */
+static PyObject *raise_handle_error(module_state *s, cring_handle_t *h, cring_status_t st,
+                                    int collective, const char *name);
+
 static PyObject *Handle_wait(HandleObject *self, PyObject *unused) {
     cring_status_t st = handle_finish(self);
-    if (st != CRING_OK) {
-        module_state *s = PyType_GetModuleState(Py_TYPE(self));
-        char context[512], quoted[512];
-        const char *detail = cring_handle_error(self->handle);
-        snprintf(quoted, sizeof quoted, "'%s'", self->name);
-        if (strstr(detail, quoted)) /* the detail names the tensor already */
-            snprintf(context, sizeof context, "%s failed", collective_label(self->collective));
-        else
-            snprintf(context, sizeof context, "%s of tensor '%s' failed",
-                     collective_label(self->collective), self->name);
-        return raise_status(s, st, context, detail);
-    }
+    if (st != CRING_OK)
+        return raise_handle_error(PyType_GetModuleState(Py_TYPE(self)), self->handle, st,
+                                  self->collective, self->name);
     Py_RETURN_NONE;
 }
 
@@ -477,17 +479,36 @@ static PyObject *py_first_dims(PyObject *module, PyObject *args) {
     return list;
 }
 
+/* Raise the error of a completed handle (the detail names the tensor, or
+ * the context adds it). */
+static PyObject *raise_handle_error(module_state *s, cring_handle_t *h, cring_status_t st,
+                                    int collective, const char *name) {
+    char context[512], quoted[512];
+    const char *detail = cring_handle_error(h);
+    snprintf(quoted, sizeof quoted, "'%s'", name);
+    if (strstr(detail, quoted)) /* the detail names the tensor already */
+        snprintf(context, sizeof context, "%s failed", collective_label(collective));
+    else
+        snprintf(context, sizeof context, "%s of tensor '%s' failed",
+                 collective_label(collective), name);
+    return raise_status(s, st, context, detail);
+}
+
+#define STACK_TENSORS 4
+
 /* submit(collective, name, tensors, op, root, prescale, postscale, compression,
- *        caller_waits) -> Handle
+ *        caller_waits) -> Handle, or None once done when caller_waits is 2
  * tensors: list of (send, recv) pairs; recv None for allgather, recv is send
- * for in-place operations. */
+ * for in-place operations. caller_waits: 0 async, 1 the caller will wait on
+ * the handle, 2 wait here (a synchronous call that needs no output copy; it
+ * allocates nothing on the Python heap for up to STACK_TENSORS tensors). */
 static PyObject *py_submit(PyObject *module, PyObject *args) {
     module_state *s = get_state(module);
     int coll, op, root, caller_waits;
     const char *name, *compression;
     PyObject *list;
     double prescale, postscale;
-    if (!PyArg_ParseTuple(args, "isO!iiddzp", &coll, &name, &PyList_Type, &list, &op, &root,
+    if (!PyArg_ParseTuple(args, "isO!iiddzi", &coll, &name, &PyList_Type, &list, &op, &root,
                           &prescale, &postscale, &compression, &caller_waits))
         return NULL;
     if (!s->engine) return raise_not_initialized(s);
@@ -519,55 +540,55 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
             return NULL;
         }
     }
-    HandleObject *self = PyObject_New(HandleObject, s->HandleType);
-    if (!self) return NULL;
-    self->handle = NULL;
-    self->nrefs = 0;
-    self->released = 0;
-    self->collective = coll;
-    self->name = PyMem_Malloc(strlen(name) + 1);
-    self->refs = PyMem_Calloc((size_t)(2 * n + 1), sizeof(tensor_ref));
-    cring_tensor_t *ts = PyMem_Calloc((size_t)(n + 1), sizeof *ts);
-    int64_t *scalar_shapes = PyMem_Calloc((size_t)(n + 1), sizeof(int64_t));
-    if (!self->name || !self->refs || !ts || !scalar_shapes) {
+    tensor_ref stack_refs[2 * STACK_TENSORS];
+    cring_tensor_t stack_ts[STACK_TENSORS];
+    int64_t stack_scalars[STACK_TENSORS];
+    int on_stack = caller_waits == 2 && n <= STACK_TENSORS;
+    tensor_ref *refs = on_stack ? stack_refs : PyMem_Calloc((size_t)(2 * n + 1), sizeof *refs);
+    cring_tensor_t *ts = on_stack ? stack_ts : PyMem_Calloc((size_t)(n + 1), sizeof *ts);
+    int64_t *scalar_shapes = on_stack ? stack_scalars : PyMem_Calloc((size_t)(n + 1), sizeof(int64_t));
+    int nrefs = 0;
+    PyObject *result = NULL;
+    HandleObject *self = NULL;
+    cring_handle_t *handle = NULL;
+    if (!refs || !ts || !scalar_shapes) {
         PyErr_NoMemory();
-        goto fail;
+        goto done;
     }
-    strcpy(self->name, name);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *pair = PyList_GET_ITEM(list, i);
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
             PyErr_SetString(PyExc_TypeError, "tensors must be (send, recv) pairs");
-            goto fail;
+            goto done;
         }
         PyObject *send_obj = PyTuple_GET_ITEM(pair, 0), *recv_obj = PyTuple_GET_ITEM(pair, 1);
         int in_place = send_obj == recv_obj;
         int needs_write = coll != CRING_COLL_ALLGATHER && in_place &&
                           !(coll == CRING_COLL_BROADCAST && rank == root);
-        tensor_ref *in = &self->refs[self->nrefs];
-        if (tensor_acquire(send_obj, name, needs_write, in) < 0) goto fail;
-        self->nrefs++;
+        tensor_ref *in = &refs[nrefs];
+        if (tensor_acquire(send_obj, name, needs_write, in) < 0) goto done;
+        nrefs++;
         tensor_ref *out = in;
         if (!in_place && recv_obj != Py_None) {
-            out = &self->refs[self->nrefs];
-            if (tensor_acquire(recv_obj, name, 1, out) < 0) goto fail;
-            self->nrefs++;
-            if (coll != CRING_COLL_REDUCESCATTER && same_layout(in, out, name) < 0) goto fail;
+            out = &refs[nrefs];
+            if (tensor_acquire(recv_obj, name, 1, out) < 0) goto done;
+            nrefs++;
+            if (coll != CRING_COLL_REDUCESCATTER && same_layout(in, out, name) < 0) goto done;
             if (coll == CRING_COLL_REDUCESCATTER && out->dtype != in->dtype) {
                 PyErr_Format(PyExc_ValueError, "tensor '%s': output dtype differs", name);
-                goto fail;
+                goto done;
             }
         }
         if (reduces && !cring__reduce_supported(in->dtype, (cring_op_t)op)) {
             PyErr_Format(PyExc_TypeError, "tensor '%s': op %s cannot reduce dtype %s", name,
                          cring_op_name((cring_op_t)op), cring_dtype_name(in->dtype));
-            goto fail;
+            goto done;
         }
         if (comp != CRING_DTYPE_COUNT && in->dtype != CRING_FLOAT32) {
             PyErr_Format(PyExc_TypeError,
                          "tensor '%s': compression applies to float32 tensors, not %s", name,
                          cring_dtype_name(in->dtype));
-            goto fail;
+            goto done;
         }
         ts[i].send = in->data;
         ts[i].recv = out->data;
@@ -584,22 +605,53 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                            .op = (cring_op_t)op, .root = root, .prescale = prescale,
                            .postscale = postscale, .compression = comp, .ntensors = (int)n,
                            .tensors = ts, .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0};
-    cring_status_t st = cring_engine_submit(engine, &req, &self->handle);
+    cring_status_t st = cring_engine_submit(engine, &req, &handle);
     if (st != CRING_OK) {
         char context[512];
         snprintf(context, sizeof context, "%s of tensor '%s'", collective_label(coll), name);
         raise_status(s, st, context, cring_engine_error_message());
-        goto fail;
+        goto done;
     }
-    PyMem_Free(ts);
-    PyMem_Free(scalar_shapes);
-    return (PyObject *)self;
-fail:
-    PyMem_Free(ts);
-    PyMem_Free(scalar_shapes);
+    if (caller_waits == 2) {
+        Py_BEGIN_ALLOW_THREADS
+        st = cring_handle_wait(handle);
+        Py_END_ALLOW_THREADS
+        if (st != CRING_OK) raise_handle_error(s, handle, st, coll, name);
+        else result = Py_NewRef(Py_None);
+        cring_handle_free(handle);
+        goto done; /* the views are released below, after the engine is done */
+    }
+    self = PyObject_New(HandleObject, s->HandleType);
+    char *name_copy = PyMem_Malloc(strlen(name) + 1);
+    if (!self || !name_copy) {
+        /* cannot hand the views over: wait for the engine before dropping them */
+        Py_BEGIN_ALLOW_THREADS
+        cring_handle_wait(handle);
+        Py_END_ALLOW_THREADS
+        cring_handle_free(handle);
+        PyMem_Free(name_copy);
+        if (self) PyObject_Free(self);
+        PyErr_NoMemory();
+        goto done;
+    }
+    strcpy(name_copy, name);
+    self->handle = handle;
+    self->refs = refs; /* the handle object owns the views and arrays now */
+    self->nrefs = nrefs;
     self->released = 0;
-    Py_DECREF(self); /* releases the refs taken so far */
-    return NULL;
+    self->collective = coll;
+    self->name = name_copy;
+    refs = NULL;
+    nrefs = 0;
+    result = (PyObject *)self;
+done:
+    for (int i = 0; i < nrefs; i++) tensor_release(&refs[i]);
+    if (!on_stack) {
+        PyMem_Free(refs);
+        PyMem_Free(ts);
+        PyMem_Free(scalar_shapes);
+    }
+    return result;
 }
 
 /* ---- benchmark hooks: C-level loops, no Python in the timed region ---------- */
@@ -666,6 +718,39 @@ static PyObject *py_bench_allreduce(PyObject *module, PyObject *args) {
     free(a.buf);
     if (st != CRING_OK) return raise_status(s, st, "benchmark failed", "");
     return PyFloat_FromDouble(t1 - t0);
+}
+
+typedef struct {
+    void *buf;
+    size_t count;
+    cring_dtype_t dtype;
+    cring_op_t op;
+} direct_args;
+
+static cring_status_t direct_call(cring_comm_t *comm, void *p) {
+    direct_args *a = p;
+    return cring_allreduce(comm, a->buf, a->buf, a->count, a->dtype, a->op);
+}
+
+/* direct_allreduce_(tensor, op): the public C cring_allreduce (agreement +
+ * algorithm) on a tensor, bypassing the engine. A benchmark baseline: every
+ * rank must call it at the same point with nothing in flight. */
+static PyObject *py_direct_allreduce(PyObject *module, PyObject *args) {
+    module_state *s = get_state(module);
+    PyObject *obj;
+    int op;
+    if (!PyArg_ParseTuple(args, "Oi", &obj, &op)) return NULL;
+    if (!s->engine) return raise_not_initialized(s);
+    tensor_ref ref;
+    if (tensor_acquire(obj, "direct", 1, &ref) < 0) return NULL;
+    direct_args a = {ref.data, ref.numel, ref.dtype, (cring_op_t)op};
+    cring_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cring_engine_exclusive(s->engine, direct_call, &a);
+    Py_END_ALLOW_THREADS
+    tensor_release(&ref);
+    if (st != CRING_OK) return raise_status(s, st, "direct allreduce failed", "");
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_engine_stats(PyObject *module, PyObject *unused) {
@@ -797,6 +882,8 @@ static PyMethodDef module_methods[] = {
      "compression, caller_waits) -> Handle"},
     {"first_dims", py_first_dims, METH_VARARGS, "first_dims(handle, index, size)"},
     {"engine_stats", py_engine_stats, METH_NOARGS, "engine counters"},
+    {"direct_allreduce_", py_direct_allreduce, METH_VARARGS,
+     "direct_allreduce_(tensor, op): bypass the engine (benchmark baseline)"},
     {"bench_allreduce", py_bench_allreduce, METH_VARARGS,
      "bench_allreduce(mode, iters, nbytes) -> seconds (mode: engine, direct, raw)"},
     {"timeline", py_timeline, METH_VARARGS, "timeline(path or None)"},

@@ -14,6 +14,8 @@ import itertools
 import threading
 from typing import Any, Callable, Optional, Sequence
 
+from numpy import ndarray as _ndarray
+
 from . import _C, _discovery
 from ._tensors import dlpack_source, empty_like
 
@@ -170,12 +172,19 @@ def _require_init() -> None:
 
 def _name(kind: str, name: Optional[str]) -> str:
     if name is not None:
-        return str(name)
+        return name if type(name) is str else str(name)
     counter = _name_counters.setdefault(kind, itertools.count())
     return f"{kind}.noname.{next(counter)}"
 
 
+_OP_VALUES = {int(o): int(o) for o in ReduceOp if o != ReduceOp.ADASUM}
+
+
 def _op(op: Any) -> int:
+    try:
+        return _OP_VALUES[op]  # fast path: an int or a ReduceOp
+    except (KeyError, TypeError):
+        pass
     try:
         op = ReduceOp(int(op))
     except (TypeError, ValueError):
@@ -258,12 +267,16 @@ def synchronize(handle: Handle) -> Any:
     return handle._result
 
 
+_ASYNC, _CALLER_WAITS, _WAIT_HERE = 0, 1, 2  # _C.submit's last argument
+_c_submit = _C.submit
+_ALLREDUCE = _C.ALLREDUCE
+
+
 def _submit(collective: int, name: str, pairs: list, finish: Callable[[Any], Any], *,
             op: int = 0, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
             wire: Optional[str] = None, caller_waits: bool = False) -> Handle:
-    _require_init()
     h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
-                  caller_waits)
+                  _CALLER_WAITS if caller_waits else _ASYNC)  # NotInitializedError before init()
     return Handle(h, finish)
 
 
@@ -306,6 +319,11 @@ def allreduce_async_(tensor: Any, op: int = Average, name: Optional[str] = None,
                             prescale_factor, postscale_factor, False, False)
 
 
+def _plain(compression: Any, prescale_factor: float, postscale_factor: float) -> bool:
+    return ((compression is None or compression is Compression.none) and prescale_factor == 1.0
+            and postscale_factor == 1.0)
+
+
 def allreduce(tensor: Any, op: int = Average, name: Optional[str] = None,
               compression: Any = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0) -> Any:
@@ -321,9 +339,17 @@ def allreduce_(tensor: Any, op: int = Average, name: Optional[str] = None,
                compression: Any = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0) -> Any:
     """Reduce `tensor` over all ranks in place and return the same object."""
-    return synchronize(_allreduce_async([tensor], True, op, _name("allreduce", name),
-                                        compression, prescale_factor, postscale_factor, False,
-                                        True))
+    if (compression is not None or prescale_factor != 1.0 or postscale_factor != 1.0) and not \
+            _plain(compression, prescale_factor, postscale_factor):
+        return synchronize(_allreduce_async([tensor], True, op, _name("allreduce", name),
+                                            compression, prescale_factor, postscale_factor,
+                                            False, True))
+    # The common synchronous case, kept short: it is on every small call's path.
+    src = tensor if type(tensor) is _ndarray else dlpack_source(tensor)
+    code = _OP_VALUES.get(op) if type(op) is int or type(op) is ReduceOp else None
+    _c_submit(_ALLREDUCE, name if type(name) is str else _name("allreduce", name), [(src, src)],
+              _op(op) if code is None else code, 0, 1.0, 1.0, None, _WAIT_HERE)
+    return tensor
 
 
 def grouped_allreduce_async(tensors: Sequence[Any], op: int = Average, name: Optional[str] = None,
