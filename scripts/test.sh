@@ -22,6 +22,10 @@ echo "== C tests (no Python)"
 make -j2 all >/dev/null
 make test
 
+echo "== C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+make -j2 SANITIZE=1 all >/dev/null
+make SANITIZE=1 test
+
 echo "== Python tests"
 cd tests
 # pytest exits 5 when it collected nothing: set -e treats that as the failure it is.
