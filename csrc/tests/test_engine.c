@@ -7,9 +7,6 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include "cring/cring.h"
 #include "testutil.h"
@@ -33,7 +30,7 @@ static cring_handle_t *submit1(cring_engine_t *e, const char *name, cring_collec
     return h;
 }
 
-static void run_rank(int rank, int size, int port, cring_transport_kind_t transport) {
+static void run_rank(int rank, int size, int port, int transport) {
     alarm(120);
     cring_config_t cfg;
     cring_config_init(&cfg);
@@ -41,7 +38,7 @@ static void run_rank(int rank, int size, int port, cring_transport_kind_t transp
     cfg.size = size;
     cfg.store_port = port;
     cfg.serve_store = rank == 0;
-    cfg.transport = transport;
+    cfg.transport = (cring_transport_kind_t)transport;
     cfg.timeout_s = 30;
     char job[32];
     snprintf(job, sizeof job, "eng-%d-%d", size, (int)transport);
@@ -151,44 +148,11 @@ static void run_rank(int rank, int size, int port, cring_transport_kind_t transp
     exit(0);
 }
 
-/* A free loopback port for rank 0 to serve the store on. The parent starts
- * no threads before forking the ranks (a thread's memory would look leaked
- * in every child under LeakSanitizer). */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        perror("free_port");
-        exit(1);
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static void run_world(int size, cring_transport_kind_t transport) {
-    int port = free_port();
-    pid_t pids[8];
-    for (int r = 0; r < size; r++)
-        if ((pids[r] = fork()) == 0) run_rank(r, size, port, transport);
-    int failed = 0;
-    for (int r = 0; r < size; r++) {
-        int status;
-        waitpid(pids[r], &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "size %d: rank %d failed (status 0x%x)\n", size, r, status);
-            failed = 1;
-        }
-    }
-    CHECK(!failed);
-}
-
 int main(void) {
     alarm(600);
     for (int size = 1; size <= 4; size++) {
-        run_world(size, CRING_TRANSPORT_AUTO);
-        run_world(size, CRING_TRANSPORT_TCP);
+        testutil_run_world(size, run_rank, CRING_TRANSPORT_AUTO, "engine over shm");
+        testutil_run_world(size, run_rank, CRING_TRANSPORT_TCP, "engine over tcp");
     }
     TEST_DONE("test_engine");
     return 0;

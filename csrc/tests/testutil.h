@@ -3,8 +3,13 @@
 #ifndef CRING_TESTUTIL_H
 #define CRING_TESTUTIL_H
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int testutil_checks = 0;
 
@@ -27,6 +32,47 @@ static int testutil_checks = 0;
             exit(1);                                                                     \
         }                                                                                \
     } while (0)
+
+/* A free loopback port for rank 0 to serve the store on. */
+static __attribute__((unused)) int testutil_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        perror("free_port");
+        exit(1);
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* Fork `size` ranks running rank_main(rank, size, port, arg) (each exits),
+ * wait for all, and fail the test when any did not exit 0. Rank 0 is meant
+ * to serve the store on `port`: the parent starts no threads before forking
+ * (a thread's memory would look leaked in every child under LeakSanitizer). */
+static __attribute__((unused)) void testutil_run_world(int size, void (*rank_main)(int, int, int, int), int arg,
+                               const char *label) {
+    int port = testutil_free_port();
+    pid_t pids[64];
+    for (int r = 0; r < size; r++) {
+        pids[r] = fork();
+        CHECK(pids[r] >= 0);
+        if (pids[r] == 0) rank_main(r, size, port, arg);
+    }
+    int failed = 0;
+    for (int r = 0; r < size; r++) {
+        int status;
+        waitpid(pids[r], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "%s, size %d: rank %d failed (status 0x%x)\n", label, size, r, status);
+            failed = 1;
+        }
+    }
+    CHECK(!failed);
+    printf("%s, size %d: ok\n", label, size);
+    fflush(stdout);
+}
 
 #define TEST_DONE(name) printf("%s: %d checks passed\n", (name), testutil_checks)
 
