@@ -45,7 +45,8 @@ typedef struct shm_header {
     uint64_t size;
     uint64_t window_bytes;
     _Alignas(CRING_CACHE_LINE) _Atomic uint32_t aborted;
-    _Atomic uint32_t abort_rank_plus1;
+    /* who aborted and why: (detector + 1) | status << 16 | (peer + 1) << 32 */
+    _Atomic uint64_t abort_info;
 } shm_header_t;
 
 struct cring__shm {
@@ -304,11 +305,13 @@ void cring__shm_publish(cring__shm_t *shm, uint64_t seq) {
         futex_call(&me->futex_word, FUTEX_WAKE, INT_MAX, NULL);
 }
 
-void cring__shm_abort(cring__shm_t *shm) {
+void cring__shm_abort(cring__shm_t *shm, cring_status_t why, int peer) {
     if (!shm || !shm->hdr) return;
-    uint32_t expected = 0;
-    if (atomic_compare_exchange_strong(&shm->hdr->aborted, &expected, 1))
-        atomic_store(&shm->hdr->abort_rank_plus1, (uint32_t)shm->rank + 1);
+    uint64_t info = (uint64_t)(shm->rank + 1) | (uint64_t)(uint8_t)(-(int)why) << 16 |
+                    (uint64_t)(uint32_t)(peer + 1) << 32;
+    uint64_t none = 0;
+    atomic_compare_exchange_strong(&shm->hdr->abort_info, &none, info); /* the first reason wins */
+    atomic_store(&shm->hdr->aborted, 1);
     for (int r = 0; r < shm->size; r++) {
         atomic_fetch_add(&shm->ctrl[r].futex_word, 0x80000000u); /* change the word */
         futex_call(&shm->ctrl[r].futex_word, FUTEX_WAKE, INT_MAX, NULL);
@@ -364,13 +367,27 @@ static int reached(const shm_ctrl_t *c, uint64_t seq) {
     return atomic_load_explicit(&c->seq, memory_order_acquire) >= seq;
 }
 
+/* Another rank aborted: report its reason, so every survivor raises the
+ * same kind of error (a dead peer is a peer failure everywhere). */
 static cring_status_t aborted_status(cring__shm_t *shm) {
-    uint32_t who = atomic_load(&shm->hdr->abort_rank_plus1);
-    if (who > 0 && (int)who - 1 != shm->rank)
+    uint64_t info = atomic_load(&shm->hdr->abort_info);
+    int detector = (int)(info & 0xffff) - 1;
+    cring_status_t why = (cring_status_t) - (int)((info >> 16) & 0xff);
+    int peer = (int)(uint32_t)(info >> 32) - 1;
+    if (why == CRING_ERR_PEER_FAILURE && peer >= 0)
+        return cring__fail(shm->err, CRING_ERR_PEER_FAILURE,
+                           "rank %d died (rank %d noticed first; rank %d stopped)", peer,
+                           detector, shm->rank);
+    if (why == CRING_ERR_TIMEOUT && peer >= 0)
+        return cring__fail(shm->err, CRING_ERR_TIMEOUT,
+                           "rank %d timed out waiting for rank %d (CRING_TIMEOUT_SECONDS); rank "
+                           "%d stopped too",
+                           detector, peer, shm->rank);
+    if (detector >= 0)
         return cring__fail(shm->err, CRING_ERR_BROKEN,
-                           "rank %d stopped: rank %u hit an error and aborted the job's "
+                           "rank %d stopped: rank %d hit an error (%s) and aborted the job's "
                            "collectives",
-                           shm->rank, who - 1);
+                           shm->rank, detector, cring_status_string(why));
     return cring__fail(shm->err, CRING_ERR_BROKEN, "the shared-memory communicator was aborted");
 }
 
@@ -404,14 +421,14 @@ cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq) {
         if (now >= next_liveness) {
             next_liveness = now + 0.1;
             if (!pid_alive(c->pid)) {
-                cring__shm_abort(shm);
+                cring__shm_abort(shm, CRING_ERR_PEER_FAILURE, peer);
                 return cring__fail(shm->err, CRING_ERR_PEER_FAILURE,
                                    "rank %d (pid %d) died while rank %d was waiting for it",
                                    peer, (int)c->pid, shm->rank);
             }
         }
         if (now - start > shm->timeout_s) {
-            cring__shm_abort(shm);
+            cring__shm_abort(shm, CRING_ERR_TIMEOUT, peer);
             return cring__fail(shm->err, CRING_ERR_TIMEOUT,
                                "rank %d waited %.1f s for rank %d (CRING_TIMEOUT_SECONDS=%g); "
                                "it never reached the same collective",

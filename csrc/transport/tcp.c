@@ -208,6 +208,14 @@ static int tcp_idle_wait(cring__p2p_t *p2p, int wake_fd, double max_wait_s) {
     return peer_input;
 }
 
+/* Contract: see cring__p2p_ops_t.abort. */
+static void tcp_abort(cring__p2p_t *p2p) {
+    tcp_p2p_t *t = (tcp_p2p_t *)p2p;
+    t->broken = 1;
+    for (int i = 0; i < p2p->size; i++)
+        if (t->fds[i] >= 0) shutdown(t->fds[i], SHUT_RDWR);
+}
+
 /* Contract: see cring__p2p_ops_t.destroy. Closes every socket; never
  * communicates, so it cannot block on a dead peer. NULL is a no-op. */
 static void tcp_destroy(cring__p2p_t *p2p) {
@@ -225,6 +233,7 @@ static const cring__p2p_ops_t tcp_ops = {
     .name = "tcp",
     .sendrecv = tcp_sendrecv,
     .idle_wait = tcp_idle_wait,
+    .abort = tcp_abort,
     .destroy = tcp_destroy,
 };
 

@@ -45,6 +45,10 @@ typedef struct cring__p2p_ops {
      * streams. Returns 1 when a peer has input waiting. Never an error: a
      * closed connection is reported by the next sendrecv. */
     int (*idle_wait)(cring__p2p_t *p2p, int wake_fd, double max_wait_s);
+    /* After a fatal error: shut every connection down (without closing the
+     * descriptors) so peers blocked on this rank see the end of stream and
+     * fail fast instead of waiting for their time-out. May be NULL. */
+    void (*abort)(cring__p2p_t *p2p);
     /* Close every connection and free; safe on a half-built object. */
     void (*destroy)(cring__p2p_t *p2p);
 } cring__p2p_ops_t;
@@ -91,8 +95,10 @@ void cring__shm_publish(cring__shm_t *shm, uint64_t seq);
 cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq);
 /* cring__shm_wait on every rank except this one. */
 cring_status_t cring__shm_wait_all(cring__shm_t *shm, uint64_t seq);
-/* Mark the segment aborted so every waiter on every rank fails fast. */
-void cring__shm_abort(cring__shm_t *shm);
+/* Mark the segment aborted so every waiter on every rank fails fast with the
+ * same kind of error: `why` and `peer` (-1 if none) say what happened. The
+ * first abort's reason wins. */
+void cring__shm_abort(cring__shm_t *shm, cring_status_t why, int peer);
 
 /* Doorbells wake an idle rank: ring peer's bell (any thread, any process
  * sharing the segment; cheap when nobody sleeps on it). */
