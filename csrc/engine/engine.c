@@ -717,6 +717,19 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
     return st;
 }
 
+/* A group whose tensors have different dtypes cannot share a fusion buffer:
+ * reduce its tensors one by one (still one negotiated unit). */
+static cring_status_t run_allreduce_each(cring_engine_t *e, req_t *r) {
+    for (int i = 0; i < r->ntensors; i++) {
+        req_t one = *r;
+        one.ntensors = 1;
+        one.t = &r->t[i];
+        req_t *batch = &one;
+        CRING_CHECK(run_allreduce(e, &batch, 1));
+    }
+    return CRING_OK;
+}
+
 /* Broadcast a batch with the same root: through the fusion buffer unless it
  * is one in-place tensor. */
 static cring_status_t run_broadcast(cring_engine_t *e, req_t **batch, int n) {
@@ -900,7 +913,9 @@ static cring_status_t execute(cring_engine_t *e, response_t *resp, int n) {
         }
         cring_status_t st;
         switch (r0->req->coll) {
-        case CRING_COLL_ALLREDUCE: st = run_allreduce(e, batch, nb); break;
+        case CRING_COLL_ALLREDUCE:
+            st = fusible(r0->req) ? run_allreduce(e, batch, nb) : run_allreduce_each(e, r0->req);
+            break;
         case CRING_COLL_BROADCAST: st = run_broadcast(e, batch, nb); break;
         case CRING_COLL_ALLGATHER: st = run_allgather(e, r0->req, r0->first_dims); break;
         case CRING_COLL_REDUCESCATTER: st = run_reducescatter(e, r0->req); break;
