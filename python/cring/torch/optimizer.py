@@ -1,0 +1,659 @@
+"""horovod.torch's data-parallel training API on cring's engine:
+DistributedOptimizer, broadcast_parameters and broadcast_optimizer_state.
+
+Each gradient's allreduce is submitted the moment backward has finished
+accumulating it (a post-accumulate-grad hook on the parameter), so
+communication overlaps the rest of backward and the engine fuses the
+gradients that arrive together; step() only waits for what is still in
+flight. This module uses cring's public API and torch, nothing else.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import warnings
+import weakref
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+import torch
+
+import cring
+
+__all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state"]
+
+_ZERO_GRAD_IN_FLIGHT = (
+    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+    "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+_TOO_MANY_BACKWARDS = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally.")
+_STEP_AFTER_SYNCHRONIZE = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
+    "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
+
+
+class _Unit:
+    """What one allreduce carries: one parameter's gradient, or a group's
+    (one grouped allreduce), under one name. `ready` counts the parameters
+    whose gradient is final for this step."""
+
+    __slots__ = ("name", "params", "ready")
+
+    def __init__(self, name: str, params: tuple) -> None:
+        self.name = name
+        self.params = params
+        self.ready = 0
+
+
+class _Entry:
+    """One gradient in flight: the parameter, its .grad at submission, the
+    dense contiguous tensor holding the result (the grad itself when it
+    can be), and what the allreduce runs on (after a torch-side compressor)."""
+
+    __slots__ = ("param", "grad", "buffer", "wire", "compressed", "ctx", "sparse")
+
+    def __init__(self, param: torch.Tensor, grad: torch.Tensor, buffer: torch.Tensor,
+                 wire: torch.Tensor, compressed: bool, ctx: Any, sparse: bool) -> None:
+        self.param, self.grad, self.buffer, self.wire = param, grad, buffer, wire
+        self.compressed, self.ctx, self.sparse = compressed, ctx, sparse
+
+
+def _split_list(items: list, n: int) -> list:
+    """`items` cut into n contiguous parts whose lengths differ by at most one."""
+    d, r = divmod(len(items), n)
+    return [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
+
+
+class _DistributedOptimizer:
+    """Mixed in front of the wrapped optimizer's class (see DistributedOptimizer)."""
+
+    # ---- construction ------------------------------------------------------------------------
+
+    def _cring_setup(self, named_parameters: Any, compression: Any,
+                     backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
+                     groups: Any, sparse_as_dense: bool) -> None:
+        if isinstance(compression, cring.Compressor) or compression is None:
+            self._cring_engine_compression, self._cring_torch_compression = compression, None
+        elif hasattr(compression, "compress") and hasattr(compression, "decompress"):
+            # a Horovod-style compressor: compress(t) -> (t', ctx), decompress(t', ctx) -> t.
+            # cring.torch's FP16/BF16Compressor name their wire format in `_wire`: float32
+            # gradients then travel compressed through the engine, without a cast here
+            wire = getattr(compression, "_wire", None)
+            self._cring_engine_compression = wire if isinstance(wire, cring.Compressor) else None
+            self._cring_torch_compression = compression
+        else:
+            raise ValueError(f"compression must be cring.Compression.none, fp16 or bf16 (or an "
+                             f"object with compress/decompress), got {compression!r}")
+        self._compression = compression
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        if op == cring.Average:
+            # the engine divides by size() for Average; split that average around the sum
+            self._cring_prescale = 1.0 / self.gradient_predivide_factor
+            self._cring_postscale = self.gradient_predivide_factor
+        else:
+            self._cring_prescale = self._cring_postscale = 1.0
+
+        params: list = []
+        seen: set = set()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        names = self._cring_names = _parameter_names(self.param_groups, named_parameters)
+        trainable = [p for p in params if p.requires_grad]
+        self._cring_units = _make_units(trainable, names, groups)
+        self._cring_unit_of = {p: unit for unit in self._cring_units for p in unit.params}
+        self._cring_delay = {p: self.backward_passes_per_step for p in trainable}
+        self._cring_handles: dict = {}  # _Unit -> [(cring.Handle, [_Entry]), ...]
+        self._cring_touched: set = set()  # params that had a backward since the last sync
+        self._cring_lock = threading.Lock()
+        self._cring_synchronized = False
+        self._cring_should_synchronize = True
+        self._cring_hook_handles: list = []
+        self._cring_hooked = cring.size() > 1
+        if self._cring_hooked:
+            self._cring_register_hooks(trainable)
+
+    def _cring_register_hooks(self, trainable: list) -> None:
+        me = weakref.ref(self)
+        handles = self._cring_hook_handles
+        for p in trainable:
+            if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+                def hook(param: torch.Tensor) -> None:
+                    opt = me()
+                    if opt is not None:
+                        opt._cring_grad_ready(param)
+
+                handles.append(p.register_post_accumulate_grad_hook(hook))
+            else:  # Horovod's way: a hook on the parameter's gradient accumulator
+                grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                pref = weakref.ref(p)
+
+                def acc_hook(*_: Any, pref: Any = pref) -> None:
+                    opt, param = me(), pref()
+                    if opt is not None and param is not None:
+                        opt._cring_grad_ready(param)
+
+                handles.append((grad_acc, grad_acc.register_hook(acc_hook)))
+        # the hooks go when the optimizer does, so a dropped optimizer never submits
+        weakref.finalize(self, _remove_hooks, handles)
+
+    # ---- the hook: one gradient is final ---------------------------------------------------
+
+    def _cring_grad_ready(self, p: torch.Tensor) -> None:
+        with self._cring_lock:
+            unit = self._cring_unit_of.get(p)
+            if unit is None:
+                return
+            if self._cring_delay[p] <= 0 or unit in self._cring_handles:
+                raise AssertionError(_TOO_MANY_BACKWARDS)
+            self._cring_delay[p] -= 1
+            self._cring_touched.add(p)
+            if self._cring_delay[p] == 0:
+                unit.ready += 1
+                if unit.ready == len(unit.params):
+                    self._cring_submit(unit)
+
+    def _cring_submit(self, unit: _Unit) -> None:
+        """Start the allreduce of `unit`'s gradients (zeros for a parameter
+        that has none: another rank may have one, and every rank must submit)."""
+        entries = []
+        compressor = self._cring_torch_compression
+        for p in unit.params:
+            grad = p.grad
+            if grad is None:
+                grad = p.grad = torch.zeros_like(p.detach())
+            sparse = grad.is_sparse
+            if sparse:
+                if not self.sparse_as_dense:
+                    raise NotImplementedError(
+                        f"parameter '{self._cring_names[p]}' has a sparse gradient: cring has "
+                        "no sparse allreduce; pass sparse_as_dense=True to DistributedOptimizer "
+                        "to allreduce it as a dense tensor")
+                buffer = grad.to_dense()
+            else:
+                buffer = grad if grad.is_contiguous() else grad.contiguous()
+            ctx, wire = None, buffer
+            compressed = compressor is not None and not (
+                buffer.dtype == torch.float32 and self._cring_engine_compression is not None)
+            if compressed:
+                wire, ctx = compressor.compress(buffer)
+                if not wire.is_contiguous():
+                    wire = wire.contiguous()
+            entries.append(_Entry(p, grad, buffer, wire, compressed, ctx, sparse))
+        kwargs = dict(op=self.op, compression=self._cring_engine_compression,
+                      prescale_factor=self._cring_prescale,
+                      postscale_factor=self._cring_postscale)
+        submitted = self._cring_handles[unit] = []
+        if len(entries) == 1:
+            submitted.append((cring.allreduce_async_(entries[0].wire, name=unit.name, **kwargs),
+                              entries))
+        else:
+            # one grouped allreduce per dtype: the engine reduces a group in one dtype
+            by_dtype: dict = {}
+            for e in entries:
+                by_dtype.setdefault(e.wire.dtype, []).append(e)
+            for dtype, part in by_dtype.items():
+                name = unit.name if len(by_dtype) == 1 else f"{unit.name}.{str(dtype)[6:]}"
+                handle = cring.grouped_allreduce_async_([e.wire for e in part], name=name,
+                                                        **kwargs)
+                submitted.append((handle, part))
+
+    def _cring_finish(self, handle: Any, entries: list) -> None:
+        cring.synchronize(handle)
+        compressor = self._cring_torch_compression
+        for e in entries:
+            if e.compressed:
+                out = compressor.decompress(e.wire, e.ctx)
+                if out is not e.buffer:
+                    e.buffer.copy_(out)
+            if e.sparse:
+                e.param.grad = e.buffer.to_sparse()
+            elif e.buffer is not e.grad:
+                e.grad.copy_(e.buffer)
+
+    # ---- the public methods ------------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Finish every gradient's allreduce: start those not started yet
+        (parameters whose gradient did not arrive by a hook, and gradients
+        accumulated fewer than backward_passes_per_step times), then wait for
+        all of them. Afterwards every .grad holds the reduced gradient."""
+        if not self._cring_hooked:
+            self._cring_synchronized = True
+            return
+        error: Optional[BaseException] = None
+        with self._cring_lock:
+            try:
+                for unit in self._cring_units:
+                    if unit not in self._cring_handles:
+                        self._cring_submit(unit)
+            except BaseException as e:  # still wait for what was started, then raise
+                error = e
+            pending = [x for submitted in self._cring_handles.values() for x in submitted]
+            self._cring_handles.clear()
+            self._cring_touched.clear()
+            for unit in self._cring_units:
+                unit.ready = 0
+            for p in self._cring_delay:
+                self._cring_delay[p] = self.backward_passes_per_step
+        for handle, entries in pending:
+            try:
+                self._cring_finish(handle, entries)
+            except BaseException as e:
+                error = error or e
+        if error is not None:
+            raise error
+        self._cring_synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within this context step() does not synchronize; use it after an
+        explicit synchronize(), e.g. to clip the reduced gradients:
+
+            loss.backward()
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        """
+        self._cring_should_synchronize = False
+        try:
+            yield
+        finally:
+            self._cring_should_synchronize = True
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Wait for the gradients still in flight, then take the wrapped
+        optimizer's step. With a closure, the gradients its backward
+        produces are reduced before the wrapped step uses them."""
+        if not self._cring_should_synchronize:
+            self._cring_synchronized = False
+            return super().step(closure)  # type: ignore[misc]
+        if closure is None:
+            if self._cring_synchronized:
+                warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
+            self.synchronize()
+            self._cring_synchronized = False
+            return super().step()  # type: ignore[misc]
+        if self._cring_handles or self._cring_touched:
+            self.synchronize()  # an earlier backward's gradients
+
+        def synchronized_closure() -> Any:
+            loss = closure()
+            self.synchronize()
+            return loss
+
+        self._cring_synchronized = False
+        try:
+            return super().step(synchronized_closure)  # type: ignore[misc]
+        finally:
+            self._cring_synchronized = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The wrapped zero_grad; raises AssertionError (as Horovod does)
+        while gradients are being reduced or accumulated for a step."""
+        if self._cring_handles or self._cring_touched:
+            raise AssertionError(_ZERO_GRAD_IN_FLIGHT)
+        return super().zero_grad(set_to_none)  # type: ignore[misc]
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if int(passes) < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
+        self.backward_passes_per_step = int(passes)
+        for p in self._cring_delay:
+            self._cring_delay[p] = self.backward_passes_per_step
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # what is in flight writes into .grad: let it land, then start afresh
+        for submitted in list(self._cring_handles.values()):
+            for handle, _ in submitted:
+                try:
+                    cring.synchronize(handle)
+                except cring.CRingError:
+                    pass
+        self._cring_handles.clear()
+        self._cring_touched.clear()
+        for unit in self._cring_units:
+            unit.ready = 0
+        for p in self._cring_delay:
+            self._cring_delay[p] = self.backward_passes_per_step
+        self._cring_synchronized = False
+        self._cring_should_synchronize = True
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+
+
+def _remove_hooks(handles: list) -> None:
+    for h in handles:
+        if isinstance(h, tuple):
+            h = h[1]
+        h.remove()
+
+
+def _parameter_names(param_groups: list, named_parameters: Any) -> dict:
+    """Parameter -> the name its allreduce is known by (without the prefix)."""
+    if named_parameters is None:
+        return {p: f"noname.{i}.{j}" for i, group in enumerate(param_groups)
+                for j, p in enumerate(group["params"])}
+    named = list(named_parameters)
+    if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    seen, dups = set(), set()
+    for name, _ in named:
+        (dups if name in seen else seen).add(name)
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
+                         + ", ".join(sorted(str(d) for d in dups)))
+    names = {p: str(name) for name, p in sorted(named, key=lambda x: str(x[0]))}
+    unnamed = [f"{i}.{j} {tuple(p.shape)}" for i, group in enumerate(param_groups)
+               for j, p in enumerate(group["params"]) if p not in names]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were "
+                         "not named (param_group.index shape): " + ", ".join(unnamed))
+    return names
+
+
+def _make_units(trainable: list, names: dict, groups: Any) -> list:
+    """One _Unit per allreduce: per parameter, or per group of parameters."""
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
+                          and groups == 0):
+        parts = [[p] for p in trainable]
+    elif isinstance(groups, int) and not isinstance(groups, bool):
+        if groups < 0:
+            raise ValueError(f"groups should be a non-negative integer or a list of lists of "
+                             f"torch.Tensor, got {groups}")
+        parts = [part for part in _split_list(trainable, groups) if part]
+    elif isinstance(groups, (list, tuple)):
+        in_optimizer = {id(p) for p in trainable}
+        grouped: set = set()
+        parts = []
+        for group in groups:
+            if isinstance(group, torch.Tensor) or not isinstance(group, Iterable):
+                raise ValueError("groups must be a list of lists of torch.Tensor")
+            part = []
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in grouped:
+                    raise ValueError("A parameter can only appear once in groups.")
+                grouped.add(id(p))
+                if id(p) in in_optimizer:
+                    part.append(p)
+                elif not p.requires_grad:
+                    continue
+                else:
+                    raise ValueError("groups holds a tensor that is not a parameter of the "
+                                     "optimizer")
+            if part:
+                parts.append(part)
+        parts += [[p] for p in trainable if id(p) not in grouped]
+        order = {id(p): i for i, p in enumerate(trainable)}
+        parts.sort(key=lambda part: min(order[id(p)] for p in part))
+    else:
+        raise ValueError("groups should be a non-negative integer or a list of lists of "
+                         f"torch.Tensor, got {type(groups).__name__}")
+    units = []
+    for part in parts:
+        prefix = "allreduce." if len(part) == 1 else "grouped_allreduce."
+        units.append(_Unit(prefix + names[part[0]], tuple(part)))
+    return units
+
+
+_CLASSES: dict = {}
+
+
+def _distributed_class(base: type) -> type:
+    cls = _CLASSES.get(base)
+    if cls is None:
+        # the wrapped class's name, so that repr() and logs read as before
+        cls = type(base.__name__, (_DistributedOptimizer, base),
+                   {"__module__": __name__, "__qualname__": base.__qualname__})
+        _CLASSES[base] = cls
+    return cls
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Optional[Iterable] = None,
+                         compression: Any = cring.Compression.none,
+                         backward_passes_per_step: int = 1,
+                         op: Any = cring.Average,
+                         gradient_predivide_factor: float = 1.0,
+                         groups: Any = None,
+                         sparse_as_dense: bool = False) -> torch.optim.Optimizer:
+    """Wrap `optimizer` so that gradients are reduced over all ranks before
+    each step, as horovod.torch.DistributedOptimizer does.
+
+    The result is an instance of a subclass of the optimizer's class (with
+    the same name), sharing its param_groups, state and defaults, so
+    isinstance checks, state_dict() and LR schedulers keep working; use it
+    instead of the original from now on.
+
+    Each parameter's allreduce starts the moment backward has accumulated its
+    gradient, so communication overlaps the rest of backward, and the engine
+    fuses the gradients that arrive together. step() waits for what is still
+    in flight (synchronize()) and then takes the wrapped step.
+
+    Arguments:
+        named_parameters: (name, parameter) pairs, usually
+            model.named_parameters(): the allreduce of parameter `name` is
+            called "allreduce.<name>". Names must be unique and must cover
+            every parameter of the optimizer. Without them, parameters are
+            named by position: "allreduce.noname.<group>.<index>".
+        compression: cring.Compression.none, fp16 or bf16 (float32 gradients
+            travel as 16-bit), or a Horovod-style compressor object.
+        backward_passes_per_step: gradients accumulate locally (summed by
+            autograd) over this many backward passes; the allreduce starts on
+            the last one.
+        op: cring.Average (default) or cring.Sum (Min, Max, Product work too;
+            Adasum is not implemented).
+        gradient_predivide_factor: with Average, gradients are multiplied by
+            1 / factor before the sum and by factor / size() after it.
+        groups: an int n: the trainable parameters, in order, are cut into n
+            contiguous groups; or a list of lists of parameters (the rest
+            alone). Each group is one grouped allreduce, started once all of
+            its gradients are ready.
+        sparse_as_dense: allreduce sparse gradients as dense tensors (the
+            result is made sparse again). Without it a sparse gradient raises
+            NotImplementedError: cring has no sparse allreduce.
+
+    Parameters that do not require grad are left alone. A trainable
+    parameter with no gradient at step() gets a zero gradient that is
+    reduced like the others (another rank may have one), as in Horovod.
+    With one rank the wrapped optimizer runs unchanged.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("optimizer is already a cring DistributedOptimizer")
+    if op == cring.Adasum:
+        raise NotImplementedError("cring does not implement Adasum; use cring.Average or Sum")
+    try:
+        op = cring.ReduceOp(int(op))
+    except (TypeError, ValueError):
+        raise ValueError(f"unknown reduction op {op!r}; use cring.Average or cring.Sum") from None
+    if gradient_predivide_factor != 1.0 and op != cring.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if not gradient_predivide_factor > 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got "
+                         f"{gradient_predivide_factor}")
+    if int(backward_passes_per_step) < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got "
+                         f"{backward_passes_per_step}")
+    cls = _distributed_class(type(optimizer))
+    wrapped = cls.__new__(cls)
+    # share everything the original holds (param_groups, state, defaults, hooks) instead of
+    # re-running its __init__, which may need arguments we do not know
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._cring_setup(named_parameters, compression, backward_passes_per_step, op,
+                         gradient_predivide_factor, groups, sparse_as_dense)
+    return wrapped
+
+
+# ---- broadcasts ------------------------------------------------------------------------------
+
+
+def _synchronize_all(handles: list) -> None:
+    """Wait for every handle; raise the first error once all are done."""
+    error: Optional[BaseException] = None
+    for h in handles:
+        try:
+            cring.synchronize(h)
+        except BaseException as e:
+            error = error or e
+    if error is not None:
+        raise error
+
+
+def _broadcast_object(obj: Any, root_rank: int, name: str) -> Any:
+    """root_rank's `obj`, pickled and broadcast, on every rank."""
+    if cring.rank() == root_rank:
+        payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        length = np.array([payload.size], np.int64)
+    else:
+        length = np.zeros(1, np.int64)
+    cring.broadcast_(length, root_rank, name=f"{name}.bytes")
+    if cring.rank() != root_rank:
+        payload = np.empty(int(length[0]), np.uint8)
+    cring.broadcast_(payload, root_rank, name=f"{name}.data")
+    return obj if cring.rank() == root_rank else pickle.loads(payload.tobytes())
+
+
+def broadcast_parameters(params: Any, root_rank: int) -> None:
+    """Overwrite, in place, every tensor in `params` with root_rank's values.
+
+    `params`: model.state_dict(), model.named_parameters(),
+    model.parameters(), or any mapping or iterable of tensors or of (name,
+    tensor) pairs. Every rank must pass the same names (or, unnamed, the same
+    number of tensors in the same order). All broadcasts start at once (the
+    engine fuses them) and have finished when this returns.
+    """
+    if isinstance(params, Mapping):
+        items = list(params.items())
+    elif isinstance(params, Iterable) and not isinstance(params, (torch.Tensor, str, bytes)):
+        items = [x if isinstance(x, tuple) else (None, x) for x in params]
+    else:
+        raise ValueError(f"invalid params of type: {type(params).__name__}")
+    handles, copies, seen = [], [], set()
+    for i, item in enumerate(items):
+        if len(item) != 2:
+            raise ValueError("params must hold tensors or (name, tensor) pairs")
+        name, t = item
+        label = f"broadcast.{name}" if name is not None else f"broadcast_parameters.{i}"
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"broadcast_parameters: {label!r} is a {type(t).__name__}, not a "
+                             "tensor")
+        if id(t) in seen:  # a tensor listed twice (tied weights)
+            continue
+        seen.add(id(t))
+        target = t.detach()
+        if not target.is_contiguous():
+            staged = target.contiguous()
+            copies.append((target, staged))
+            target = staged
+        handles.append(cring.broadcast_async_(target, root_rank, name=label))
+    _synchronize_all(handles)
+    for t, staged in copies:
+        t.copy_(staged)
+
+
+def _describe_state(state: Any) -> Optional[dict]:
+    """A parameter's optimizer state as root describes it to the others:
+    tensors by shape, dtype and device type (their data is broadcast in
+    place), everything else by value."""
+    if not state:
+        return None
+    return {key: ("tensor", tuple(v.shape), v.dtype, v.device.type)
+            if isinstance(v, torch.Tensor) and v.layout == torch.strided else ("value", v)
+            for key, v in state.items()}
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+    """Make every rank's optimizer state equal to root_rank's: the
+    hyperparameters of each param group (lr, betas, ...), and each
+    parameter's state (Adam's step count and moments, SGD's momentum
+    buffer, ...). Tensors are broadcast in place (all at once, fused by the
+    engine); other values travel pickled.
+
+    Where root has state that a rank lacks (a fresh optimizer: torch creates
+    state lazily), the rank creates the tensors from root's shapes and dtypes,
+    so nothing needs to step first and the parameters are never touched;
+    where root has none, the rank's state is dropped. Every rank must hold
+    the same number of param groups and parameters (ValueError on every rank
+    otherwise). Works on a DistributedOptimizer or a plain optimizer.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    is_root = cring.rank() == int(root_rank)
+    groups = optimizer.param_groups
+    params = [p for group in groups for p in group["params"]]
+    layout = [len(group["params"]) for group in groups]
+    meta = None
+    if is_root:
+        meta = {"layout": layout,
+                "groups": [{k: v for k, v in g.items() if k != "params"} for g in groups],
+                "state": [_describe_state(optimizer.state.get(p)) for p in params]}
+    meta = _broadcast_object(meta, root_rank, "broadcast_optimizer_state.meta")
+    # agree on every rank whether the layouts match, so that all raise or none does
+    agree = np.array([1 if meta["layout"] == layout else 0], np.int32)
+    cring.allreduce_(agree, op=cring.Min, name="broadcast_optimizer_state.layout")
+    if not agree[0]:
+        raise ValueError(f"broadcast_optimizer_state: param groups differ between ranks (rank "
+                         f"{cring.rank()} has parameters per group {layout}, root rank "
+                         f"{root_rank} has {meta['layout']})")
+
+    if not is_root:
+        for group, root_group in zip(groups, meta["groups"]):
+            for key in [k for k in group if k != "params" and k not in root_group]:
+                del group[key]
+            for key, value in root_group.items():
+                mine = group.get(key)
+                if (isinstance(mine, torch.Tensor) and isinstance(value, torch.Tensor)
+                        and mine.shape == value.shape and mine.dtype == value.dtype):
+                    mine.copy_(value)
+                else:
+                    group[key] = value
+
+    handles, copies = [], []
+    for i, (p, description) in enumerate(zip(params, meta["state"])):
+        if description is None:
+            if not is_root:
+                optimizer.state.pop(p, None)
+            continue
+        mine = optimizer.state.get(p) or {}
+        new_state = {}
+        for key, (kind, *rest) in description.items():
+            if kind == "value":
+                new_state[key] = mine[key] if is_root else rest[0]
+                continue
+            shape, dtype, device_type = rest
+            t = mine.get(key)
+            if not (isinstance(t, torch.Tensor) and t.layout == torch.strided
+                    and tuple(t.shape) == shape and t.dtype == dtype):
+                device = p.device if p.device.type == device_type else torch.device(device_type)
+                t = torch.empty(shape, dtype=dtype, device=device)
+            new_state[key] = t
+            target = t.detach()
+            if not target.is_contiguous():
+                staged = target.contiguous()
+                copies.append((target, staged))
+                target = staged
+            handles.append(cring.broadcast_async_(target, root_rank,
+                                                  name=f"broadcast_optimizer_state.{i}.{key}"))
+        if not is_root:
+            optimizer.state[p] = new_state
+    _synchronize_all(handles)
+    for t, staged in copies:
+        if not is_root:
+            t.copy_(staged)
