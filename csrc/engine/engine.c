@@ -170,7 +170,6 @@ struct cring_engine {
     double stall_check_s, stall_shutdown_s;
 
     /* introspection (relaxed atomics: counters only) */
-    pthread_mutex_t stats_mu;
     struct {
         _Atomic uint64_t cycles, collectives, tensors, fused_tensors, cache_hits, errors;
     } stats;
@@ -356,7 +355,7 @@ static void record_first_dims(const parsed_t *p, int r, int size, int64_t *dims)
 /* ---- completion -------------------------------------------------------------------------- */
 
 static void stats_add(cring_engine_t *e, _Atomic uint64_t *field, uint64_t n) {
-    (void)e;
+    (void)e; /* counters live in e; the pointer is passed for symmetry with callers */
     atomic_fetch_add_explicit(field, n, memory_order_relaxed);
 }
 
@@ -435,7 +434,7 @@ static cring_status_t validate(cring_engine_t *e, const cring_request_t *q) {
     return CRING_OK;
 }
 
-static req_t *make_req(cring_engine_t *e, const cring_request_t *q) {
+static req_t *make_req(const cring_request_t *q) {
     size_t ndims = 0, name_len = strlen(q->name);
     for (int i = 0; i < q->ntensors; i++) ndims += (size_t)q->tensors[i].ndim;
     size_t bytes = sizeof(req_t) + sizeof(tensor_spec_t) * (size_t)q->ntensors +
@@ -475,7 +474,6 @@ static req_t *make_req(cring_engine_t *e, const cring_request_t *q) {
         t->bytes = t->count * cring_dtype_size(t->dtype);
     }
     build_record(r);
-    (void)e;
     return r;
 }
 
@@ -486,7 +484,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     if (atomic_load(&e->broken) != CRING_OK)
         return submit_fail(CRING_ERR_BROKEN, "the engine failed earlier: %s", e->broken_msg);
     CRING_CHECK(validate(e, q));
-    req_t *r = make_req(e, q);
+    req_t *r = make_req(q);
     cring_handle_t *h = calloc(1, sizeof *h);
     if (!r || !h) {
         req_free(r);
@@ -1575,7 +1573,6 @@ static void engine_release(cring_engine_t *e) {
     pthread_mutex_destroy(&e->done_mu);
     pthread_cond_destroy(&e->done_cv);
     pthread_mutex_destroy(&e->progress_mu);
-    pthread_mutex_destroy(&e->stats_mu);
     pthread_mutex_destroy(&e->timeline_mu);
     free(e);
 }
@@ -1595,7 +1592,6 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
     pthread_mutex_init(&e->done_mu, NULL);
     pthread_cond_init(&e->done_cv, NULL);
     pthread_mutex_init(&e->progress_mu, NULL);
-    pthread_mutex_init(&e->stats_mu, NULL);
     pthread_mutex_init(&e->timeline_mu, NULL);
     long threshold = cring__env_long("CRING_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD);
     e->fusion_threshold = threshold > 0 ? (size_t)threshold : 0;
