@@ -286,7 +286,7 @@ static cring_status_t finish(cring_comm_t *c, cring_status_t st) {
     int expected = CRING_OK;
     if (atomic_compare_exchange_strong(&c->broken, &expected, (int)st)) {
         if (c->shm) cring__shm_abort(c->shm, st, -1);
-        if (c->p2p && c->p2p->ops->abort) c->p2p->ops->abort(c->p2p);
+        if (c->p2p && c->p2p->ops->cancel) c->p2p->ops->cancel(c->p2p);
     }
     return st;
 }

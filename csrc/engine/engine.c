@@ -9,7 +9,7 @@
  *
  *   1. MIN-allreduce of a byte vector V:
  *        V[0] = 0 if this rank has uncached requests to describe, else 1
- *        V[1] = 0 if this rank asks everyone to abort (stall shutdown), else 1
+ *        V[1] = 0 if this rank asks everyone to stop (stall shutdown), else 1
  *        V[2] = 0 if this rank has anything pending, else 1
  *        V[3+i] per response-cache slot i: 0 invalidate, 2 pending here,
  *               1 otherwise. After MIN: 2 means pending on every rank (ready),

@@ -208,8 +208,8 @@ static int tcp_idle_wait(cring__p2p_t *p2p, int wake_fd, double max_wait_s) {
     return peer_input;
 }
 
-/* Contract: see cring__p2p_ops_t.abort. */
-static void tcp_abort(cring__p2p_t *p2p) {
+/* Contract: see cring__p2p_ops_t.cancel. */
+static void tcp_cancel(cring__p2p_t *p2p) {
     tcp_p2p_t *t = (tcp_p2p_t *)p2p;
     t->broken = 1;
     for (int i = 0; i < p2p->size; i++)
@@ -233,7 +233,7 @@ static const cring__p2p_ops_t tcp_ops = {
     .name = "tcp",
     .sendrecv = tcp_sendrecv,
     .idle_wait = tcp_idle_wait,
-    .abort = tcp_abort,
+    .cancel = tcp_cancel,
     .destroy = tcp_destroy,
 };
 

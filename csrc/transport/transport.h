@@ -48,7 +48,7 @@ typedef struct cring__p2p_ops {
     /* After a fatal error: shut every connection down (without closing the
      * descriptors) so peers blocked on this rank see the end of stream and
      * fail fast instead of waiting for their time-out. May be NULL. */
-    void (*abort)(cring__p2p_t *p2p);
+    void (*cancel)(cring__p2p_t *p2p);
     /* Close every connection and free; safe on a half-built object. */
     void (*destroy)(cring__p2p_t *p2p);
 } cring__p2p_ops_t;
