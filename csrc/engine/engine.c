@@ -654,6 +654,18 @@ static int ensure_fusion(cring_engine_t *e, size_t bytes) {
 
 static cring_status_t transport_failed(cring_engine_t *e, cring_status_t st);
 
+/* Timeline of a batch that went through the fusion buffer: copy in over
+ * [t0, t1), the collective over [t1, t2), copy out over [t2, t3). */
+static void fused_spans(cring_engine_t *e, req_t **batch, int n, const char *phase, double t0,
+                        double t1, double t2, double t3, const char *args) {
+    if (!e->timeline) return;
+    for (int b = 0; b < n; b++) {
+        timeline_span(e, batch[b]->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1, NULL);
+        timeline_span(e, batch[b]->name, phase, t1, t2, args);
+        timeline_span(e, batch[b]->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, NULL);
+    }
+}
+
 /* Allreduce a batch of requests (one or many) with the same dtype, op and
  * compression: directly on the tensor when there is one tensor that needs no
  * staging, else through the fusion buffer. */
@@ -704,11 +716,7 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
         double t3 = tl_now(e);
         char args[96];
         snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors, total * es);
-        for (int b = 0; b < n; b++) {
-            timeline_span(e, batch[b]->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1, NULL);
-            timeline_span(e, batch[b]->name, "ALLREDUCE", t1, t2, args);
-            timeline_span(e, batch[b]->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, NULL);
-        }
+        fused_spans(e, batch, n, "ALLREDUCE", t0, t1, t2, t3, args);
         stats_add(e, &e->stats.fused_tensors, ntensors);
     }
     stats_add(e, &e->stats.collectives, 1);
@@ -768,11 +776,7 @@ static cring_status_t run_broadcast(cring_engine_t *e, req_t **batch, int n) {
                     off += batch[b]->t[i].bytes;
                 }
         double t3 = tl_now(e);
-        for (int b = 0; b < n; b++) {
-            timeline_span(e, batch[b]->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1, NULL);
-            timeline_span(e, batch[b]->name, "BROADCAST", t1, t2, NULL);
-            timeline_span(e, batch[b]->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, NULL);
-        }
+        fused_spans(e, batch, n, "BROADCAST", t0, t1, t2, t3, NULL);
         stats_add(e, &e->stats.fused_tensors, ntensors);
     }
     stats_add(e, &e->stats.collectives, 1);
