@@ -13,6 +13,7 @@ const char *cring__collective_name(uint32_t collective) {
     case CRING__COLL_ALLGATHER: return "allgather";
     case CRING__COLL_REDUCESCATTER: return "reducescatter";
     case CRING__COLL_BARRIER: return "barrier";
+    case CRING__COLL_ALLTOALL: return "alltoall";
     default: return "unknown collective";
     }
 }

@@ -28,6 +28,11 @@ cring_status_t cring__ring_allgatherv(cring__p2p_t *p2p, const void *send, size_
                                       void *recv, const size_t *recv_bytes);
 cring_status_t cring__ring_broadcast(cring__p2p_t *p2p, void *buf, size_t nbytes, int root);
 cring_status_t cring__p2p_barrier(cring__p2p_t *p2p);
+/* Alltoallv: matrix[q*size + r] bytes go from rank q to rank r (the same
+ * matrix on every rank). send holds this rank's blocks in destination order,
+ * recv receives blocks in source order; they must not overlap. */
+cring_status_t cring__p2p_alltoallv(cring__p2p_t *p2p, const void *send, void *recv,
+                                    const size_t *matrix);
 
 /* ---- owner-slice algorithms over shared memory (algo/shm_coll.c) ----------- */
 cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const void *send,
@@ -41,6 +46,9 @@ cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, cons
 cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void *buf,
                                     size_t nbytes, int root);
 cring_status_t cring__shm_barrier(cring__shm_t *shm);
+/* Alltoallv with the matrix convention of cring__p2p_alltoallv. */
+cring_status_t cring__shm_alltoallv(cring__shm_t *shm, int rank, int size, const void *send,
+                                    void *recv, const size_t *matrix);
 /* Every rank contributes `bytes` (each rank its own length, up to half a
  * window) and gets a pointer to every rank's bytes, valid until this rank's
  * next collective: one exchange, no copying out. ptrs_out[rank] points to

@@ -432,3 +432,35 @@ cring_status_t cring__p2p_barrier(cring__p2p_t *p2p) {
     }
     return CRING_OK;
 }
+
+/*
+ * Alltoallv over p2p: P-1 pairwise steps; at step d every rank sends its
+ * block for rank+d while receiving the block from rank-d, so each step is a
+ * permutation and no rank waits on two peers at once. matrix[q*P + r] bytes
+ * go from q to r (see algo.h).
+ */
+cring_status_t cring__p2p_alltoallv(cring__p2p_t *p2p, const void *send, void *recv,
+                                    const size_t *matrix) {
+    if (!p2p_valid(p2p)) return CRING_ERR_INVALID_ARGUMENT;
+    const size_t P = (size_t)p2p->size, r = (size_t)p2p->rank;
+    size_t *soff = malloc(2 * P * sizeof *soff);
+    if (!soff) return CRING_ERR_NO_MEMORY;
+    size_t *roff = soff + P, s = 0, t = 0;
+    for (size_t q = 0; q < P; q++) {
+        soff[q] = s;
+        s += matrix[r * P + q];
+        roff[q] = t;
+        t += matrix[q * P + r];
+    }
+    const unsigned char *in = send;
+    unsigned char *out = recv;
+    cring_status_t st = CRING_OK;
+    if (matrix[r * P + r]) memcpy(out + roff[r], in + soff[r], matrix[r * P + r]);
+    for (size_t d = 1; d < P && st == CRING_OK; d++) {
+        size_t to = (r + d) % P, from = (r + P - d) % P;
+        st = xfer(p2p, (int)to, in + soff[to], matrix[r * P + to], (int)from, out + roff[from],
+                  matrix[from * P + r]);
+    }
+    free(soff);
+    return st;
+}

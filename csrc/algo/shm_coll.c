@@ -289,3 +289,56 @@ cring_status_t cring__shm_barrier(cring__shm_t *shm) {
     cring__shm_publish(shm, seq);
     return cring__shm_wait_all(shm, seq);
 }
+
+/*
+ * Alltoallv: matrix[q * size + r] bytes go from rank q to rank r; rank q's
+ * send buffer holds its blocks in destination order, rank r's receive
+ * buffer gets them in source order. Every rank streams its whole send
+ * buffer through its window halves (round k carries bytes [k*half,
+ * (k+1)*half)); a reader copies out the part of its own block that falls in
+ * that range. The round count comes from the largest send buffer, which
+ * every rank computes from the same matrix.
+ */
+cring_status_t cring__shm_alltoallv(cring__shm_t *shm, int rank, int size, const void *send,
+                                    void *recv, const size_t *matrix) {
+    const unsigned char *in = send;
+    unsigned char *out = recv;
+    const size_t P = (size_t)size;
+    /* from[q]: where this rank's block starts in q's send buffer;
+     * at[q]: where q's block goes in this rank's receive buffer */
+    size_t from[MAX_STACK_RANKS], at[MAX_STACK_RANKS], mine_total = 0, max_total = 0, roff = 0;
+    for (size_t q = 0; q < P; q++) {
+        size_t total = 0;
+        for (size_t r = 0; r < P; r++) {
+            if (r == (size_t)rank) from[q] = total;
+            total += matrix[q * P + r];
+        }
+        at[q] = roff;
+        roff += matrix[q * P + (size_t)rank];
+        max_total = CRING_MAX(max_total, total);
+        if (q == (size_t)rank) mine_total = total;
+    }
+    const size_t self = matrix[(size_t)rank * P + (size_t)rank];
+    if (self) memcpy(out + at[rank], in + from[rank], self);
+    if (size == 1) return CRING_OK;
+    const size_t half = cring__shm_window_bytes(shm) / 2;
+    const uint64_t base = cring__shm_seq(shm);
+    const size_t rounds = ceil_div(max_total, half);
+    CRING_CHECK(cring__shm_wait_all(shm, base));
+    for (size_t k = 0; k < rounds; k++) {
+        const size_t lo = k * half, hi = lo + half;
+        if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
+        if (mine_total > lo) memcpy(half_of(shm, rank, base + k), in + lo, CRING_MIN(half, mine_total - lo));
+        cring__shm_publish(shm, base + 2 * k + 1);
+        for (int i = 1; i < size; i++) {
+            int q = (rank + i) % size;
+            size_t seg_lo = from[q], seg_hi = seg_lo + matrix[(size_t)q * P + (size_t)rank];
+            size_t a = CRING_MAX(seg_lo, lo), b = CRING_MIN(seg_hi, hi);
+            if (a >= b) continue;
+            CRING_CHECK(cring__shm_wait(shm, q, base + 2 * k + 1));
+            memcpy(out + at[q] + (a - seg_lo), half_of(shm, q, base + k) + (a - lo), b - a);
+        }
+        cring__shm_publish(shm, base + 2 * k + 2);
+    }
+    return CRING_OK;
+}

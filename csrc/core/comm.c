@@ -386,6 +386,20 @@ cring_status_t cring__comm_barrier(cring_comm_t *c) {
     return finish(c, c->shm ? cring__shm_barrier(c->shm) : cring__p2p_barrier(c->p2p));
 }
 
+cring_status_t cring__comm_alltoallv(cring_comm_t *c, const void *send, void *recv,
+                                     const size_t *matrix) {
+    CRING_CHECK(check_usable(c));
+    cring_status_t st;
+    if (c->size == 1) {
+        if (matrix[0]) memcpy(recv, send, matrix[0]);
+        st = CRING_OK;
+    } else {
+        st = c->shm ? cring__shm_alltoallv(c->shm, c->rank, c->size, send, recv, matrix)
+                    : cring__p2p_alltoallv(c->p2p, send, recv, matrix);
+    }
+    return finish(c, st);
+}
+
 int cring__comm_can_gather_small(const cring_comm_t *c) { return c->shm != NULL || c->size == 1; }
 
 size_t cring__comm_gather_small_max(const cring_comm_t *c) {
@@ -511,6 +525,47 @@ cring_status_t cring_reducescatter(cring_comm_t *c, const void *send, void *recv
                        .table_hash = cring__fnv1a(counts, (size_t)c->size * sizeof *counts)};
     CRING_CHECK(begin(c, &d));
     return cring__comm_reducescatter(c, send, recv, counts, dtype, op);
+}
+
+cring_status_t cring_alltoallv(cring_comm_t *c, const void *send, const size_t *send_bytes,
+                               void *recv, const size_t *recv_bytes) {
+    if (!send_bytes || !recv_bytes)
+        return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT, "NULL size table");
+    const size_t P = (size_t)c->size;
+    size_t stotal = 0, rtotal = 0;
+    for (size_t r = 0; r < P; r++) {
+        stotal += send_bytes[r];
+        rtotal += recv_bytes[r];
+    }
+    if ((stotal && !send) || (rtotal && !recv))
+        return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT, "NULL buffer");
+    if (stotal && rtotal && (const char *)send < (const char *)recv + rtotal &&
+        (const char *)recv < (const char *)send + stotal)
+        return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT,
+                           "alltoallv: send and receive buffers overlap");
+    cring__desc_t d = {.collective = CRING__COLL_ALLTOALL, .dtype = -1, .op = -1};
+    CRING_CHECK(begin(c, &d));
+    /* Everyone's size tables, so every rank checks every pair the same way:
+     * all[q*2P + r] bytes q sends to r, all[q*2P + P + r] bytes q expects
+     * from r. One allocation: sizes (P), mine (2P), all (2P*P). */
+    size_t *sizes = malloc(sizeof *sizes * (P + 2 * P + 2 * P * P));
+    if (!sizes) return cring__fail(&c->err, CRING_ERR_NO_MEMORY, "out of memory");
+    size_t *mine = sizes + P, *all = mine + 2 * P;
+    memcpy(mine, send_bytes, P * sizeof *mine);
+    memcpy(mine + P, recv_bytes, P * sizeof *mine);
+    for (size_t r = 0; r < P; r++) sizes[r] = 2 * P * sizeof *mine;
+    cring_status_t st = cring__comm_allgatherv(c, mine, 2 * P * sizeof *mine, all, sizes);
+    for (size_t q = 0; q < P && st == CRING_OK; q++)
+        for (size_t r = 0; r < P && st == CRING_OK; r++)
+            if (all[q * 2 * P + r] != all[r * 2 * P + P + q])
+                st = cring__fail(&c->err, CRING_ERR_MISMATCH,
+                                 "alltoallv: rank %zu sends %zu bytes to rank %zu, which expects %zu",
+                                 q, all[q * 2 * P + r], r, all[r * 2 * P + P + q]);
+    /* the matrix is the send halves, packed in place */
+    for (size_t q = 0; q < P && st == CRING_OK; q++) memmove(all + q * P, all + q * 2 * P, P * sizeof *all);
+    if (st == CRING_OK) st = cring__comm_alltoallv(c, send, recv, all);
+    free(sizes);
+    return st;
 }
 
 cring_status_t cring_barrier(cring_comm_t *c) {

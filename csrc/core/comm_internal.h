@@ -20,6 +20,9 @@ cring_status_t cring__comm_reducescatter(cring_comm_t *comm, const void *send, v
                                          const size_t *counts, cring_dtype_t dtype,
                                          cring_op_t op);
 cring_status_t cring__comm_barrier(cring_comm_t *comm);
+/* matrix[q*size + r] bytes go from rank q to rank r (identical on every rank). */
+cring_status_t cring__comm_alltoallv(cring_comm_t *comm, const void *send, void *recv,
+                                     const size_t *matrix);
 /* Gather small blocks of per-rank length in one exchange and return pointers
  * to every rank's block, valid until the next collective. Only on shared
  * memory (ERR_NOT_SUPPORTED otherwise, before communicating; check

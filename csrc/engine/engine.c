@@ -67,6 +67,8 @@ typedef struct req {
     cring_dtype_t compression; /* CRING_DTYPE_COUNT: none */
     int ntensors;
     tensor_spec_t *t;
+    int64_t *splits; /* alltoall: rows sent to each rank (size entries) */
+    void *ghost;     /* a joined rank's stand-in: its zero buffer (handle is NULL) */
     cring_handle_t *handle;
     uint8_t *record; /* this rank's description of the request */
     size_t record_len;
@@ -86,6 +88,7 @@ struct cring_handle {
     void **outputs; /* allgather results */
     size_t *output_bytes;
     int64_t *first_dims; /* ntensors x size */
+    int64_t value;       /* join: the last rank to join */
     cring_engine_t *engine;
 };
 
@@ -164,6 +167,14 @@ struct cring_engine {
     int abort_requested;
     double last_stall_check_s;
 
+    /* join: vector bytes [V_HEADER, vhdr) carry one joined flag per rank */
+    size_t vhdr;
+    req_t *join_req;          /* this rank's join, once drained */
+    _Atomic int join_in_flight; /* from submit to completion: no other submissions */
+    uint8_t *joined;          /* per rank, as of the last round */
+    uint64_t *join_round;     /* per rank: the round it was first seen joined, 0 if not */
+    int njoined;
+
     /* configuration */
     size_t fusion_threshold;
     double cycle_time_s;
@@ -199,6 +210,8 @@ static const char *collective_name(cring_collective_t c) {
     case CRING_COLL_ALLGATHER: return "allgather";
     case CRING_COLL_REDUCESCATTER: return "reducescatter";
     case CRING_COLL_BARRIER: return "barrier";
+    case CRING_COLL_ALLTOALL: return "alltoall";
+    case CRING_COLL_JOIN: return "join";
     }
     return "unknown";
 }
@@ -207,7 +220,10 @@ static void engine_release(cring_engine_t *e);
 
 /* A request and everything it owns (tensor specs, shapes, name, record) is
  * one allocation. */
-static void req_free(req_t *r) { free(r); }
+static void req_free(req_t *r) {
+    if (r) free(r->ghost);
+    free(r);
+}
 
 static void handle_release(cring_handle_t *h) {
     if (atomic_fetch_sub(&h->refs, 1) != 1) return;
@@ -323,7 +339,7 @@ static int difference(const parsed_t *a, const parsed_t *b, char *out, size_t n)
         int nda = a->tensors[oa + 1], ndb = b->tensors[ob + 1];
         int same = a->tensors[oa] == b->tensors[ob] && nda == ndb;
         for (int d = 0; same && d < nda; d++) {
-            if (d == 0 && a->coll == CRING_COLL_ALLGATHER) continue;
+            if (d == 0 && (a->coll == CRING_COLL_ALLGATHER || a->coll == CRING_COLL_ALLTOALL)) continue;
             same = get_le(a->tensors + oa + 2 + 8 * (size_t)d, 8) ==
                    get_le(b->tensors + ob + 2 + 8 * (size_t)d, 8);
         }
@@ -363,6 +379,7 @@ static void stats_add(cring_engine_t *e, _Atomic uint64_t *field, uint64_t n) {
  * wake waiters, release the engine's reference. The caller owns r. */
 static void complete(cring_engine_t *e, req_t *r, cring_status_t st, const char *error) {
     cring_handle_t *h = r->handle;
+    if (!h) return; /* a joined rank's stand-in */
     if (e->timeline) { /* a user who saw the handle complete finds it in the file */
         pthread_mutex_lock(&e->timeline_mu);
         cring__timeline_flush(e->timeline);
@@ -391,14 +408,44 @@ static cring_status_t validate(cring_engine_t *e, const cring_request_t *q) {
     if (strlen(q->name) > MAX_NAME_BYTES)
         return submit_fail(CRING_ERR_INVALID_ARGUMENT, "name of %zu bytes is too long (max %d)",
                            strlen(q->name), MAX_NAME_BYTES);
-    if (q->collective < CRING_COLL_ALLREDUCE || q->collective > CRING_COLL_BARRIER)
+    if (q->collective < CRING_COLL_ALLREDUCE || q->collective > CRING_COLL_JOIN)
         return submit_fail(CRING_ERR_INVALID_ARGUMENT, "unknown collective %d", (int)q->collective);
     if (q->ntensors < 0 || q->ntensors > 65535 || (q->ntensors && !q->tensors))
         return submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': bad tensor list", q->name);
-    if (q->collective == CRING_COLL_BARRIER && q->ntensors)
-        return submit_fail(CRING_ERR_INVALID_ARGUMENT, "a barrier carries no tensors");
-    if (q->collective != CRING_COLL_BARRIER && !q->ntensors)
+    int bare = q->collective == CRING_COLL_BARRIER || q->collective == CRING_COLL_JOIN;
+    if (bare && q->ntensors)
+        return submit_fail(CRING_ERR_INVALID_ARGUMENT, "a %s carries no tensors",
+                           collective_name(q->collective));
+    if (!bare && !q->ntensors)
         return submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': no tensors", q->name);
+    if (q->collective == CRING_COLL_ALLTOALL) {
+        if (q->ntensors != 1)
+            return submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': alltoall takes one tensor", q->name);
+        const cring_tensor_t *t = &q->tensors[0];
+        if (t->ndim < 1 || !t->shape)
+            return submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                               "'%s': alltoall needs a tensor with at least one dimension", q->name);
+        if (q->splits) {
+            int64_t sum = 0;
+            for (int r = 0; r < e->size; r++) {
+                if (q->splits[r] < 0)
+                    return submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                                       "'%s': alltoall split %d for rank %d is negative", q->name,
+                                       (int)q->splits[r], r);
+                sum += q->splits[r];
+            }
+            if (sum != t->shape[0])
+                return submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                                   "'%s': alltoall splits add up to %lld rows but the tensor's "
+                                   "first dimension is %lld",
+                                   q->name, (long long)sum, (long long)t->shape[0]);
+        } else if (t->shape[0] % e->size) {
+            return submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                               "'%s': alltoall without splits divides the first dimension (%lld) "
+                               "evenly among %d ranks; it does not divide: pass splits",
+                               q->name, (long long)t->shape[0], e->size);
+        }
+    }
     if (q->collective == CRING_COLL_BROADCAST && (q->root < 0 || q->root >= e->size))
         return submit_fail(CRING_ERR_INVALID_ARGUMENT,
                            "'%s': root rank %d is out of range for size %d", q->name, q->root,
@@ -434,9 +481,11 @@ static cring_status_t validate(cring_engine_t *e, const cring_request_t *q) {
     return CRING_OK;
 }
 
-static req_t *make_req(const cring_request_t *q) {
+static req_t *make_req(const cring_request_t *q, int size) {
     size_t ndims = 0, name_len = strlen(q->name);
     for (int i = 0; i < q->ntensors; i++) ndims += (size_t)q->tensors[i].ndim;
+    size_t nsplits = q->collective == CRING_COLL_ALLTOALL ? (size_t)size : 0;
+    ndims += nsplits;
     size_t bytes = sizeof(req_t) + sizeof(tensor_spec_t) * (size_t)q->ntensors +
                    sizeof(int64_t) * ndims + name_len + 1 + record_bytes(q);
     req_t *r = malloc(bytes);
@@ -455,6 +504,12 @@ static req_t *make_req(const cring_request_t *q) {
     r->compression = q->compression;
     r->ntensors = q->ntensors;
     r->cache_id = -1;
+    if (nsplits) {
+        r->splits = dims;
+        dims += nsplits;
+        for (size_t k = 0; k < nsplits; k++)
+            r->splits[k] = q->splits ? q->splits[k] : q->tensors[0].shape[0] / size;
+    }
     for (int i = 0; i < q->ntensors; i++) {
         const cring_tensor_t *in = &q->tensors[i];
         tensor_spec_t *t = &r->t[i];
@@ -484,7 +539,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     if (atomic_load(&e->broken) != CRING_OK)
         return submit_fail(CRING_ERR_BROKEN, "the engine failed earlier: %s", e->broken_msg);
     CRING_CHECK(validate(e, q));
-    req_t *r = make_req(q);
+    req_t *r = make_req(q, e->size);
     cring_handle_t *h = calloc(1, sizeof *h);
     if (!r || !h) {
         req_free(r);
@@ -493,6 +548,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     }
     h->ntensors = q->ntensors;
     h->size = e->size;
+    h->value = -1;
     h->engine = e;
     atomic_store(&h->refs, 2);
     r->handle = h;
@@ -504,6 +560,14 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
         req_free(r);
         free(h);
         return submit_fail(CRING_ERR_CLOSED, "cring has been shut down");
+    }
+    if (atomic_load(&e->join_in_flight)) {
+        pthread_mutex_unlock(&e->queue_mu);
+        req_free(r);
+        free(h);
+        return submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                           "rank %d has called join(): no collective may be submitted until "
+                           "join() returns", e->rank);
     }
     if (cring__strmap_get(&e->in_flight, r->name)) {
         pthread_mutex_unlock(&e->queue_mu);
@@ -522,6 +586,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
         return submit_fail(CRING_ERR_NO_MEMORY, "out of memory");
     }
     atomic_fetch_add(&e->refs, 1);
+    if (r->coll == CRING_COLL_JOIN) atomic_store(&e->join_in_flight, 1);
     if (e->queue_tail) e->queue_tail->next = r;
     else e->queue_head = r;
     e->queue_tail = r;
@@ -613,6 +678,11 @@ static void drain(cring_engine_t *e) {
     while (r) {
         req_t *next = r->next;
         r->next = NULL;
+        if (r->coll == CRING_COLL_JOIN) { /* takes effect once nothing else is pending */
+            e->join_req = r;
+            r = next;
+            continue;
+        }
         cring__strmap_put_borrowed(&e->pending, r->name, r);
         int id = cache_lookup(e, r->name);
         if (id >= 0 && e->cache[id].record_len == r->record_len &&
@@ -848,6 +918,55 @@ static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
     return st;
 }
 
+/* Alltoall: the ranks first share their splits (a size x size matrix of
+ * rows), so every rank knows what it receives from whom; then one alltoallv
+ * into an engine-allocated result. */
+static cring_status_t run_alltoall(cring_engine_t *e, req_t *r) {
+    cring_handle_t *h = r->handle;
+    const size_t P = (size_t)e->size;
+    tensor_spec_t *t = &r->t[0];
+    double t0 = tl_now(e);
+    timeline_span(e, r->name, "QUEUE", r->ready_s, t0, NULL);
+    h->outputs = calloc(1, sizeof *h->outputs);
+    h->output_bytes = calloc(1, sizeof *h->output_bytes);
+    h->first_dims = malloc(sizeof(int64_t) * P);
+    int64_t *rows = malloc(sizeof *rows * P * P);
+    size_t *sizes = malloc(sizeof *sizes * (P + P * P));
+    cring_status_t st = CRING_OK;
+    if (!h->outputs || !h->output_bytes || !h->first_dims || !rows || !sizes) {
+        st = CRING_ERR_NO_MEMORY;
+        goto done;
+    }
+    for (size_t q = 0; q < P; q++) sizes[q] = P * sizeof *rows;
+    st = cring__comm_allgatherv(e->comm, r->splits, P * sizeof *rows, rows, sizes);
+    if (st != CRING_OK) goto done;
+    size_t *matrix = sizes + P, row_bytes = t->row_elems * cring_dtype_size(t->dtype), total = 0;
+    for (size_t k = 0; k < P * P; k++) {
+        if (rows[k] < 0) {
+            st = CRING_ERR_PROTOCOL; /* validated at submission: a corrupt peer */
+            goto done;
+        }
+        matrix[k] = (size_t)rows[k] * row_bytes;
+    }
+    for (size_t q = 0; q < P; q++) {
+        h->first_dims[q] = rows[q * P + (size_t)e->rank];
+        total += matrix[q * P + (size_t)e->rank];
+    }
+    h->outputs[0] = malloc(total ? total : 1);
+    h->output_bytes[0] = total;
+    if (!h->outputs[0]) {
+        st = CRING_ERR_NO_MEMORY;
+        goto done;
+    }
+    st = cring__comm_alltoallv(e->comm, t->send, h->outputs[0], matrix);
+    stats_add(e, &e->stats.collectives, 1);
+done:
+    free(rows);
+    free(sizes);
+    timeline_span(e, r->name, "ALLTOALL", t0, tl_now(e), NULL);
+    return st;
+}
+
 /* Order for fusion: same key next to each other, otherwise as negotiated. */
 static int fusion_key_cmp(const req_t *a, const req_t *b) {
     if (a->coll != b->coll) return (int)a->coll - (int)b->coll;
@@ -921,6 +1040,7 @@ static cring_status_t execute(cring_engine_t *e, response_t *resp, int n) {
         case CRING_COLL_BROADCAST: st = run_broadcast(e, batch, nb); break;
         case CRING_COLL_ALLGATHER: st = run_allgather(e, r0->req, r0->first_dims); break;
         case CRING_COLL_REDUCESCATTER: st = run_reducescatter(e, r0->req); break;
+        case CRING_COLL_ALLTOALL: st = run_alltoall(e, r0->req); break;
         default: {
             double t0 = tl_now(e);
             st = cring__comm_barrier(e->comm);
@@ -961,6 +1081,205 @@ static int ensure_vec(cring_engine_t *e, size_t n) {
 }
 
 static void stall_check(cring_engine_t *e);
+
+/* ---- join ------------------------------------------------------------------------------- */
+
+/* A joined rank's stand-in for a request it never submitted: the same
+ * description (so fusion packs it exactly as the other ranks do) and zeros
+ * as its data. NULL when out of memory or the record is malformed. */
+static req_t *make_ghost(cring_engine_t *e, const uint8_t *rec, size_t len) {
+    parsed_t p;
+    if (parse_record(rec, len, &p) != 0) return NULL;
+    char name[MAX_NAME_BYTES + 1];
+    memcpy(name, p.name, p.name_len);
+    name[p.name_len] = 0;
+    size_t ndims = 0, off = 0, bytes = 0;
+    for (int i = 0; i < p.ntensors; i++) {
+        ndims += p.tensors[off + 1];
+        off += 2 + 8 * (size_t)p.tensors[off + 1];
+    }
+    size_t nt = p.ntensors > 0 ? (size_t)p.ntensors : 1;
+    cring_tensor_t *ts = calloc(nt, sizeof *ts);
+    int64_t *dims = malloc(sizeof *dims * (ndims ? ndims : 1));
+    size_t *at = malloc(sizeof *at * nt);
+    req_t *r = NULL;
+    void *zeros = NULL;
+    if (!ts || !dims || !at) goto done;
+    off = 0;
+    int64_t *d = dims;
+    for (int i = 0; i < p.ntensors; i++) {
+        ts[i].dtype = (cring_dtype_t)p.tensors[off];
+        ts[i].ndim = p.tensors[off + 1];
+        ts[i].shape = d;
+        size_t count = 1;
+        for (int k = 0; k < ts[i].ndim; k++) {
+            d[k] = (int64_t)get_le(p.tensors + off + 2 + 8 * (size_t)k, 8);
+            count *= (size_t)d[k];
+        }
+        d += ts[i].ndim;
+        off += 2 + 8 * (size_t)ts[i].ndim;
+        at[i] = bytes;
+        bytes += (count * cring_dtype_size(ts[i].dtype) + 63) & ~(size_t)63;
+    }
+    zeros = calloc(bytes ? bytes : 1, 1);
+    if (!zeros) goto done;
+    for (int i = 0; i < p.ntensors; i++) ts[i].send = ts[i].recv = (char *)zeros + at[i];
+    cring_request_t q = {.name = name, .collective = (cring_collective_t)p.coll,
+                         .op = (cring_op_t)p.op, .root = p.root, .prescale = 1.0,
+                         .postscale = 1.0, .compression = (cring_dtype_t)p.compression,
+                         .ntensors = p.ntensors, .tensors = ts};
+    r = make_req(&q, e->size);
+    if (r) {
+        r->ghost = zeros;
+        zeros = NULL;
+    }
+done:
+    free(zeros);
+    free(ts);
+    free(dims);
+    free(at);
+    return r;
+}
+
+/* While some rank has joined, only allreduces that can take zeros for its
+ * part run (Sum, Average); anything else fails on every rank. Returns 1 and
+ * a message when the record describes such a request. */
+static int joined_conflict(cring_engine_t *e, const uint8_t *rec, size_t len, char *msg, size_t n) {
+    parsed_t p;
+    if (!e->njoined || parse_record(rec, len, &p) != 0) return 0;
+    if (p.coll == CRING_COLL_ALLREDUCE && (p.op == CRING_SUM || p.op == CRING_AVERAGE)) return 0;
+    char who[256] = "";
+    size_t o = 0;
+    for (int q = 0; q < e->size && o < sizeof who - 16; q++)
+        if (e->joined[q]) o += (size_t)snprintf(who + o, sizeof who - o, "%s%d", o ? ", " : "", q);
+    snprintf(msg, n,
+             "'%.*s': %s%s%s cannot run while ranks [%s] have joined: after join() the other "
+             "ranks may only allreduce with Sum or Average (joined ranks contribute zeros)",
+             (int)p.name_len, p.name, collective_name((cring_collective_t)p.coll),
+             p.coll == CRING_COLL_ALLREDUCE ? " with op " : "",
+             p.coll == CRING_COLL_ALLREDUCE ? cring_op_name((cring_op_t)p.op) : "", who);
+    return 1;
+}
+
+static response_t *add_response(response_t **resp, int *nresp, int *cap_resp) {
+    if (*nresp == *cap_resp) {
+        int cap = *cap_resp ? 2 * *cap_resp : 64;
+        response_t *nr = realloc(*resp, sizeof *nr * (size_t)cap);
+        if (!nr) return NULL;
+        *resp = nr;
+        *cap_resp = cap;
+    }
+    response_t *out = &(*resp)[(*nresp)++];
+    memset(out, 0, sizeof *out);
+    return out;
+}
+
+/* A table entry every rank has described (or joined for): check that the
+ * descriptions agree, answer it, and cache it. Frees t. */
+static cring_status_t answer_entry(cring_engine_t *e, table_entry_t *t, response_t **resp,
+                                   int *nresp, int *cap_resp) {
+    const int P = e->size;
+    cring_status_t st = CRING_OK;
+    req_t *local = cring__strmap_get(&e->pending, t->name);
+    int ref = 0;
+    while (ref < P && !t->records[ref]) ref++;
+    parsed_t p0;
+    if (ref == P || parse_record(t->records[ref], t->lens[ref], &p0) != 0) goto done;
+    char why[512] = "", scratch[512], others[256] = "";
+    int bad = -1, nbad = 0;
+    size_t oo = 0;
+    for (int q = ref + 1; q < P; q++) {
+        parsed_t pq;
+        if (!t->records[q]) continue;
+        if (parse_record(t->records[q], t->lens[q], &pq) != 0 ||
+            difference(&p0, &pq, bad < 0 ? why : scratch, sizeof why) > 0) {
+            if (bad < 0) bad = q;
+            nbad++;
+            if (oo < sizeof others - 16)
+                oo += (size_t)snprintf(others + oo, sizeof others - oo, "%s%d", oo ? ", " : "", q);
+        }
+    }
+    char msg[MAX_NAME_BYTES + 1024];
+    cring_status_t verdict = CRING_OK;
+    if (bad >= 0) {
+        int m = snprintf(msg, sizeof msg,
+                         "ranks disagree on tensor '%s': rank %d vs rank %d: %s (rank %d first)",
+                         t->name, ref, bad, why, ref);
+        if (nbad > 1 && m > 0 && (size_t)m < sizeof msg)
+            snprintf(msg + m, sizeof msg - (size_t)m, "; ranks that differ from rank %d: [%s]", ref,
+                     others);
+        verdict = CRING_ERR_MISMATCH;
+    } else if (joined_conflict(e, t->records[ref], t->lens[ref], msg, sizeof msg)) {
+        verdict = CRING_ERR_MISMATCH;
+    }
+    if (verdict != CRING_OK) {
+        if (local) { /* a joined rank has nothing to fail */
+            response_t *out = add_response(resp, nresp, cap_resp);
+            if (!out) {
+                st = CRING_ERR_NO_MEMORY;
+                goto done;
+            }
+            out->req = local;
+            out->status = verdict;
+            out->error = strdup(msg);
+        }
+        goto done;
+    }
+    req_t *r = local ? local : make_ghost(e, t->records[ref], t->lens[ref]);
+    response_t *out = r ? add_response(resp, nresp, cap_resp) : NULL;
+    if (!out) {
+        if (!local) req_free(r);
+        st = CRING_ERR_NO_MEMORY;
+        goto done;
+    }
+    out->req = r;
+    out->owned_dims = malloc(sizeof(int64_t) * (size_t)(p0.ntensors ? p0.ntensors : 1) * (size_t)P);
+    if (out->owned_dims) {
+        for (int q = 0; q < P; q++) {
+            parsed_t pq;
+            parse_record(t->records[q] ? t->records[q] : t->records[ref],
+                         t->records[q] ? t->lens[q] : t->lens[ref], &pq);
+            record_first_dims(&pq, q, P, out->owned_dims);
+        }
+    }
+    out->first_dims = out->owned_dims;
+    cache_insert(e, r, out->owned_dims);
+done:
+    table_entry_free(t, P);
+    return st;
+}
+
+/* Names every rank described or joined for. */
+static int entry_complete(const cring_engine_t *e, const table_entry_t *t) {
+    for (int q = 0; q < e->size; q++)
+        if (!t->records[q] && !e->joined[q]) return 0;
+    return 1;
+}
+
+static int name_cmp(const void *a, const void *b) {
+    return strcmp((*(table_entry_t *const *)a)->name, (*(table_entry_t *const *)b)->name);
+}
+
+/* A rank just joined: entries that waited only for it are complete now.
+ * Answered in name order, which every rank computes alike. */
+static cring_status_t sweep_joined(cring_engine_t *e, response_t **resp, int *nresp, int *cap) {
+    if (!e->table.count) return CRING_OK;
+    table_entry_t **done = malloc(sizeof *done * e->table.count);
+    if (!done) return CRING_ERR_NO_MEMORY;
+    size_t n = 0;
+    for (size_t b = 0; b < e->table.nbuckets; b++)
+        for (cring__strmap_entry_t *x = e->table.buckets[b]; x; x = x->next)
+            if (entry_complete(e, x->value)) done[n++] = x->value;
+    qsort(done, n, sizeof *done, name_cmp);
+    cring_status_t st = CRING_OK;
+    for (size_t i = 0; i < n; i++) {
+        cring__strmap_remove(&e->table, done[i]->name);
+        if (st == CRING_OK) st = answer_entry(e, done[i], resp, nresp, cap);
+        else table_entry_free(done[i], e->size);
+    }
+    free(done);
+    return st;
+}
 
 /* Exchange uncached records and feed them to the table; complete entries
  * become responses (appended to *resp). */
@@ -1043,63 +1362,10 @@ static cring_status_t exchange_records(cring_engine_t *e, response_t **resp, int
             memcpy(t->records[r], all + off, len);
             t->lens[r] = len;
             off += len;
-            if (t->have < P) continue;
-
-            /* complete: answer it */
+            if (!entry_complete(e, t)) continue;
             cring__strmap_remove(&e->table, name);
-            req_t *local = cring__strmap_get(&e->pending, name);
-            if (*nresp == *cap_resp) {
-                int cap = *cap_resp ? 2 * *cap_resp : 64;
-                response_t *nr = realloc(*resp, sizeof *nr * (size_t)cap);
-                if (!nr) {
-                    table_entry_free(t, P);
-                    st = CRING_ERR_NO_MEMORY;
-                    goto done;
-                }
-                *resp = nr;
-                *cap_resp = cap;
-            }
-            response_t *out = &(*resp)[(*nresp)++];
-            memset(out, 0, sizeof *out);
-            out->req = local;
-            parsed_t p0;
-            parse_record(t->records[0], t->lens[0], &p0);
-            char why[512] = "", scratch[512], others[256] = "";
-            int bad = -1, nbad = 0;
-            size_t oo = 0;
-            for (int q = 1; q < P; q++) {
-                parsed_t pq;
-                if (parse_record(t->records[q], t->lens[q], &pq) != 0 ||
-                    difference(&p0, &pq, bad < 0 ? why : scratch, sizeof why) > 0) {
-                    if (bad < 0) bad = q;
-                    nbad++;
-                    if (oo < sizeof others - 16)
-                        oo += (size_t)snprintf(others + oo, sizeof others - oo, "%s%d",
-                                               oo ? ", " : "", q);
-                }
-            }
-            if (bad >= 0) {
-                char msg[MAX_NAME_BYTES + 1024];
-                snprintf(msg, sizeof msg,
-                         "ranks disagree on tensor '%s': rank 0 vs rank %d: %s (rank 0 "
-                         "first)%s%s%s",
-                         name, bad, why, nbad > 1 ? "; ranks that differ from rank 0: [" : "",
-                         nbad > 1 ? others : "", nbad > 1 ? "]" : "");
-                out->status = CRING_ERR_MISMATCH;
-                out->error = strdup(msg);
-            } else {
-                out->owned_dims = malloc(sizeof(int64_t) * (size_t)(p0.ntensors ? p0.ntensors : 1) * (size_t)P);
-                if (out->owned_dims) {
-                    for (int q = 0; q < P; q++) {
-                        parsed_t pq;
-                        parse_record(t->records[q], t->lens[q], &pq);
-                        record_first_dims(&pq, q, P, out->owned_dims);
-                    }
-                }
-                out->first_dims = out->owned_dims;
-                if (local) cache_insert(e, local, out->owned_dims);
-            }
-            table_entry_free(t, P);
+            st = answer_entry(e, t, resp, nresp, cap_resp);
+            if (st != CRING_OK) goto done;
         }
         off = end;
     }
@@ -1138,6 +1404,13 @@ static void fail_all(cring_engine_t *e, cring_status_t st, const char *msg) {
         req_free(list[i]);
     }
     free(list);
+    if (e->join_req) {
+        req_t *j = e->join_req;
+        e->join_req = NULL;
+        atomic_store(&e->join_in_flight, 0);
+        complete(e, j, st, msg);
+        req_free(j);
+    }
 }
 
 static cring_status_t transport_failed(cring_engine_t *e, cring_status_t st) {
@@ -1175,7 +1448,7 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
     *executed_out = NULL;
     const int P = e->size;
     uint8_t *v = e->vec;
-    const int nslots = (int)vlen - V_HEADER;
+    const int nslots = (int)(vlen - e->vhdr);
     req_t *spec = speculation_candidate(e);
     size_t payload = spec ? spec->t[0].bytes : 0;
     /* worst case: every slot listed */
@@ -1200,7 +1473,7 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
      * u32 spec_slot + 1, u32 spec_bytes, u32 nslots, then the ids, then data */
     uint32_t *ids = (uint32_t *)(e->block + BLOCK_HEADER_BYTES + 8);
     uint32_t npend = 0, ninval = 0, *inval = e->inval_ids;
-    const uint8_t *sv = v + V_HEADER;
+    const uint8_t *sv = v + e->vhdr;
     for (int i = 0; i < nslots; i++) { /* skip idle slots eight at a time */
         if ((i & 7) == 0 && i + 8 <= nslots) {
             uint64_t w;
@@ -1214,7 +1487,8 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
         else if (sv[i] == 0) inval[ninval++] = (uint32_t)i;
     }
     memcpy(ids + npend, inval, sizeof *inval * ninval);
-    uint32_t header[6] = {(uint32_t)(v[0] == 0) | (uint32_t)(v[1] == 0) << 1 | (uint32_t)(v[2] == 0) << 2,
+    uint32_t header[6] = {(uint32_t)(v[0] == 0) | (uint32_t)(v[1] == 0) << 1 | (uint32_t)(v[2] == 0) << 2 |
+                              (uint32_t)(v[V_HEADER + e->rank] == 0) << 3,
                           npend, ninval, spec ? (uint32_t)spec->cache_id + 1 : 0, (uint32_t)payload,
                           (uint32_t)nslots};
     memcpy(e->block, header, sizeof header);
@@ -1248,7 +1522,12 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
     v[0] = (flags & 1) ? 0 : 1;
     v[1] = (flags & 2) ? 0 : 1;
     v[2] = (flags & 4) ? 0 : 1;
-    memset(v + V_HEADER, 1, (size_t)nslots);
+    for (int q = 0; q < P; q++) {
+        uint32_t h0;
+        memcpy(&h0, e->peer_blocks[q], sizeof h0);
+        v[V_HEADER + q] = (h0 & 8) ? 0 : 1;
+    }
+    memset(v + e->vhdr, 1, (size_t)nslots);
     for (int q = 0; q < P; q++) { /* read back the touched slots, and reset them */
         const uint8_t *b = e->peer_blocks[q];
         uint32_t h[6];
@@ -1259,7 +1538,7 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
             memcpy(&id, qids + 4 * (size_t)k, 4);
             uint16_t hits = e->slot_hits[id];
             if (hits == 0xffff) continue; /* already decided */
-            v[V_HEADER + id] = (hits & 0x8000) ? 0 : (hits == (uint16_t)P ? 2 : 1);
+            v[e->vhdr + id] = (hits & 0x8000) ? 0 : (hits == (uint16_t)P ? 2 : 1);
             e->slot_hits[id] = 0xffff;
         }
     }
@@ -1274,7 +1553,7 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
             e->slot_hits[id] = 0;
         }
     }
-    if (agree && v[V_HEADER + spec->cache_id] == 2 && v[1] != 0) {
+    if (agree && v[e->vhdr + spec->cache_id] == 2 && v[1] != 0) {
         const void *srcs[P];
         size_t off = BLOCK_HEADER_BYTES + 8;
         for (int q = 0; q < P; q++) {
@@ -1297,13 +1576,23 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
 /* One round. *progress is set when some request completed. */
 static cring_status_t run_round(cring_engine_t *e, int *progress) {
     *progress = 0;
-    const size_t vlen = V_HEADER + (size_t)e->cache_slots;
+    const size_t vlen = e->vhdr + (size_t)e->cache_slots;
     if (ensure_vec(e, vlen) != 0) return CRING_ERR_NO_MEMORY;
     uint8_t *v = e->vec;
     v[0] = e->nuncached ? 0 : 1;
     v[1] = e->abort_requested ? 0 : 1;
-    v[2] = e->pending.count ? 0 : 1;
-    memcpy(v + V_HEADER, e->slot_state, (size_t)e->cache_slots);
+    v[2] = e->pending.count || e->join_req ? 0 : 1;
+    memset(v + V_HEADER, 1, (size_t)e->size);
+    /* Joined: nothing of this rank's own is left, and it stands in (with
+     * zeros) for every cached name the others have pending. */
+    int joined_here = e->join_req && !e->pending.count && !e->nuncached;
+    if (joined_here) {
+        v[V_HEADER + e->rank] = 0;
+        for (int i = 0; i < e->cache_slots; i++)
+            v[e->vhdr + i] = !e->cache[i].in_use ? 1 : (e->slot_state[i] == 0 ? 0 : 2);
+    } else {
+        memcpy(v + e->vhdr, e->slot_state, (size_t)e->cache_slots);
+    }
     cring__comm_announce(e->comm, e->rounds_done + 1);
     req_t *spec = NULL;
     cring_status_t st = exchange_vector(e, vlen, &spec);
@@ -1320,11 +1609,24 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
         fail_all(e, CRING_ERR_TIMEOUT, e->broken_msg);
         return CRING_ERR_TIMEOUT;
     }
+    int grew = 0, njoined = 0;
+    for (int q = 0; q < e->size; q++) {
+        int j = v[V_HEADER + q] == 0;
+        if (j && !e->joined[q]) {
+            grew = 1;
+            e->join_round[q] = e->rounds_done;
+        }
+        e->joined[q] = (uint8_t)j;
+        njoined += j;
+    }
+    e->njoined = njoined;
+    const int all_joined = njoined == e->size;
     /* Slots whose byte is not 1: ready (2) in slot order, or evicted (0).
-     * Most bytes are 1 in steady state: skip them eight at a time. */
+     * Most bytes are 1 in steady state: skip them eight at a time. Once
+     * every rank has joined, a 2 is only the joined ranks' stand-in. */
     response_t *resp = NULL;
     int nresp = 0, cap = 0;
-    const uint8_t *sv = v + V_HEADER;
+    const uint8_t *sv = v + e->vhdr;
     const int nslots = e->cache_slots;
     for (int i = 0; i < nslots; i++) {
         if ((i & 7) == 0 && i + 8 <= nslots) {
@@ -1340,29 +1642,37 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
             cache_evict(e, i);
             continue;
         }
+        if (all_joined) continue;
         cache_slot_t *s = &e->cache[i];
-        if (nresp == cap) {
-            cap = cap ? 2 * cap : 16;
-            response_t *nr = realloc(resp, sizeof *nr * (size_t)cap);
-            if (!nr) {
-                free(resp);
-                return CRING_ERR_NO_MEMORY;
-            }
-            resp = nr;
+        req_t *r = s->local;
+        char msg[MAX_NAME_BYTES + 512];
+        int conflict = joined_conflict(e, s->record, s->record_len, msg, sizeof msg);
+        if (!r && !conflict) r = make_ghost(e, s->record, s->record_len);
+        response_t *out = r ? add_response(&resp, &nresp, &cap) : NULL;
+        if (!out && (r || !conflict)) {
+            if (r && !s->local) req_free(r);
+            for (int k = 0; k < nresp; k++) free(resp[k].error);
+            free(resp);
+            return transport_failed(e, CRING_ERR_NO_MEMORY);
         }
-        memset(&resp[nresp], 0, sizeof resp[nresp]);
-        resp[nresp].req = s->local;
-        resp[nresp].first_dims = s->first_dims;
-        resp[nresp].executed = s->local == spec;
-        nresp++;
-        s->local->cache_id = -1;
+        if (out) {
+            out->req = r;
+            out->first_dims = s->first_dims;
+            out->executed = spec && r == spec;
+            if (conflict) {
+                out->status = CRING_ERR_MISMATCH;
+                out->error = strdup(msg);
+            }
+        }
+        if (s->local) s->local->cache_id = -1;
         s->local = NULL;
         e->slot_state[i] = 1;
     }
     while (e->cache_slots > 0 && !e->cache[e->cache_slots - 1].in_use) e->cache_slots--;
 
-    if (v[0] == 0) {
-        st = exchange_records(e, &resp, &nresp, &cap);
+    if (v[0] == 0 || grew) {
+        st = v[0] == 0 ? exchange_records(e, &resp, &nresp, &cap) : CRING_OK;
+        if (st == CRING_OK && grew) st = sweep_joined(e, &resp, &nresp, &cap);
         if (st != CRING_OK) {
             for (int i = 0; i < nresp; i++) {
                 free(resp[i].error);
@@ -1376,9 +1686,26 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
     for (int i = 0; i < nresp; i++) {
         req_t *r = resp[i].req;
         r->ready_s = t_ready;
+        if (!r->handle) continue; /* a joined rank's stand-in */
         if (r == e->last_attached) e->last_attached = NULL;
         cring__strmap_remove(&e->pending, r->name);
         timeline_span(e, r->name, "NEGOTIATE", r->submit_s, t_ready, NULL);
+    }
+    if (all_joined && e->join_req) { /* every rank returns the same last rank */
+        int last = 0;
+        for (int q = 0; q < e->size; q++)
+            if (e->join_round[q] >= e->join_round[last]) last = q;
+        req_t *j = e->join_req;
+        e->join_req = NULL;
+        memset(e->joined, 0, (size_t)e->size);
+        memset(e->join_round, 0, sizeof *e->join_round * (size_t)e->size);
+        e->njoined = 0;
+        j->handle->value = last;
+        atomic_store(&e->join_in_flight, 0);
+        timeline_span(e, j->name, "JOIN", j->submit_s, tl_now(e), NULL);
+        complete(e, j, CRING_OK, NULL);
+        req_free(j);
+        *progress = 1;
     }
     st = execute(e, resp, nresp);
     for (int i = 0; i < nresp; i++) {
@@ -1387,7 +1714,7 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
         free(resp[i].owned_dims);
     }
     free(resp);
-    *progress = nresp > 0;
+    *progress = *progress || nresp > 0;
     if (st != CRING_OK) return transport_failed(e, st);
     stall_check(e);
     return CRING_OK;
@@ -1443,7 +1770,7 @@ static void drive(cring_engine_t *e, cring_handle_t *until) {
         uint64_t token = cring__comm_wake_token(e->comm);
         drain(e);
         if (until && atomic_load(&until->done)) return;
-        int local = e->pending.count > 0;
+        int local = e->pending.count > 0 || e->join_req != NULL;
         if (!local && !cring__comm_peer_waiting(e->comm, e->rounds_done)) return;
         int progress = 0;
         if (run_round(e, &progress) != CRING_OK) continue;
@@ -1556,6 +1883,7 @@ cring_status_t cring_handle_wait(cring_handle_t *h) {
 int cring_handle_done(const cring_handle_t *h) { return atomic_load(&((cring_handle_t *)h)->done); }
 cring_status_t cring_handle_status(const cring_handle_t *h) { return h->status; }
 const char *cring_handle_error(const cring_handle_t *h) { return h->error ? h->error : ""; }
+int64_t cring_handle_value(const cring_handle_t *h) { return h->value; }
 
 const void *cring_handle_output(const cring_handle_t *h, int index, size_t *bytes_out,
                                 const int64_t **first_dims_out) {
@@ -1604,11 +1932,16 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
     e->stall_shutdown_s = cring__env_double("CRING_STALL_SHUTDOWN_SECONDS", 0.0);
     e->cache_capacity = (int)cring__env_long("CRING_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY);
     if (e->cache_capacity < 0) e->cache_capacity = 0;
+    e->vhdr = V_HEADER + (size_t)e->size;
+    e->joined = calloc((size_t)e->size, 1);
+    e->join_round = calloc((size_t)e->size, sizeof *e->join_round);
     e->cache = calloc((size_t)(e->cache_capacity ? e->cache_capacity : 1), sizeof *e->cache);
     e->slot_state = malloc((size_t)(e->cache_capacity ? e->cache_capacity : 1));
     if (e->slot_state) memset(e->slot_state, 1, (size_t)(e->cache_capacity ? e->cache_capacity : 1));
-    if (!e->cache || !e->slot_state) {
+    if (!e->cache || !e->slot_state || !e->joined || !e->join_round) {
         free(e->slot_state);
+        free(e->joined);
+        free(e->join_round);
         cring_comm_destroy(comm);
         engine_release(e);
         return submit_fail(CRING_ERR_NO_MEMORY, "out of memory");
@@ -1634,6 +1967,8 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
         cring__timeline_close(e->timeline);
         free(e->cache);
         free(e->slot_state);
+        free(e->joined);
+        free(e->join_round);
         engine_release(e);
         return submit_fail(CRING_ERR_SYSTEM, "cannot start the engine thread");
     }
@@ -1668,6 +2003,10 @@ void cring_engine_stop(cring_engine_t *e) {
     cring__strmap_free(&e->table);
     cring__strmap_free(&e->cache_index);
     free(e->uncached);
+    free(e->joined);
+    free(e->join_round);
+    e->joined = NULL;
+    e->join_round = NULL;
     free(e->vec);
     free(e->block);
     free(e->peer_blocks);

@@ -122,6 +122,36 @@ static void run_rank(int rank, int size, int port, int transport) {
     }
     CHECK_OK(cring_barrier(comm));
 
+    /* alltoallv: rank r sends (r + 2j) % 5 * 40000 + 3 bytes to rank j (some
+     * blocks span several shared-memory window halves); then a pair whose
+     * sizes disagree fails on every rank and the next call works. */
+    {
+        size_t *sb = malloc(2 * sizeof *sb * (size_t)size), *rb = sb + size, stot = 0, rtot = 0;
+        for (int j = 0; j < size; j++) {
+            stot += sb[j] = (size_t)((rank + 2 * j) % 5) * 40000 + 3;
+            rtot += rb[j] = (size_t)((j + 2 * rank) % 5) * 40000 + 3;
+        }
+        unsigned char *sbuf = malloc(stot), *rbuf = malloc(rtot);
+        size_t o = 0;
+        for (int j = 0; j < size; j++)
+            for (size_t i = 0; i < sb[j]; i++) sbuf[o++] = (unsigned char)(rank * 31 + j * 7 + i % 251);
+        CHECK_OK(cring_alltoallv(comm, sbuf, sb, rbuf, rb));
+        o = 0;
+        for (int q = 0; q < size; q++)
+            for (size_t i = 0; i < rb[q]; i++) CHECK(rbuf[o++] == (unsigned char)(q * 31 + rank * 7 + i % 251));
+        if (size > 1) {
+            rb[0] += rank == size - 1; /* the last rank expects one byte too many from rank 0 */
+            CHECK(cring_alltoallv(comm, sbuf, sb, rbuf, rb) == CRING_ERR_MISMATCH);
+            CHECK(strstr(cring_comm_last_error(comm), "alltoallv: rank 0 sends") != NULL);
+            rb[0] -= rank == size - 1;
+            CHECK_OK(cring_alltoallv(comm, sbuf, sb, rbuf, rb));
+        }
+        CHECK(cring_alltoallv(comm, sbuf, sb, sbuf, rb) == CRING_ERR_INVALID_ARGUMENT);
+        free(sbuf);
+        free(rbuf);
+        free(sb);
+    }
+
     /* Disagreement: every rank gets ERR_MISMATCH naming rank 0 vs the other,
      * and the next collective works. */
     if (size > 1) {

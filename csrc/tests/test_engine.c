@@ -1,7 +1,8 @@
 /* test_engine.c: the engine through the public C API, without Python: ranks
  * submit names in different orders, many small requests fuse into few
  * collectives, a mismatch fails one handle on every rank and the engine goes
- * on, a duplicate in-flight name is refused, groups and allgather work. */
+ * on, a duplicate in-flight name is refused, groups, allgather and alltoall
+ * work, and join() lets the other ranks' allreduces finish with zeros. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,6 +144,122 @@ static void run_rank(int rank, int size, int port, int transport) {
         for (int i = 0; i < 2 * (r + 1); i++) CHECK(out[k++] == r);
     }
     cring_handle_free(gh);
+
+    /* 6. Alltoall with uneven splits, large enough to take several window
+     * rounds: rank r sends (r + j) % 3 + 1 rows of `cols` to rank j, each
+     * value encoding (source, destination, row, column). */
+    {
+        const int64_t cols = 70001;
+        int64_t splits[8], total = 0;
+        for (int j = 0; j < size; j++) total += splits[j] = (rank + j) % 3 + 1;
+        int64_t shp[2] = {total, cols};
+        int32_t *src = malloc(sizeof *src * (size_t)(total * cols));
+        int64_t row = 0;
+        for (int j = 0; j < size; j++)
+            for (int64_t i = 0; i < splits[j]; i++, row++)
+                for (int64_t c = 0; c < cols; c++)
+                    src[row * cols + c] = (int32_t)(rank * 1000000 + j * 100000 + i * 1000 + c % 997);
+        cring_tensor_t at = {.send = src, .dtype = CRING_INT32, .ndim = 2, .shape = shp};
+        cring_request_t aq = {.name = "a2a", .collective = CRING_COLL_ALLTOALL,
+                              .compression = CRING_DTYPE_COUNT, .ntensors = 1, .tensors = &at,
+                              .splits = splits};
+        cring_handle_t *ah;
+        CHECK_OK(cring_engine_submit(e, &aq, &ah));
+        CHECK_OK(cring_handle_wait(ah));
+        const int32_t *got = cring_handle_output(ah, 0, &bytes, &dims);
+        size_t expect_rows = 0;
+        for (int q = 0; q < size; q++) {
+            CHECK(dims[q] == (q + rank) % 3 + 1);
+            expect_rows += (size_t)dims[q];
+        }
+        CHECK(bytes == expect_rows * (size_t)cols * sizeof(int32_t));
+        size_t at_row = 0;
+        for (int q = 0; q < size; q++)
+            for (int64_t i = 0; i < dims[q]; i++, at_row++)
+                for (int64_t c = 0; c < cols; c += 999)
+                    CHECK(got[at_row * (size_t)cols + (size_t)c] ==
+                          (int32_t)(q * 1000000 + rank * 100000 + i * 1000 + c % 997));
+        cring_handle_free(ah);
+        free(src);
+
+        /* splits that do not add up are refused at submission */
+        splits[0] += 1;
+        cring_handle_t *bad = NULL;
+        CHECK(cring_engine_submit(e, &aq, &bad) == CRING_ERR_INVALID_ARGUMENT && !bad);
+        CHECK(strstr(cring_engine_error_message(), "add up") != NULL);
+    }
+
+    /* 7. Join: the last rank has no data and joins at once; the others
+     * allreduce twice (one cached name, one new) and see its part as zeros;
+     * a Max while it is joined fails on every rank; join returns the last
+     * rank to join, everywhere. */
+    if (size > 1) {
+        int last = size - 1;
+        int32_t jv = -1;
+        if (rank == last) {
+            cring_request_t jq = {.name = "join", .collective = CRING_COLL_JOIN,
+                                  .compression = CRING_DTYPE_COUNT};
+            cring_handle_t *jh;
+            CHECK_OK(cring_engine_submit(e, &jq, &jh));
+            int32_t x = 1;
+            cring_handle_t *no = NULL;
+            CHECK(cring_engine_submit(e, &jq, &no) != CRING_OK && !no);
+            CHECK(submit1(e, "late", CRING_COLL_ALLREDUCE, &x, &x, CRING_INT32, 1, CRING_SUM, 0) == NULL);
+            CHECK_OK(cring_handle_wait(jh));
+            jv = (int32_t)cring_handle_value(jh);
+            cring_handle_free(jh);
+        } else {
+            for (int it = 0; it < 2; it++) {
+                int32_t v[5];
+                for (int i = 0; i < 5; i++) v[i] = rank + 1 + i;
+                const char *nm = "fresh"; /* new, then cached */
+                int64_t n5 = 5;
+                cring_handle_t *h = submit1(e, nm, CRING_COLL_ALLREDUCE, v, v, CRING_INT32, n5,
+                                            CRING_SUM, CRING_REQUEST_CALLER_WAITS);
+                CHECK(h != NULL);
+                CHECK_OK(cring_handle_wait(h));
+                for (int i = 0; i < 5; i++) {
+                    int32_t expect = 0; /* ranks 0..last-1 contribute r + 1 + i */
+                    for (int r = 0; r < last; r++) expect += r + 1 + i;
+                    CHECK(v[i] == expect);
+                }
+                cring_handle_free(h);
+            }
+            int32_t m = rank;
+            cring_handle_t *mh2 = submit1(e, "max", CRING_COLL_ALLREDUCE, &m, &m, CRING_INT32, 1,
+                                          CRING_MAX, 0);
+            CHECK(cring_handle_wait(mh2) == CRING_ERR_MISMATCH);
+            CHECK(strstr(cring_handle_error(mh2), "joined") != NULL);
+            cring_handle_free(mh2);
+            cring_request_t jq = {.name = "join", .collective = CRING_COLL_JOIN,
+                                  .compression = CRING_DTYPE_COUNT};
+            cring_handle_t *jh;
+            CHECK_OK(cring_engine_submit(e, &jq, &jh));
+            CHECK_OK(cring_handle_wait(jh));
+            jv = (int32_t)cring_handle_value(jh);
+            cring_handle_free(jh);
+        }
+        /* rank `last` joined first, so another rank joined last, and every
+         * rank says the same one */
+        CHECK(jv >= 0 && jv < last);
+        int32_t lo = jv, hi = jv;
+        cring_handle_t *lh = submit1(e, "jv-min", CRING_COLL_ALLREDUCE, &lo, &lo, CRING_INT32, 1,
+                                     CRING_MIN, 0);
+        cring_handle_t *hh = submit1(e, "jv-max", CRING_COLL_ALLREDUCE, &hi, &hi, CRING_INT32, 1,
+                                     CRING_MAX, 0);
+        CHECK_OK(cring_handle_wait(lh));
+        CHECK_OK(cring_handle_wait(hh));
+        CHECK(lo == jv && hi == jv);
+        cring_handle_free(lh);
+        cring_handle_free(hh);
+        /* after the join everything works as before */
+        int32_t one = 1;
+        cring_handle_t *oh2 = submit1(e, "after-join", CRING_COLL_ALLREDUCE, &one, &one, CRING_INT32,
+                                      1, CRING_SUM, 0);
+        CHECK_OK(cring_handle_wait(oh2));
+        CHECK(one == size);
+        cring_handle_free(oh2);
+    }
 
     cring_engine_stop(e);
     exit(0);

@@ -200,6 +200,14 @@ CRING_API cring_status_t cring_allgatherv(cring_comm_t *comm, const void *send,
 CRING_API cring_status_t cring_reducescatter(cring_comm_t *comm, const void *send,
                                              void *recv, const size_t *counts,
                                              cring_dtype_t dtype, cring_op_t op);
+/* Rank r sends send_bytes[j] bytes to rank j (its blocks lie in send in
+ * rank order) and receives recv_bytes[j] bytes from rank j (stored in recv in
+ * rank order). Every pair must agree (rank i's send_bytes[j] == rank j's
+ * recv_bytes[i]), else ERR_MISMATCH on every rank. send and recv must not
+ * overlap. */
+CRING_API cring_status_t cring_alltoallv(cring_comm_t *comm, const void *send,
+                                         const size_t *send_bytes, void *recv,
+                                         const size_t *recv_bytes);
 /* Return once every rank has entered. */
 CRING_API cring_status_t cring_barrier(cring_comm_t *comm);
 
@@ -219,12 +227,14 @@ typedef enum cring_collective {
     CRING_COLL_BROADCAST = 2,
     CRING_COLL_ALLGATHER = 3,
     CRING_COLL_REDUCESCATTER = 4,
-    CRING_COLL_BARRIER = 5
+    CRING_COLL_BARRIER = 5,
+    CRING_COLL_ALLTOALL = 6,
+    CRING_COLL_JOIN = 7
 } cring_collective_t;
 
-/* One tensor of a request. For ALLGATHER, recv is ignored: the engine
- * allocates the result (see cring_handle_output). For REDUCESCATTER, recv
- * holds this rank's rows (shape[0] split as n/P, +1 for ranks < n%P). */
+/* One tensor of a request. For ALLGATHER and ALLTOALL, recv is ignored: the
+ * engine allocates the result (see cring_handle_output). For REDUCESCATTER,
+ * recv holds this rank's rows (shape[0] split as n/P, +1 for ranks < n%P). */
 typedef struct cring_tensor {
     const void *send;
     void *recv;            /* may equal send (in place) */
@@ -245,7 +255,18 @@ typedef struct cring_request {
     int ntensors;                   /* >1: a group negotiated and run as one unit */
     const cring_tensor_t *tensors;
     int flags;                      /* CRING_REQUEST_* */
+    const int64_t *splits;          /* ALLTOALL (one tensor): size entries, the rows
+                                       of shape[0] sent to each rank in rank order;
+                                       NULL splits shape[0] evenly (it must divide) */
 } cring_request_t;
+
+/* JOIN (no tensors): this rank has no more work. Until every rank has joined,
+ * the other ranks' allreduces (Sum and Average) complete with zeros as this
+ * rank's contribution; any other collective fails on every rank while some
+ * rank has joined. Requests submitted before the join complete first; no
+ * request may be submitted while it is in flight. The handle completes once
+ * every rank has joined; cring_handle_value then gives the last rank to
+ * join (the highest rank among those that joined in the same round). */
 
 /* The submitting thread calls cring_handle_wait at once and drives the
  * engine itself, so the engine thread need not be woken (saves a context
@@ -289,11 +310,13 @@ CRING_API cring_status_t cring_handle_wait(cring_handle_t *handle);
  * the ranks and what differed. */
 CRING_API cring_status_t cring_handle_status(const cring_handle_t *handle);
 CRING_API const char *cring_handle_error(const cring_handle_t *handle);
-/* After an ALLGATHER completes: the engine-allocated result for tensor
- * `index` (owned by the handle) and every rank's first dimension
- * (first_dims[size]). */
+/* After an ALLGATHER or ALLTOALL completes: the engine-allocated result for
+ * tensor `index` (owned by the handle) and, per rank, the first dimension
+ * received from it (first_dims[size]). */
 CRING_API const void *cring_handle_output(const cring_handle_t *handle, int index,
                                           size_t *bytes_out, const int64_t **first_dims_out);
+/* After a JOIN completes: the last rank to join. -1 otherwise. */
+CRING_API int64_t cring_handle_value(const cring_handle_t *handle);
 /* Release the caller's reference. A handle still running is not cancelled:
  * its buffers must stay valid until it completes. */
 CRING_API void cring_handle_free(cring_handle_t *handle);
