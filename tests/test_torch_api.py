@@ -32,17 +32,19 @@ def test_collectives_gradients_and_errors_on_real_ranks(main_run):
     """Every collective of horovod.torch in all its forms, checked against
     NumPy references; gradients through allreduce, grouped_allreduce,
     allgather, grouped_allgather, broadcast, reducescatter and
-    grouped_reducescatter against analytic values; and the errors (mismatch
-    on every rank, duplicate in-flight names, root out of range, unsupported
-    dtypes, average with op, process sets, join, alltoall, Adasum)."""
+    grouped_reducescatter and alltoall against analytic values; join() with
+    uneven batches through DistributedOptimizer against a single-process
+    replay; and the errors (mismatch on every rank, duplicate in-flight
+    names, root out of range, unsupported dtypes, average with op, process
+    sets, alltoall splits, Adasum)."""
     np_, proc, results = main_run
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
     for r, result in enumerate(results):
         assert result["failures"] == [], result["failures"]
-        assert result["cases"] == 19, result
-        # the four mismatches were errors of the engine on every rank
-        assert result["engine_errors"] == 4, result
-        assert f"[{r}] rank {r}: 19 checks, 0 failed" in proc.stdout
+        assert result["cases"] == 22, result
+        # the five mismatches were errors of the engine on every rank
+        assert result["engine_errors"] == 5, result
+        assert f"[{r}] rank {r}: 22 checks, 0 failed" in proc.stdout
 
 
 def test_grouped_allreduce_with_mixed_dtypes(main_run):
@@ -171,14 +173,11 @@ def test_errors_raised_before_any_communication():
         hvd.allreduce(x, process_set=hvd.ProcessSet([0, 1]))
     with pytest.raises(NotImplementedError, match="process sets are not supported"):
         hvd.init(process_sets=[hvd.ProcessSet([0])])
-    with pytest.raises(NotImplementedError, match="join is not supported yet"):
-        hvd.join()
-    with pytest.raises(NotImplementedError, match="alltoall is not supported yet"):
-        hvd.alltoall(x, splits=[3])
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd.allreduce(x, op=hvd.Adasum)
     # not initialised: a ValueError, as in Horovod, and not a HorovodInternalError
-    for fn in (hvd.rank, hvd.size, lambda: hvd.allreduce(x), lambda: hvd.broadcast_(x, 0)):
+    for fn in (hvd.rank, hvd.size, lambda: hvd.allreduce(x), lambda: hvd.broadcast_(x, 0),
+               hvd.join, lambda: hvd.alltoall(x, splits=[3])):
         with pytest.raises(ValueError) as info:
             fn()
         assert not isinstance(info.value, hvd.HorovodInternalError)

@@ -200,9 +200,15 @@ static int tensor_acquire(PyObject *obj, const char *name, int writable, tensor_
 
     cring_dl_tensor_t *t = ref->t;
     if (t->device.device_type != CRING_DL_CPU && t->device.device_type != CRING_DL_CUDA_HOST) {
+        /* CUDA tensors take the GPU path (python/cring/_gpu.py, gpu.c) before
+         * reaching here; one that arrives was mixed with CPU tensors. */
+        int cuda = t->device.device_type == CRING_DL_CUDA ||
+                   t->device.device_type == CRING_DL_CUDA_MANAGED;
         PyErr_Format(PyExc_ValueError,
-                     "tensor '%s' is on %s:%d, but this build of cring has no GPU path: move it "
-                     "to the CPU first (for torch: tensor.cpu())",
+                     cuda ? "tensor '%s' is on %s:%d, but this call takes CPU tensors: pass "
+                            "every tensor of one call on the same device"
+                          : "tensor '%s' is on %s:%d; cring takes CPU and CUDA tensors: move it "
+                            "to the CPU first (for torch: tensor.cpu())",
                      name, device_name(t->device.device_type), t->device.device_id);
         goto fail;
     }
@@ -362,6 +368,8 @@ static const char *collective_label(int c) {
     case CRING_COLL_BROADCAST: return "broadcast";
     case CRING_COLL_ALLGATHER: return "allgather";
     case CRING_COLL_REDUCESCATTER: return "reducescatter";
+    case CRING_COLL_ALLTOALL: return "alltoall";
+    case CRING_COLL_JOIN: return "join";
     default: return "barrier";
     }
 }
@@ -410,7 +418,7 @@ static PyObject *Handle_copy_output(HandleObject *self, PyObject *args) {
                           ? cring_handle_output(self->handle, index, &bytes, NULL)
                           : NULL;
     if (!src) {
-        PyErr_SetString(PyExc_ValueError, "no allgather result (not complete, or not an allgather)");
+        PyErr_SetString(PyExc_ValueError, "no result to read (not complete, or not an allgather or alltoall)");
         return NULL;
     }
     tensor_ref dst;
@@ -425,6 +433,15 @@ static PyObject *Handle_copy_output(HandleObject *self, PyObject *args) {
     if (bytes) memcpy(dst.data, src, bytes);
     tensor_release(&dst);
     Py_RETURN_NONE;
+}
+
+/* value(): after a join completes, the last rank to join. */
+static PyObject *Handle_value(HandleObject *self, PyObject *unused) {
+    if (!cring_handle_done(self->handle)) {
+        PyErr_SetString(PyExc_ValueError, "the request has not completed");
+        return NULL;
+    }
+    return PyLong_FromLongLong(cring_handle_value(self->handle));
 }
 
 static void Handle_dealloc(HandleObject *self) {
@@ -447,7 +464,9 @@ static PyMethodDef Handle_methods[] = {
     {"done", (PyCFunction)Handle_done, METH_NOARGS, "True once complete; never blocks."},
     {"wait", (PyCFunction)Handle_wait, METH_NOARGS, "Block until complete; raise its error."},
     {"copy_output", (PyCFunction)Handle_copy_output, METH_VARARGS,
-     "copy_output(index, dst): copy an allgather result into dst."},
+     "copy_output(index, dst): copy an allgather or alltoall result into dst."},
+    {"value", (PyCFunction)Handle_value, METH_NOARGS,
+     "value(): after a join completes, the last rank to join."},
     {NULL}};
 static PyGetSetDef Handle_getset[] = {{"name", (getter)Handle_get_name, NULL, NULL, NULL}, {NULL}};
 static PyType_Slot Handle_slots[] = {
@@ -471,7 +490,7 @@ static PyObject *py_first_dims(PyObject *module, PyObject *args) {
     size_t bytes;
     if (!cring_handle_done(self->handle) ||
         !cring_handle_output(self->handle, index, &bytes, &dims)) {
-        PyErr_SetString(PyExc_ValueError, "no allgather result (not complete, or not an allgather)");
+        PyErr_SetString(PyExc_ValueError, "no result to read (not complete, or not an allgather or alltoall)");
         return NULL;
     }
     PyObject *list = PyList_New(size);
@@ -497,8 +516,9 @@ static PyObject *raise_handle_error(module_state *s, cring_handle_t *h, cring_st
 #define STACK_TENSORS 4
 
 /* submit(collective, name, tensors, op, root, prescale, postscale, compression,
- *        caller_waits) -> Handle, or None once done when caller_waits is 2
- * tensors: list of (send, recv) pairs; recv None for allgather, recv is send
+ *        caller_waits[, splits]) -> Handle, or None once done when caller_waits is 2
+ * tensors: list of (send, recv) pairs; recv None for allgather and alltoall
+ * (splits: None or one row count per rank), recv is send
  * for in-place operations. caller_waits: 0 async, 1 the caller will wait on
  * the handle, 2 wait here (a synchronous call that needs no output copy; it
  * allocates nothing on the Python heap for up to STACK_TENSORS tensors). */
@@ -506,10 +526,10 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
     module_state *s = get_state(module);
     int coll, op, root, caller_waits;
     const char *name, *compression;
-    PyObject *list;
+    PyObject *list, *splits_obj = Py_None;
     double prescale, postscale;
-    if (!PyArg_ParseTuple(args, "isO!iiddzi", &coll, &name, &PyList_Type, &list, &op, &root,
-                          &prescale, &postscale, &compression, &caller_waits))
+    if (!PyArg_ParseTuple(args, "isO!iiddzi|O", &coll, &name, &PyList_Type, &list, &op, &root,
+                          &prescale, &postscale, &compression, &caller_waits, &splits_obj))
         return NULL;
     if (!s->engine) return raise_not_initialized(s);
     cring_engine_t *engine = s->engine;
@@ -551,6 +571,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
     PyObject *result = NULL;
     HandleObject *self = NULL;
     cring_handle_t *handle = NULL;
+    int64_t *splits = NULL;
     if (!refs || !ts || !scalar_shapes) {
         PyErr_NoMemory();
         goto done;
@@ -563,7 +584,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
         }
         PyObject *send_obj = PyTuple_GET_ITEM(pair, 0), *recv_obj = PyTuple_GET_ITEM(pair, 1);
         int in_place = send_obj == recv_obj;
-        int needs_write = coll != CRING_COLL_ALLGATHER && in_place &&
+        int needs_write = coll != CRING_COLL_ALLGATHER && coll != CRING_COLL_ALLTOALL && in_place &&
                           !(coll == CRING_COLL_BROADCAST && rank == root);
         tensor_ref *in = &refs[nrefs];
         if (tensor_acquire(send_obj, name, needs_write, in) < 0) goto done;
@@ -601,10 +622,35 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
             ts[i].shape = &scalar_shapes[i];
         }
     }
+    if (splits_obj != Py_None) {
+        PyObject *seq = PySequence_Fast(splits_obj, "splits must be a sequence of integers");
+        if (!seq) goto done;
+        if (PySequence_Fast_GET_SIZE(seq) != size) {
+            PyErr_Format(PyExc_ValueError,
+                         "tensor '%s': splits has %zd entries; it needs one per rank (%d)", name,
+                         PySequence_Fast_GET_SIZE(seq), size);
+            Py_DECREF(seq);
+            goto done;
+        }
+        splits = PyMem_Malloc(sizeof *splits * (size_t)size);
+        for (int r = 0; splits && r < size; r++) {
+            splits[r] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, r));
+            if (splits[r] == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                goto done;
+            }
+        }
+        Py_DECREF(seq);
+        if (!splits) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
     cring_request_t req = {.name = name, .collective = (cring_collective_t)coll,
                            .op = (cring_op_t)op, .root = root, .prescale = prescale,
                            .postscale = postscale, .compression = comp, .ntensors = (int)n,
-                           .tensors = ts, .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0};
+                           .tensors = ts, .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0,
+                           .splits = splits};
     cring_status_t st = cring_engine_submit(engine, &req, &handle);
     if (st != CRING_OK) {
         char context[512];
@@ -645,6 +691,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
     nrefs = 0;
     result = (PyObject *)self;
 done:
+    PyMem_Free(splits);
     for (int i = 0; i < nrefs; i++) tensor_release(&refs[i]);
     if (!on_stack) {
         PyMem_Free(refs);
@@ -900,6 +947,9 @@ static int add_exception(PyObject *m, PyObject **slot, const char *name, PyObjec
     return PyModule_AddObjectRef(m, name, *slot);
 }
 
+/* gpu.c: adds cring._C.gpu, the GPU layer's bindings, sharing the engine slot. */
+int cring__pyext_gpu_init(PyObject *module, cring_engine_t **engine_slot);
+
 static int module_exec(PyObject *m) {
     module_state *s = get_state(m);
     if (add_exception(m, &s->CRingError, "CRingError", PyExc_RuntimeError,
@@ -926,11 +976,12 @@ static int module_exec(PyObject *m) {
     s->HandleType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Handle_spec, NULL);
     if (!s->HandleType) return -1;
     if (PyModule_AddObjectRef(m, "Handle", (PyObject *)s->HandleType) < 0) return -1;
-    for (int c = CRING_COLL_ALLREDUCE; c <= CRING_COLL_BARRIER; c++) {
+    for (int c = CRING_COLL_ALLREDUCE; c <= CRING_COLL_JOIN; c++) {
         static const char *const names[] = {"", "ALLREDUCE", "BROADCAST", "ALLGATHER",
-                                            "REDUCESCATTER", "BARRIER"};
+                                            "REDUCESCATTER", "BARRIER", "ALLTOALL", "JOIN"};
         if (PyModule_AddIntConstant(m, names[c], c) < 0) return -1;
     }
+    if (cring__pyext_gpu_init(m, &s->engine) < 0) return -1; /* cring._C.gpu (gpu.c) */
     return 0;
 }
 

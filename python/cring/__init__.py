@@ -1,5 +1,5 @@
 """cring: collectives for data-parallel training (allreduce, broadcast,
-allgather, reducescatter, barrier) over any DLPack tensor, with a C core that
+allgather, reducescatter, alltoall, barrier, join) over any DLPack tensor, with a C core that
 builds against no framework.
 
     import cring, numpy as np
@@ -32,6 +32,8 @@ from ._api import (
     allreduce_,
     allreduce_async,
     allreduce_async_,
+    alltoall,
+    alltoall_async,
     barrier,
     broadcast,
     broadcast_,
@@ -55,6 +57,7 @@ from ._api import (
     cross_size,
     init,
     is_initialized,
+    join,
     local_rank,
     local_size,
     rank,
@@ -70,11 +73,11 @@ __all__ = [
     "Adasum", "Average", "CRingError", "Compression", "Compressor", "Handle", "Max", "Min",
     "MismatchError", "NotInitializedError", "PeerFailureError", "Product", "ReduceOp", "Sum",
     "TimeoutError", "allgather", "allgather_async", "allreduce", "allreduce_",
-    "allreduce_async", "allreduce_async_", "barrier", "broadcast", "broadcast_",
+    "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
     "broadcast_async", "broadcast_async_", "cross_rank", "cross_size", "engine_stats",
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
-    "grouped_reducescatter_async", "init", "is_initialized", "local_rank", "local_size", "poll",
+    "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank", "local_size", "poll",
     "rank", "reducescatter", "reducescatter_async", "shutdown", "size", "start_timeline",
     "stop_timeline", "synchronize", "transport", "__version__",
 ]

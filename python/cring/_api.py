@@ -532,6 +532,55 @@ def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, name: Optio
                                             prescale_factor, postscale_factor, True))
 
 
+def _alltoall_async(tensor: Any, splits: Any, name: str, caller_waits: bool) -> Handle:
+    _require_init()
+    shape, dtype_name = _info(tensor, name)
+    if not shape:
+        raise ValueError(f"tensor '{name}': alltoall needs at least one dimension")
+    if splits is not None:
+        splits = [int(s) for s in (splits.tolist() if hasattr(splits, "tolist") else splits)]
+
+    def finish(h: Any) -> Any:
+        received = _C.first_dims(h, 0, size())
+        out = empty_like(tensor, (sum(received),) + tuple(shape[1:]), dtype_name)
+        h.copy_output(0, dlpack_source(out))
+        return out, received
+
+    h = _C.submit(_C.ALLTOALL, name, [(dlpack_source(tensor), None)], 0, 0, 1.0, 1.0, None,
+                  _CALLER_WAITS if caller_waits else _ASYNC, splits)
+    return Handle(h, finish)
+
+
+def alltoall_async(tensor: Any, splits: Any = None, name: Optional[str] = None) -> Handle:
+    """Start an alltoall; synchronize() returns (output, received_splits)."""
+    return _alltoall_async(tensor, splits, _name("alltoall", name), False)
+
+
+def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None) -> tuple:
+    """Scatter rows of `tensor` to every rank and gather what they send.
+
+    `splits[j]` rows (in order, along the first dimension) go to rank j;
+    without splits the first dimension is divided evenly (it must divide by
+    size()). Returns ``(output, received_splits)``: the rows received from
+    every rank in rank order, and how many came from each. Trailing
+    dimensions and dtype must match on every rank."""
+    return synchronize(_alltoall_async(tensor, splits, _name("alltoall", name), True))
+
+
+def join() -> int:
+    """Declare that this rank has no more data (Horovod's join).
+
+    Until every rank has joined, the other ranks' allreduces with Sum or
+    Average complete with zeros as this rank's contribution (so Average still
+    divides by size()); any other collective started while a rank has joined
+    raises MismatchError on every rank. Collectives this rank started before
+    join() complete first; none may be started until it returns. Returns the
+    rank that joined last, the same on every rank."""
+    _require_init()
+    h = _C.submit(_C.JOIN, _name("join", None), [], 0, 0, 1.0, 1.0, None, _CALLER_WAITS)
+    return synchronize(Handle(h, lambda h: int(h.value())))
+
+
 def barrier() -> None:
     """Return once every rank has called barrier()."""
     synchronize(_submit(_C.BARRIER, _name("barrier", None), [], lambda h: None,

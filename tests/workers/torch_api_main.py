@@ -11,7 +11,7 @@ barrier; broadcast_object / allgather_object; gradients through allreduce,
 grouped allreduce, allgather, grouped allgather, broadcast, reducescatter and
 grouped reducescatter against analytic values; and errors (mismatch on all
 ranks, duplicate in-flight names, root out of range, unsupported dtypes,
-average with op, process sets, join, alltoall, Adasum).
+average with op, process sets, alltoall splits, Adasum).
 
 Usage: torch_api_main.py OUTDIR. Writes OUTDIR/rank<R>.json; exits 1 on a failure.
 """
@@ -589,6 +589,114 @@ checks.check("gradient of reducescatter and grouped_reducescatter", grad_reduces
 # ---- errors -----------------------------------------------------------------------------------
 
 
+def a2a_block(src, dst, n):
+    """The rows rank src sends rank dst: values encode (src, dst, row)."""
+    base = torch.arange(n, dtype=torch.float64) + src * 100 + dst * 10
+    return torch.stack([base, -base], dim=1)
+
+
+def alltoall_forms():
+    problems = []
+    splits = [(RANK + j) % 3 for j in range(SIZE)]  # some ranks send nothing to some
+    x = torch.cat([a2a_block(RANK, j, splits[j]) for j in range(SIZE)])
+    received = [(q + RANK) % 3 for q in range(SIZE)]
+    expected = torch.cat([a2a_block(q, RANK, received[q]) for q in range(SIZE)]).numpy()
+    out, rec = hvd.alltoall(x, splits=splits, name="a2a.splits")
+    if rec.dtype != torch.int32 or rec.tolist() != received:
+        problems.append(f"received splits {rec!r}, expected int32 {received}")
+    problems.append(close(out, expected, what="alltoall with splits"))
+    h = hvd.alltoall_async(x, splits=torch.tensor(splits, dtype=torch.int32), name="a2a.async")
+    out2, rec2 = hvd.synchronize(h)
+    problems.append(close(out2, expected, what="alltoall_async with tensor splits"))
+    if rec2.tolist() != received:
+        problems.append(f"alltoall_async received splits {rec2.tolist()} != {received}")
+    y = torch.arange(2 * SIZE, dtype=torch.int32) + 1000 * RANK
+    even = hvd.alltoall(y)  # no splits: the output only, two rows from each rank
+    problems.append(close(even, np.concatenate([np.arange(2 * RANK, 2 * RANK + 2) + 1000 * q
+                                                for q in range(SIZE)]), dtype=torch.int32,
+                          what="alltoall without splits"))
+    if SIZE > 1:
+        problems.append(raises(cring.MismatchError,
+                               lambda: hvd.alltoall(torch.ones(SIZE, 2 + RANK), name="a2a.mm"),
+                               match="a2a.mm"))
+    problems.append(close(hvd.alltoall(x, splits=splits, name="a2a.splits")[0], expected,
+                          what="alltoall after a mismatch"))
+    return collect(*problems)
+
+
+checks.check("alltoall with and without splits", alltoall_forms)
+
+
+def grad_alltoall():
+    splits = [(RANK + j) % 3 + 1 for j in range(SIZE)]
+    x = torch.arange(2.0 * sum(splits), dtype=torch.float64).reshape(-1, 2).requires_grad_()
+    out, rec = hvd.alltoall(x, splits=splits, name="grad.a2a")
+    # rows received from rank q weigh (q + 1) * (RANK + 1)
+    w = torch.cat([torch.full((int(rec[q]), 2), float((q + 1) * (RANK + 1)), dtype=torch.float64)
+                   for q in range(SIZE)])
+    (out * w).sum().backward()
+    # so the rows this rank sent to rank j carry the weight (RANK + 1) * (j + 1)
+    expected = np.concatenate([np.full((splits[j], 2), float((RANK + 1) * (j + 1)))
+                               for j in range(SIZE)])
+    return close(x.grad, expected, what="alltoall gradient")
+
+
+checks.check("gradient of alltoall", grad_alltoall)
+
+
+def join_uneven_batches():
+    """Rank r has r + 1 batches. Each batch a DistributedOptimizer step on a
+    linear model; a rank out of batches joins, and the others' averaged
+    gradients count it as zeros. Every rank replays the whole job alone to
+    know what the parameters must be."""
+    problems = []
+
+    def batch(r, b):
+        g = torch.Generator().manual_seed(1000 * r + b)
+        return torch.randn(4, 3, generator=g, dtype=torch.float64), \
+            torch.randn(4, 1, generator=g, dtype=torch.float64)
+
+    def model():
+        torch.manual_seed(7)
+        return torch.nn.Linear(3, 1).double()
+
+    m = model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                   named_parameters=m.named_parameters())
+    for b in range(RANK + 1):
+        xb, yb = batch(RANK, b)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(m(xb), yb).backward()
+        opt.step()
+    last = hvd.join()
+    if last != SIZE - 1:
+        problems.append(f"join() returned {last}, expected {SIZE - 1} (the rank with most batches)")
+
+    ref = model()  # replay: step b averages the gradients of ranks r >= b over SIZE
+    for b in range(SIZE):
+        grads = [torch.zeros_like(p) for p in ref.parameters()]
+        for r in range(b, SIZE):
+            ref.zero_grad()
+            xb, yb = batch(r, b)
+            torch.nn.functional.mse_loss(ref(xb), yb).backward()
+            for g, p in zip(grads, ref.parameters()):
+                g += p.grad
+        with torch.no_grad():
+            for g, p in zip(grads, ref.parameters()):
+                p -= 0.1 * g / SIZE
+        if b == RANK:  # this rank stopped stepping here
+            mine = [p.detach().clone() for p in ref.parameters()]
+    for got, want in zip(m.parameters(), mine):
+        problems.append(close(got, want.numpy(), rtol=1e-10, what="parameters after join"))
+    # after join() returns, collectives run as before
+    after = hvd.allreduce(torch.full((2,), float(RANK)), op=hvd.Sum, name="after.join")
+    problems.append(close(after, np.full(2, float(sum(range(SIZE)))), what="allreduce after join"))
+    return collect(*problems)
+
+
+checks.check("join with uneven batches", join_uneven_batches)
+
+
 def mismatch_raises_everywhere():
     problems = [
         raises(cring.MismatchError, lambda: hvd.allreduce(torch.ones(3 + RANK), name="mm.shape"),
@@ -675,10 +783,17 @@ def argument_errors():
                       ("init comm", lambda: hvd.init(comm=[0]))):
         problem = raises(NotImplementedError, fn, match="not supported")
         problems.append(problem and f"{label}: {problem}")
-    for label, fn in (("join", hvd.join), ("alltoall", lambda: hvd.alltoall(x)),
-                      ("alltoall splits", lambda: hvd.alltoall(x, splits=[2] * SIZE)),
-                      ("alltoall_async", lambda: hvd.alltoall_async(x))):
-        problem = raises(NotImplementedError, fn, match="not supported yet")
+    for label, fn, match in (
+            ("alltoall splits length", lambda: hvd.alltoall(x, splits=[1] * (SIZE + 1)),
+             "one per rank"),
+            ("alltoall splits sum", lambda: hvd.alltoall(x, splits=[5] + [0] * (SIZE - 1)),
+             "add up"),
+            ("alltoall negative split", lambda: hvd.alltoall(x, splits=[-1, 5] + [0] * (SIZE - 2)),
+             "negative"),
+            ("alltoall uneven", lambda: hvd.alltoall(torch.ones(SIZE + 1)) if SIZE > 1
+             else hvd.alltoall(torch.ones(())), "alltoall"),
+            ("alltoall 0-d", lambda: hvd.alltoall(torch.ones(())), "dimension")):
+        problem = raises(ValueError, fn, match=match)
         problems.append(problem and f"{label}: {problem}")
     # nothing above reached the engine: the next collective lines up on every rank
     after = hvd.allreduce(torch.full((2,), float(RANK)), op=hvd.Sum, name="after.errors")

@@ -1,4 +1,4 @@
-"""cring.torch: a drop-in for horovod.torch on CPU tensors.
+"""cring.torch: a drop-in for horovod.torch.
 
     import cring.torch as hvd
     hvd.init()
@@ -7,8 +7,8 @@
 
 Same names, signatures, defaults and semantics as horovod.torch; collectives
 run on cring's engine. torch is optional for cring; this module needs it.
-Not supported yet (they raise NotImplementedError): process sets other than
-global_process_set, join(), alltoall(), Adasum.
+Not supported (they raise NotImplementedError): process sets other than
+global_process_set, and Adasum.
 """
 
 from .mpi_ops import (

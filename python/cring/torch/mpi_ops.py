@@ -1,6 +1,6 @@
 """horovod.torch's collective API on cring's engine: the same names,
 signatures, defaults and semantics, so that `import cring.torch as hvd` is the
-one line a Horovod script changes. CPU tensors only (cring has no GPU path yet).
+one line a Horovod script changes.
 
 Thin: it translates Horovod's arguments (the deprecated `average=`,
 `process_set=`, Horovod's compressor classes), adds autograd functions with
@@ -776,26 +776,76 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
 # ---- not in cring's core yet ---------------------------------------------------------------------
 
 
+def _splits_list(splits: Any) -> Optional[list]:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() != 1 or splits.dtype.is_floating_point:
+            raise ValueError(f"splits must be a 1-d integer tensor, got {splits.dtype} "
+                             f"with shape {tuple(splits.shape)}")
+        return [int(v) for v in splits.tolist()]
+    return [int(v) for v in splits]
+
+
+def _alltoall_result(result: tuple) -> tuple:
+    output, received = result
+    return output, torch.tensor(received, dtype=torch.int32)
+
+
+class _AlltoallFunction(torch.autograd.Function):
+    """Gradient (Horovod's): the incoming gradient sent back where its rows
+    came from, an alltoall with the received splits."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Optional[list],
+                name: Optional[str]) -> tuple:
+        output, received = _alltoall_result(_run(cring.alltoall, tensor, splits=splits, name=name))
+        ctx.received = received.tolist()
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor, grad_splits: Any) -> tuple:
+        grad, _ = _run(cring.alltoall, _contiguous(grad_output), splits=ctx.received)
+        return grad, None, None
+
+
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set) -> Any:
-    """Not supported yet: cring's core has no alltoall."""
-    raise NotImplementedError("alltoall is not supported yet: cring's core has no alltoall "
-                              "collective (it is planned)")
+    """Send `splits[j]` rows of `tensor` (along the first dimension, in
+    order) to rank j and receive every rank's rows for this one, in rank
+    order. Without splits the first dimension is divided evenly by size()
+    (it must divide). Returns the output tensor, and with `splits` also an
+    int32 tensor of how many rows came from each rank (Horovod's).
+    Differentiable: the gradient goes back the way the rows came."""
+    _check_process_set(process_set)
+    split_list = _splits_list(splits)
+    if _wants_grad((tensor,)):
+        output, received = _AlltoallFunction.apply(tensor, split_list, name)
+    else:
+        output, received = _alltoall_result(_run(cring.alltoall, tensor, splits=split_list,
+                                                 name=name))
+    return output if splits is None else (output, received)
 
 
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
-                   process_set: ProcessSet = global_process_set) -> Any:
-    """Not supported yet: cring's core has no alltoall."""
-    raise NotImplementedError("alltoall_async is not supported yet: cring's core has no "
-                              "alltoall collective (it is planned)")
+                   process_set: ProcessSet = global_process_set) -> cring.Handle:
+    """Start an alltoall; synchronize(handle) returns (output, received_splits),
+    the latter an int32 tensor."""
+    _check_process_set(process_set)
+    handle = _run(cring.alltoall_async, tensor, splits=_splits_list(splits), name=name)
+    finish = handle._finish
+    handle._finish = lambda h: _alltoall_result(finish(h))
+    return handle
 
 
 def join(device: int = -1) -> int:
-    """Not supported yet: cring's core has no join."""
-    raise NotImplementedError("join is not supported yet: cring's core has no join operation "
-                              "(ranks that run out of data cannot yet stand in for the others' "
-                              "collectives; it is planned); give every rank the same number of "
-                              "batches")
+    """This rank has run out of data (Horovod's join): until every rank has
+    joined, the other ranks' allreduces (Sum, Average; DistributedOptimizer's
+    gradients) complete with zeros for this rank's part. Returns the rank
+    that joined last, the same on every rank. `device` is accepted for
+    Horovod compatibility (CPU only)."""
+    return _run(cring.join)
 
 
 # ---- the rest ------------------------------------------------------------------------------------
