@@ -252,6 +252,12 @@ def plan_init(
     if secret is None:
         secret = env.get("CRING_SECRET") or None
     job_key = f"{_job_id(env, source)}/{generation}"
+    elastic_generation, _ = _first_int(env, "CRING_ELASTIC_GENERATION")
+    if elastic_generation is not None:
+        # cringrun --elastic numbers the job's generations itself: survivors (after
+        # several init()s) and workers started for this generation (first init())
+        # must meet under the same key, whatever this process's own count.
+        job_key = f"{_job_id(env, source)}/elastic.{elastic_generation}"
 
     plan = Plan(rank=rank, size=size, addr="", port=0, serve_store=False, secret=secret,
                 job_key=job_key, transport=transport, timeout_s=timeout_s, source=source)

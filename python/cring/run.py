@@ -54,16 +54,41 @@ Exit status:
 
 The first cause wins: ranks that die because the launcher stopped them do not
 change the status.
+
+Elastic mode (docs/elastic.md)::
+
+    cringrun --elastic -np K [--min-np M] [--max-np N]
+             [--host-discovery-script S [--discovery-interval T]]
+             [--reset-limit R] command [args ...]
+
+Each process is a *worker* with an id that is never reused (0..K-1 at the
+start; the output prefix is the worker id, not the rank). A worker that fails
+(non-zero exit or signal) does not stop the others: the launcher publishes a
+new *generation* in its store (the survivors in their previous rank order,
+ranks 0..n-1) and the workers re-rendezvous into it (cring.elastic.run). If
+fewer than M (default K) workers would remain, or R generations have already
+been formed after the first, the job fails as above. The discovery script
+(an executable printing 'host[:slots]' lines) is run every T seconds (default
+1); while it reports more slots on this host than there are workers (at most
+N), new workers are started for a new generation; slots on other hosts are
+ignored with a warning. Failed workers are replaced only that way. Once a
+worker has exited 0 the job is finishing: no generation is formed any more,
+and a later failure ends the job. Extra environment of every worker:
+CRING_ELASTIC=1, CRING_ELASTIC_WORKER_ID, CRING_ELASTIC_GENERATION. The exit
+status is 0 when every worker still in the job exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import queue
 import secrets
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -76,6 +101,7 @@ __all__ = ["main"]
 
 PROG = "cringrun"
 DEFAULT_GRACE_SECONDS = 5.0
+DEFAULT_DISCOVERY_INTERVAL_S = 1.0
 
 # After the last rank has exited, how long to wait for its pipes to close (a
 # child of a rank may still hold them) before killing what is left.
@@ -114,6 +140,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
 
 
@@ -175,12 +211,70 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="HOSTS",
         help="not supported yet: cringrun launches on this host only",
     )
+    elastic = parser.add_argument_group(
+        "elastic training",
+        "With --elastic, a worker that fails does not end the job: the others form a new "
+        "generation (new ranks and size) through the launcher's store and carry on "
+        "(cring.elastic.run); see docs/elastic.md.",
+    )
+    elastic.add_argument(
+        "--elastic",
+        action="store_true",
+        help="keep the job running when workers fail, as long as --min-np remain",
+    )
+    elastic.add_argument(
+        "--min-np",
+        type=_positive_int,
+        metavar="M",
+        help="fail the job when fewer than M workers remain (default: -np)",
+    )
+    elastic.add_argument(
+        "--max-np",
+        type=_positive_int,
+        metavar="N",
+        help="never run more than N workers (default: no limit beyond the discovery script)",
+    )
+    elastic.add_argument(
+        "--host-discovery-script",
+        metavar="SCRIPT",
+        help=(
+            "executable printing one 'host[:slots]' line per host; workers are added "
+            "while this host has more slots than running workers (only this host is used)"
+        ),
+    )
+    elastic.add_argument(
+        "--discovery-interval",
+        type=_non_negative_float,
+        default=DEFAULT_DISCOVERY_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between runs of the discovery script (default {DEFAULT_DISCOVERY_INTERVAL_S:g})",
+    )
+    elastic.add_argument(
+        "--reset-limit",
+        type=_non_negative_int,
+        metavar="K",
+        help="fail the job instead of forming generation K+1 (default: no limit)",
+    )
     return parser
 
 
 # Launcher options that take a value as the next argument; used to find where
 # the command starts without letting argparse look at the command's flags.
-_OPTIONS_WITH_VALUE = frozenset({"-np", "-n", "--num-proc", "--grace-seconds", "-H", "--hosts"})
+_OPTIONS_WITH_VALUE = frozenset(
+    {
+        "-np",
+        "-n",
+        "--num-proc",
+        "--grace-seconds",
+        "-H",
+        "--hosts",
+        "--min-np",
+        "--max-np",
+        "--host-discovery-script",
+        "--discovery-interval",
+        "--reset-limit",
+    }
+)
 
 
 def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -207,6 +301,12 @@ class _Options:
     prefix_output: bool
     grace_seconds: float
     command: list[str]
+    elastic: bool = False
+    min_np: int = 1
+    max_np: int | None = None
+    discovery_script: str | None = None
+    discovery_interval_s: float = DEFAULT_DISCOVERY_INTERVAL_S
+    reset_limit: int | None = None
 
 
 def _parse_args(argv: Sequence[str]) -> _Options:
@@ -220,11 +320,37 @@ def _parse_args(argv: Sequence[str]) -> _Options:
         parser.error("the number of processes is required: -np N")
     if not command:
         parser.error("missing the command to run after the options")
+    elastic_only = {
+        "--min-np": namespace.min_np,
+        "--max-np": namespace.max_np,
+        "--host-discovery-script": namespace.host_discovery_script,
+        "--reset-limit": namespace.reset_limit,
+    }
+    if namespace.discovery_interval != DEFAULT_DISCOVERY_INTERVAL_S:
+        elastic_only["--discovery-interval"] = namespace.discovery_interval
+    if not namespace.elastic:
+        for option, value in elastic_only.items():
+            if value is not None:
+                parser.error(f"{option} needs --elastic")
+    min_np = namespace.num_proc if namespace.min_np is None else namespace.min_np
+    if min_np > namespace.num_proc:
+        parser.error(f"--min-np {min_np} is more than -np {namespace.num_proc}")
+    if namespace.max_np is not None and namespace.max_np < namespace.num_proc:
+        parser.error(f"--max-np {namespace.max_np} is less than -np {namespace.num_proc}")
+    script = namespace.host_discovery_script
+    if script is not None and not (os.path.isfile(script) and os.access(script, os.X_OK)):
+        parser.error(f"--host-discovery-script {script!r} is not an executable file")
     return _Options(
         num_proc=namespace.num_proc,
         prefix_output=not namespace.no_prefix,
         grace_seconds=namespace.grace_seconds,
         command=command,
+        elastic=namespace.elastic,
+        min_np=min_np,
+        max_np=namespace.max_np,
+        discovery_script=script,
+        discovery_interval_s=namespace.discovery_interval,
+        reset_limit=namespace.reset_limit,
     )
 
 
@@ -327,6 +453,7 @@ class _OutputPump:
     def __init__(self, streams: list[_Stream]) -> None:
         self._selector = selectors.DefaultSelector()
         self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
         self._selector.register(self._wake_read, selectors.EVENT_READ, None)
         self._open_by_rank: dict[int, int] = {}
@@ -335,10 +462,25 @@ class _OutputPump:
             self._open_by_rank[stream.rank] = self._open_by_rank.get(stream.rank, 0) + 1
         self._condition = threading.Condition()
         self._stop_requested = False
+        self._added: list[_Stream] = []  # streams add() hands to the thread
         self._thread = threading.Thread(target=self._run, name="cringrun-output", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def add(self, streams: list[_Stream]) -> None:
+        """Relay more pipes (ranks started later); the thread registers them."""
+        with self._condition:
+            self._added.extend(streams)
+            for stream in streams:
+                self._open_by_rank[stream.rank] = self._open_by_rank.get(stream.rank, 0) + 1
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_write, b"x")
+        except BlockingIOError:
+            pass  # a wake-up is already pending
 
     def wait_closed(self, timeout_s: float, rank: int | None = None) -> bool:
         """Wait until every pipe (or every pipe of one rank) reached end of file."""
@@ -360,10 +502,7 @@ class _OutputPump:
         """Relay what is still buffered in the pipes, close them and end the thread."""
         with self._condition:
             self._stop_requested = True
-        try:
-            os.write(self._wake_write, b"x")
-        except BlockingIOError:
-            pass  # a wake-up is already pending
+        self._wake()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         if not self._thread.is_alive():
@@ -377,8 +516,15 @@ class _OutputPump:
         while True:
             for key, _ in self._selector.select():
                 if key.data is None:
+                    try:
+                        os.read(self._wake_read, 4096)
+                    except BlockingIOError:
+                        pass
                     with self._condition:
                         stop_requested = self._stop_requested
+                        added, self._added = self._added, []
+                    for stream in added:
+                        self._selector.register(stream.pipe, selectors.EVENT_READ, stream)
                     if stop_requested:
                         self._drain_and_close_all()
                         return
@@ -483,6 +629,15 @@ class _SignalWatcher:
 
     def _ignore(self, signum: int, frame: object) -> None:
         pass
+
+    def wake(self) -> None:
+        """Make wait() return now (callable from any thread)."""
+        if not self.active:
+            return
+        try:
+            os.write(self._wake_write, b"\0")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is already pending (or the watcher is closing)
 
     def take_signals(self) -> list[int]:
         taken, self._pending = self._pending, []
@@ -625,40 +780,45 @@ class _Job:
     def _spawn_all(self) -> None:
         size = self._options.num_proc
         for rank in range(size):
-            env = dict(self._env)
-            env.update(
-                CRING_RANK=str(rank),
-                CRING_SIZE=str(size),
-                CRING_LOCAL_RANK=str(rank),
-                CRING_LOCAL_SIZE=str(size),
-            )
-            try:
-                process = subprocess.Popen(
-                    self._options.command,
-                    env=env,
-                    stdin=None if rank == 0 else subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                )
-            except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in an argument
-                # The shell's codes: 127 not found, 126 found but not executable.
-                if isinstance(exc, FileNotFoundError):
-                    self._exit_code = 127
-                elif isinstance(exc, PermissionError):
-                    self._exit_code = 126
-                else:
-                    self._exit_code = 1
-                detail = getattr(exc, "strerror", None) or str(exc)
-                self.message(f"cannot start rank {rank}: {self._options.command[0]}: {detail}")
+            if self._spawn(rank, _rank_environment(rank, size)) is None:
                 if self._ranks:
                     self._begin_stop(signal.SIGTERM)
                 return
-            self._ranks.append(_Rank(rank, process))
 
-    def _streams(self) -> list[_Stream]:
+    def _spawn(self, label: int, variables: dict[str, str]) -> _Rank | None:
+        """Start one process of the command (label: its rank, or its worker id
+        under --elastic; label 0 reads stdin). On failure, print why, set the
+        exit code (127 not found, 126 not executable, else 1) and return None."""
+        env = dict(self._env)
+        env.update(variables)
+        try:
+            process = subprocess.Popen(
+                self._options.command,
+                env=env,
+                stdin=None if label == 0 else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in an argument
+            # The shell's codes: 127 not found, 126 found but not executable.
+            if isinstance(exc, FileNotFoundError):
+                self._exit_code = 127
+            elif isinstance(exc, PermissionError):
+                self._exit_code = 126
+            else:
+                self._exit_code = 1
+            detail = getattr(exc, "strerror", None) or str(exc)
+            what = "worker" if self._options.elastic else "rank"
+            self.message(f"cannot start {what} {label}: {self._options.command[0]}: {detail}")
+            return None
+        started = _Rank(label, process)
+        self._ranks.append(started)
+        return started
+
+    def _streams(self, ranks: list[_Rank] | None = None) -> list[_Stream]:
         streams = []
-        for rank in self._ranks:
+        for rank in self._ranks if ranks is None else ranks:
             prefix = f"[{rank.rank}] ".encode() if self._options.prefix_output else b""
             assert rank.process.stdout is not None and rank.process.stderr is not None
             streams.append(
@@ -679,7 +839,7 @@ class _Job:
             running = self._running()
             if not running:
                 return
-            timeout_s: float | None = None
+            timeout_s = self._tick()
             if self._kill_deadline is not None and not self._killed:
                 remaining_s = self._kill_deadline - time.monotonic()
                 if remaining_s <= 0:
@@ -690,8 +850,12 @@ class _Job:
                     )
                     self._kill_all()
                     continue
-                timeout_s = remaining_s
+                timeout_s = remaining_s if timeout_s is None else min(timeout_s, remaining_s)
             watcher.wait(timeout_s)
+
+    def _tick(self) -> float | None:
+        """Periodic work of a subclass; returns how soon to call again (None: no need)."""
+        return None
 
     def _running(self) -> list[_Rank]:
         return [rank for rank in self._ranks if rank.status is None]
@@ -778,6 +942,428 @@ class _Job:
                         pipe.close()
 
 
+# ---------------------------------------------------------------------------
+# The elastic job
+# ---------------------------------------------------------------------------
+
+# A discovery script that runs longer than this is abandoned for that round.
+_DISCOVERY_TIMEOUT_S = 30.0
+# Blocking store reads of the request thread are renewed this often.
+_REQUEST_WAIT_S = 3600.0
+
+
+def _local_host_names() -> frozenset[str]:
+    names = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
+    for name in (socket.gethostname(), socket.getfqdn()):
+        if name:
+            names.add(name.lower())
+            names.add(name.split(".")[0].lower())
+    return frozenset(names)
+
+
+def _parse_discovery(text: str) -> tuple[dict[str, int], list[str]]:
+    """Lines 'host' or 'host:slots' (blank lines and '#' comments skipped):
+    ({host: slots}, [problems])."""
+    hosts: dict[str, int] = {}
+    problems = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        host, _, slots_text = line.rpartition(":") if ":" in line else (line, "", "1")
+        try:
+            slots = int(slots_text)
+        except ValueError:
+            slots = -1
+        if not host or slots < 0:
+            problems.append(f"ignoring the line {line!r} (expected host or host:slots)")
+            continue
+        hosts[host.lower()] = hosts.get(host.lower(), 0) + slots
+    return hosts, problems
+
+
+class _ElasticJob(_Job):
+    """cringrun --elastic: a worker that fails leaves the job instead of ending it.
+
+    Every process is a *worker* with an id that is never reused (its output
+    prefix); a *generation* is a list of workers in rank order. When workers
+    fail, the survivors (in their previous rank order) form the next
+    generation, unless fewer than --min-np would remain; the launcher
+    publishes it in its store (cring.elastic's keys and records) and the
+    workers re-rendezvous into it. A discovery script can add workers (up to
+    --max-np); a worker can ask for a new generation (after a time-out). Once
+    a worker has exited 0 the job is finishing: no generation is formed any
+    more and a failure ends the job as without --elastic.
+    """
+
+    def __init__(self, options: _Options, env: dict[str, str], job_id: str) -> None:
+        super().__init__(options, env)
+        from cring import elastic  # the protocol shared with the workers
+
+        self._protocol = elastic
+        self._keys = elastic._Keys(job_id)
+        self._store: Any = None
+        self._generation = -1
+        self._resets = 0
+        self._members: list[_Rank] = []  # the current generation, in rank order
+        self._next_worker_id = 0
+        self._finishing = False
+        self._next_discovery_s = 0.0
+        self._discovery_problem: str | None = None
+        self._local_names = _local_host_names()
+        self._requests: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._request_client: Any = None
+        self._request_thread: threading.Thread | None = None
+        self._watcher: _SignalWatcher | None = None
+        self._closing = False
+        self._added_now: list[_Rank] = []  # started for the current generation (not the first)
+        self._abandoned: set[int] = set()  # ids of workers the launcher stopped: not failures
+
+    def run(self) -> int:
+        with _SignalWatcher() as watcher:
+            self._watcher = watcher
+            try:
+                if self._connect():
+                    self._spawn_all()
+                    self._pump = _OutputPump(self._streams())
+                    with _signals_blocked():  # the threads inherit the mask
+                        self._pump.start()
+                        self._start_request_thread()
+                    self._supervise(watcher)
+            finally:
+                self._stop_request_thread()
+                self._finish()
+                if self._store is not None:
+                    self._store.close()
+        return self._exit_code if self._exit_code is not None else 0
+
+    def _connect(self) -> bool:
+        try:
+            self._store = self._client()
+            self._request_client = self._client()
+        except (OSError, ConnectionError) as exc:
+            self.message(f"cannot connect to its own rendezvous store: {exc}")
+            self._exit_code = 1
+            return False
+        return True
+
+    def _client(self) -> Any:
+        return self._protocol._StoreClient(
+            "127.0.0.1", int(self._env["CRING_PORT"]), self._env["CRING_SECRET"], 10.0
+        )
+
+    # -- requests from workers -------------------------------------------------
+
+    def _start_request_thread(self) -> None:
+        self._request_thread = threading.Thread(
+            target=self._watch_requests, name="cringrun-requests", daemon=True
+        )
+        self._request_thread.start()
+
+    def _watch_requests(self) -> None:
+        n = 1
+        while True:
+            try:
+                value = self._request_client.get(self._keys.request(n), _REQUEST_WAIT_S)
+            except (OSError, ConnectionError, ValueError):
+                return  # the launcher is closing the connection
+            if value is None:
+                continue
+            n += 1
+            try:
+                request = json.loads(value)
+            except ValueError:
+                continue
+            if isinstance(request, dict):
+                self._requests.put(request)
+                if not self._closing and self._watcher is not None:
+                    self._watcher.wake()
+
+    def _stop_request_thread(self) -> None:
+        self._closing = True
+        if self._request_client is not None:
+            self._request_client.abort()
+        if self._request_thread is not None:
+            self._request_thread.join(_OUTPUT_THREAD_JOIN_TIMEOUT_S)
+
+    def _handle_requests(self) -> None:
+        while True:
+            try:
+                request = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if self._stop_signal is not None or self._finishing:
+                continue
+            if request.get("generation") != self._generation:
+                continue  # about a generation that has been replaced already
+            self._collect_exits()  # deaths first: they may replace the generation
+            if request.get("generation") != self._generation or self._stop_signal is not None:
+                continue
+            if not self._may_reset():
+                continue
+            self.message(
+                f"worker {request.get('worker')} asked for a new generation "
+                f"({request.get('reason', '')}); forming generation {self._generation + 1} "
+                f"with the same {_workers(len(self._members))}"
+            )
+            self._new_generation(self._members, 0, "asked for by a worker")
+
+    # -- generations -----------------------------------------------------------
+
+    def _spawn_all(self) -> None:
+        self._new_generation([], self._options.num_proc, "start")
+
+    def _new_generation(self, carried: list[_Rank], added: int, reason: str) -> None:
+        """Start `added` workers and publish generation +1 = carried + started."""
+        generation = self._generation + 1
+        size = len(carried) + added
+        started: list[_Rank] = []
+        for index in range(added):
+            worker_id = self._next_worker_id
+            self._next_worker_id += 1
+            variables = _rank_environment(len(carried) + index, size)
+            variables.update(
+                CRING_ELASTIC="1",
+                CRING_ELASTIC_WORKER_ID=str(worker_id),
+                CRING_ELASTIC_GENERATION=str(generation),
+            )
+            worker = self._spawn(worker_id, variables)
+            if worker is None:
+                self._begin_stop(signal.SIGTERM)
+                return
+            started.append(worker)
+        members = carried + started
+        record = self._protocol.make_record(
+            generation, [w.rank for w in members], [w.rank for w in started], reason
+        )
+        try:
+            self._store.set(self._keys.generation(generation), record)
+            self._store.set(self._keys.latest, str(generation).encode())
+        except (OSError, ConnectionError) as exc:
+            self.message(f"cannot publish generation {generation} in the store: {exc}")
+            if self._exit_code is None:
+                self._exit_code = 1
+            self._begin_stop(signal.SIGTERM)
+            return
+        if generation > 0:
+            self._resets += 1
+        self._generation = generation
+        self._members = members
+        self._added_now = started if generation > 0 else []
+        if started and self._pump is not None:
+            self._pump.add(self._streams(started))
+
+    def _may_reset(self, *, fail: bool = True) -> bool:
+        """Whether --reset-limit allows another generation; if not and `fail`,
+        stop the job (exit code 1)."""
+        limit = self._options.reset_limit
+        if limit is None or self._resets < limit:
+            return True
+        if fail:
+            self.message(
+                f"the job has already formed {limit} new generations (--reset-limit "
+                f"{limit}); stopping the job"
+            )
+            if self._exit_code is None:
+                self._exit_code = 1
+            self._begin_stop(signal.SIGTERM)
+        return False
+
+    def _wanted_workers(self) -> int:
+        """Workers the discovery script asks for (0 without a script)."""
+        slots = self._discovered_slots
+        if slots is None:
+            return 0
+        limit = self._options.max_np
+        return slots if limit is None else min(slots, limit)
+
+    _discovered_slots: int | None = None
+
+    # -- exits -------------------------------------------------------------------
+
+    def _collect_exits(self) -> None:
+        failed: list[_Rank] = []
+        finished: list[_Rank] = []
+        for worker in self._running():
+            worker.status = _exit_status_nowait(worker.process)
+            if worker.status is not None:
+                (finished if worker.status == 0 else failed).append(worker)
+        if not failed and not finished:
+            return
+        if self._stop_signal is not None:  # already stopping: the first cause wins
+            if failed and self._exit_code is None:
+                self._exit_code = _exit_code_of(failed[0].status or 0)
+            return
+        if finished and not self._finishing:
+            self._finishing = True
+            reason = (
+                f"worker {finished[0].rank} has finished (exit code 0), so the job is ending; "
+                "no new generation is formed"
+            )
+            try:
+                self._store.set(
+                    self._keys.generation(self._generation + 1),
+                    self._protocol.make_final_record(self._generation + 1, reason),
+                )
+            except (OSError, ConnectionError):
+                pass  # workers waiting for a generation then time out instead
+            self._stop_unjoined_workers()
+        for worker in finished:
+            if worker in self._members:
+                self._members.remove(worker)
+        failed = [w for w in failed if w.rank not in self._abandoned]
+        if not failed:
+            return
+        if self._finishing:
+            first = failed[0]
+            assert first.status is not None
+            self._exit_code = _exit_code_of(first.status)
+            self._wait_for_output(failed)
+            others = len(self._running())
+            summary = f"worker {first.rank} {_describe_status(first.status)} after another finished"
+            if others:
+                summary += f"; stopping the other {_processes(others)}"
+            self.message(summary)
+            self._begin_stop(signal.SIGTERM)
+            return
+        self._reform(failed)
+
+    def _stop_unjoined_workers(self) -> None:
+        """When the job starts finishing: workers started for a generation that
+        the others never formed (they finished first) would wait for them in
+        vain; stop them, and do not count how they end."""
+        added = [w for w in self._members if w in self._added_now and w.status is None]
+        if not added:
+            return
+        try:
+            formed = self._store.get(self._keys.formed(self._generation), 0.0) is not None
+        except (OSError, ConnectionError):
+            formed = False
+        if formed:
+            return
+        self.message(
+            f"stopping {_workers(len(added))} ({', '.join(str(w.rank) for w in added)}) started "
+            f"for generation {self._generation}, which the others finished without joining"
+        )
+        for worker in added:
+            self._abandoned.add(worker.rank)
+            self._members.remove(worker)
+            try:
+                os.killpg(worker.process.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _wait_for_output(self, workers: list[_Rank]) -> None:
+        if self._pump is not None:
+            for worker in workers:
+                self._pump.wait_closed(_FAILED_RANK_OUTPUT_TIMEOUT_S, rank=worker.rank)
+
+    def _reform(self, failed: list[_Rank]) -> None:
+        self._wait_for_output(failed)
+        size = len(self._members)
+        lost = []
+        for worker in failed:
+            assert worker.status is not None
+            where = (
+                f" (rank {self._members.index(worker)} of {size})"
+                if worker in self._members
+                else ""
+            )
+            lost.append(f"worker {worker.rank}{where} {_describe_status(worker.status)}")
+            if worker in self._members:
+                self._members.remove(worker)
+        carried = list(self._members)
+        added = max(0, self._wanted_workers() - len(carried))
+        total = len(carried) + added
+        what = "; ".join(lost)
+        if total < self._options.min_np:
+            first = failed[0]
+            assert first.status is not None
+            self._exit_code = _exit_code_of(first.status)
+            self.message(
+                f"{what}; {_workers(total)} {'remains' if total == 1 else 'remain'}, fewer than "
+                f"--min-np {self._options.min_np}: stopping the job"
+            )
+            self._begin_stop(signal.SIGTERM)
+            return
+        if not self._may_reset():
+            return
+        more = f" ({added} new)" if added else ""
+        self.message(
+            f"{what}; continuing with {_workers(total)}{more} as generation {self._generation + 1}"
+        )
+        self._new_generation(carried, added, what)
+
+    # -- discovery ---------------------------------------------------------------
+
+    def _tick(self) -> float | None:
+        self._handle_requests()
+        script = self._options.discovery_script
+        if script is None or self._finishing or self._stop_signal is not None:
+            return None
+        now = time.monotonic()
+        if now >= self._next_discovery_s:
+            self._discover(script)
+            self._next_discovery_s = time.monotonic() + self._options.discovery_interval_s
+            now = time.monotonic()
+        return max(0.0, self._next_discovery_s - now)
+
+    def _discovery_warning(self, problem: str | None) -> None:
+        if problem is not None and problem != self._discovery_problem:
+            self.message(f"warning: host discovery: {problem}")
+        self._discovery_problem = problem
+
+    def _discover(self, script: str) -> None:
+        try:
+            result = subprocess.run(
+                [script],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=_DISCOVERY_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            self._discovery_warning(f"{script} failed: {exc}")
+            return
+        if result.returncode != 0:
+            tail = result.stderr.decode(errors="replace").strip()[-500:]
+            self._discovery_warning(f"{script} exited with code {result.returncode}: {tail}")
+            return
+        hosts, problems = _parse_discovery(result.stdout.decode(errors="replace"))
+        remote = sorted(h for h in hosts if h not in self._local_names)
+        if remote:
+            problems.append(
+                f"cringrun starts workers on this host only; ignoring {', '.join(remote)}"
+            )
+        self._discovery_warning("; ".join(problems) or None)
+        self._discovered_slots = sum(n for h, n in hosts.items() if h in self._local_names)
+        added = self._wanted_workers() - len(self._members)
+        if added > 0 and not self._may_reset(fail=False):
+            self._discovery_warning(
+                f"not adding workers: --reset-limit {self._options.reset_limit} reached"
+            )
+        elif added > 0:
+            self.message(
+                f"host discovery: {self._discovered_slots} slots on this host; adding "
+                f"{added} {'worker' if added == 1 else 'workers'} as generation "
+                f"{self._generation + 1}"
+            )
+            self._new_generation(self._members, added, f"{added} added by host discovery")
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker" if count == 1 else f"{count} workers"
+
+
+def _rank_environment(rank: int, size: int) -> dict[str, str]:
+    return {
+        "CRING_RANK": str(rank),
+        "CRING_SIZE": str(size),
+        "CRING_LOCAL_RANK": str(rank),
+        "CRING_LOCAL_SIZE": str(size),
+    }
+
+
 def _job_environment(port: int, secret: str, job_id: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -808,7 +1394,10 @@ def _launch(options: _Options) -> int:
         print(f"{PROG}: cannot start the rendezvous store: {exc}", file=sys.stderr)
         return 1
     try:
-        return _Job(options, _job_environment(port, secret, job_id)).run()
+        env = _job_environment(port, secret, job_id)
+        if options.elastic:
+            return _ElasticJob(options, env, job_id).run()
+        return _Job(options, env).run()
     finally:
         try:
             server.stop()

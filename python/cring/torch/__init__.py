@@ -102,3 +102,5 @@ __all__ = [
     "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "shutdown",
     "size", "start_timeline", "stop_timeline", "synchronize",
 ]
+
+from . import elastic  # noqa: E402  (hvd.elastic.run, hvd.elastic.TorchState, as in Horovod)

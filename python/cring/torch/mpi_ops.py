@@ -21,6 +21,7 @@ import torch
 
 import cring
 from cring import _api
+from cring import elastic as _elastic
 
 # ---- reduction ops (Horovod's numbering; cring uses the same values) -----------------------------
 
@@ -53,14 +54,8 @@ class TimeoutInternalError(HorovodInternalError, cring.TimeoutError):
     HorovodInternalError and a cring.TimeoutError."""
 
 
-class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's elastic signal that the set of hosts changed. cring has no
-    elastic driver yet, so nothing in cring raises it; it exists so that code
-    which catches it keeps working."""
-
-    def __init__(self, skip_sync: bool = False):
-        super().__init__("the set of hosts was updated")
-        self.skip_sync = skip_sync
+# Horovod's elastic signal that the set of workers changed (cring.elastic raises it).
+HostsUpdatedInterrupt = _elastic.HostsUpdatedInterrupt
 
 
 _PASS_THROUGH = (cring.MismatchError, cring.NotInitializedError, HorovodInternalError)

@@ -119,9 +119,9 @@ class _DistributedOptimizer:
         self._cring_synchronized = False
         self._cring_should_synchronize = True
         self._cring_hook_handles: list = []
-        self._cring_hooked = cring.size() > 1
-        if self._cring_hooked:
-            self._cring_register_hooks(trainable)
+        # Hooks are registered even for one rank: an elastic job can grow
+        # later. With one rank they do nothing (checked per call).
+        self._cring_register_hooks(trainable)
 
     def _cring_register_hooks(self, trainable: list) -> None:
         me = weakref.ref(self)
@@ -150,6 +150,8 @@ class _DistributedOptimizer:
     # ---- the hook: one gradient is final ---------------------------------------------------
 
     def _cring_grad_ready(self, p: torch.Tensor) -> None:
+        if cring.size() == 1:
+            return
         with self._cring_lock:
             unit = self._cring_unit_of.get(p)
             if unit is None:
@@ -228,7 +230,7 @@ class _DistributedOptimizer:
         (parameters whose gradient did not arrive by a hook, and gradients
         accumulated fewer than backward_passes_per_step times), then wait for
         all of them. Afterwards every .grad holds the reduced gradient."""
-        if not self._cring_hooked:
+        if cring.size() == 1:
             self._cring_synchronized = True
             return
         error: Optional[BaseException] = None
