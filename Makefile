@@ -2,6 +2,9 @@
 #   make            -> build/libcring.a and build/tests/*
 #   make test       -> run every C test
 #   make SANITIZE=1 -> the same with ASan + UBSan (build-asan/)
+# The GPU layer (csrc/gpu) loads CUDA and NCCL with dlopen at run time: nothing
+# here needs CUDA. Its tests use the test doubles libfake_nccl.so and
+# libfake_cudart.so, built next to the test programs.
 CC ?= cc
 SANITIZE ?= 0
 BUILD := $(if $(filter 1,$(SANITIZE)),build-asan,build)
@@ -12,16 +15,19 @@ ifeq ($(SANITIZE),1)
 CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=address,undefined
 endif
-LDLIBS += -pthread -lrt -lm
+LDLIBS += -pthread -lrt -lm -ldl
 
 LIB_SRCS := $(sort $(wildcard csrc/common/*.c csrc/bootstrap/*.c csrc/transport/*.c \
-                              csrc/reduce/*.c csrc/algo/*.c csrc/core/*.c csrc/engine/*.c))
+                              csrc/reduce/*.c csrc/algo/*.c csrc/core/*.c csrc/engine/*.c \
+                              csrc/gpu/*.c))
 LIB_OBJS := $(patsubst csrc/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
 TEST_SRCS := $(sort $(wildcard csrc/tests/test_*.c))
 TEST_BINS := $(patsubst csrc/tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 HEADERS := $(wildcard csrc/include/cring/*.h csrc/*/*.h)
+FAKE_LIBS := $(BUILD)/tests/libfake_nccl.so $(BUILD)/tests/libfake_nccl_no_allgather.so \
+             $(BUILD)/tests/libfake_cudart.so
 
-all: $(BUILD)/libcring.a $(TEST_BINS)
+all: $(BUILD)/libcring.a $(TEST_BINS) $(FAKE_LIBS)
 
 $(BUILD)/obj/%.o: csrc/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -34,6 +40,19 @@ $(BUILD)/libcring.a: $(LIB_OBJS)
 $(BUILD)/tests/%: csrc/tests/%.c csrc/tests/testutil.h $(BUILD)/libcring.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/libcring.a $(LDFLAGS) $(LDLIBS)
+
+# Test doubles for the GPU layer ("device memory" is host memory).
+$(BUILD)/tests/libfake_nccl.so: csrc/tests/fake_nccl.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -shared $< -o $@ $(LDFLAGS) -pthread -lrt -lm
+
+$(BUILD)/tests/libfake_nccl_no_allgather.so: csrc/tests/fake_nccl.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DFAKE_NCCL_WITHOUT_ALLGATHER -shared $< -o $@ $(LDFLAGS) -pthread -lrt -lm
+
+$(BUILD)/tests/libfake_cudart.so: csrc/tests/fake_cudart.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -shared $< -o $@ $(LDFLAGS)
 
 test: all
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; timeout 300 $$t; done; \

@@ -2,13 +2,16 @@
 
 Needs only a C compiler and the Python headers: no framework, CUDA or MPI.
 Vector kernels are selected at run time by CPU feature, so no -march flags.
+The GPU layer (csrc/gpu) finds the CUDA runtime and NCCL with dlopen at run
+time: building needs neither.
 """
 
 from glob import glob
 
 from setuptools import Extension, setup
 
-LIB_LAYERS = ["common", "bootstrap", "transport", "reduce", "algo", "core", "engine", "pyext"]
+LIB_LAYERS = ["common", "bootstrap", "transport", "reduce", "algo", "core", "engine", "gpu",
+              "pyext"]
 sources = sorted(src for layer in LIB_LAYERS for src in glob(f"csrc/{layer}/*.c"))
 
 ext = Extension(
@@ -19,7 +22,7 @@ ext = Extension(
     extra_compile_args=["-std=c11", "-O3", "-fvisibility=hidden", "-pthread",
                         "-Wno-unused-parameter"],
     extra_link_args=["-pthread"],
-    libraries=["rt", "m"],
+    libraries=["rt", "m", "dl"],
 )
 
 setup(ext_modules=[ext])

@@ -48,9 +48,11 @@ def test_bool_cannot_be_reduced(single):
     assert cring.broadcast(np.array([True, False]), 0).tolist() == [True, False]
 
 
-def test_cuda_tensor_without_gpu_path(single):
+def test_cuda_tensor_without_nccl(single, monkeypatch):
+    """No NCCL on this machine: the error names the tensor and what to install."""
+    monkeypatch.setenv("CRING_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
     fake = FakeTensor(np.zeros(4, dtype=np.float32), device_type=2)
-    with pytest.raises(ValueError, match=r"'g' is on cuda:0.*GPU"):
+    with pytest.raises(cring.CRingError, match=r"'g' is on cuda:0.*nvidia-nccl"):
         cring.allreduce_(fake, name="g")
 
 

@@ -66,6 +66,7 @@ from ._api import (
     size,
     transport,
 )
+from ._gpu import cuda_available, nccl_available
 
 __version__ = "0.1.0"
 
@@ -80,4 +81,5 @@ __all__ = [
     "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank", "local_size", "poll",
     "rank", "reducescatter", "reducescatter_async", "shutdown", "size", "start_timeline",
     "stop_timeline", "synchronize", "transport", "__version__",
+    "cuda_available", "nccl_available",
 ]

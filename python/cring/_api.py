@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from numpy import ndarray as _ndarray
 
-from . import _C, _discovery
+from . import _C, _discovery, _gpu
 from ._tensors import dlpack_source, empty_like
 
 CRingError = _C.CRingError
@@ -113,6 +113,7 @@ def shutdown() -> None:
     exits, so that peers re-initialising first find the next generation."""
     global _topology, _plan_server
     with _state_lock:
+        _gpu.shutdown()  # NCCL communicators of this init
         _C.shutdown()
         if _plan_server is not None:
             _plan_server.stop()
@@ -292,6 +293,9 @@ def _submit(collective: int, name: str, pairs: list, finish: Callable[[Any], Any
 def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compression: Any,
                      prescale_factor: float, postscale_factor: float, grouped: bool,
                      caller_waits: bool) -> Handle:
+    if _gpu.any_cuda(tensors):  # CUDA tensors: NCCL or host staging
+        return _gpu.allreduce_async(tensors, in_place, op, name, compression, prescale_factor,
+                                    postscale_factor, grouped, caller_waits)
     op = _op(op)
     pairs, outs, wires = [], [], set()
     plain = compression is None or compression is Compression.none
@@ -354,6 +358,9 @@ def allreduce_(tensor: Any, op: int = Average, name: Optional[str] = None,
                                             compression, prescale_factor, postscale_factor,
                                             False, True))
     # The common synchronous case, kept short: it is on every small call's path.
+    if type(tensor) is not _ndarray and _gpu.is_cuda(tensor):
+        return synchronize(_gpu.allreduce_async([tensor], True, op, _name("allreduce", name),
+                                                None, 1.0, 1.0, False, True))
     src = tensor if type(tensor) is _ndarray else dlpack_source(tensor)
     code = _OP_VALUES.get(op) if type(op) is int or type(op) is ReduceOp else None
     _c_submit(_ALLREDUCE, name if type(name) is str else _name("allreduce", name), [(src, src)],
@@ -408,6 +415,8 @@ def _broadcast_async(tensor: Any, root_rank: int, name: str, in_place: bool,
                      caller_waits: bool) -> Handle:
     _require_init()
     root = _check_root(root_rank, name)
+    if _gpu.is_cuda(tensor):
+        return _gpu.broadcast_async(tensor, root, name, in_place, caller_waits)
     src = dlpack_source(tensor)
     if in_place:
         return _submit(_C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root,
@@ -440,6 +449,8 @@ def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
 
 def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> Handle:
     _require_init()
+    if _gpu.any_cuda(tensors):
+        return _gpu.allgather_async(tensors, name, grouped, caller_waits)
     infos = [_info(x, name) for x in tensors]
     pairs = [(dlpack_source(x), None) for x in tensors]
 
@@ -483,6 +494,9 @@ def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
                          prescale_factor: float, postscale_factor: float,
                          caller_waits: bool) -> Handle:
     _require_init()
+    if _gpu.any_cuda(tensors):
+        return _gpu.reducescatter_async(tensors, op, name, grouped, prescale_factor,
+                                        postscale_factor, caller_waits)
     op = _op(op)
     pairs, outs = [], []
     p, r = size(), rank()

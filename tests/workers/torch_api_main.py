@@ -121,9 +121,10 @@ def basics():
         "local_rank": hvd.local_rank() == RANK, "local_size": hvd.local_size() == SIZE,
         "cross_rank": hvd.cross_rank() == 0, "cross_size": hvd.cross_size() == 1,
         "built": [f() for f in (hvd.mpi_built, hvd.mpi_enabled, hvd.gloo_built,
-                                hvd.gloo_enabled, hvd.nccl_built, hvd.ddl_built, hvd.ccl_built,
-                                hvd.cuda_built, hvd.rocm_built, hvd.mpi_threads_supported)]
-        == [False] * 10 and hvd.cring_built() is True,
+                                hvd.gloo_enabled, hvd.ddl_built, hvd.ccl_built,
+                                hvd.rocm_built, hvd.mpi_threads_supported)]
+        == [False] * 8 and hvd.cring_built() is True
+        and hvd.nccl_built() == cring.nccl_available(),
         "global_process_set": hvd.global_process_set.size() == SIZE
         and hvd.global_process_set.rank() == RANK
         and hvd.global_process_set.ranks == list(range(SIZE)),

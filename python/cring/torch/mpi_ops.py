@@ -198,7 +198,8 @@ def gloo_enabled() -> bool:
 
 
 def nccl_built() -> bool:
-    return False
+    """True when NCCL can be loaded at run time (cring never links it)."""
+    return cring.nccl_available()
 
 
 def ddl_built() -> bool:
@@ -210,7 +211,8 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """True when the CUDA runtime loads and a device is usable."""
+    return cring.cuda_available()
 
 
 def rocm_built() -> bool:

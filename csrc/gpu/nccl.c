@@ -1,0 +1,393 @@
+/* nccl.c: NCCL communicators (one per device slot, the unique id exchanged
+ * through the rendezvous store) and the collectives on them, each call's
+ * tensors enqueued inside one ncclGroupStart/ncclGroupEnd on the caller's
+ * stream. It never waits for the device: ordering comes from the stream. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../reduce/reduce.h"
+#include "gpu_internal.h"
+
+static void count_stats(cring__gpu_t *g, uint64_t comms, uint64_t groups, uint64_t calls) {
+    pthread_mutex_lock(&g->mu);
+    g->stats.communicators += comms;
+    g->stats.groups += groups;
+    g->stats.nccl_calls += calls;
+    pthread_mutex_unlock(&g->mu);
+}
+
+static cring_status_t nccl_status(ncclResult_t r) {
+    switch (r) {
+    case ncclRemoteError: return CRING_ERR_PEER_FAILURE;
+    case ncclInvalidArgument:
+    case ncclInvalidUsage: return CRING_ERR_INVALID_ARGUMENT;
+    default: return CRING_ERR_SYSTEM;
+    }
+}
+
+/* Describe NCCL's failure r of `what` into err (with NCCL's last message and
+ * an optional hint appended). err may be NULL. */
+static cring_status_t nccl_fail(cring__gpu_t *g, ncclComm_t comm, ncclResult_t r, const char *what,
+                                const char *hint, cring__errmsg_t *err) {
+    const char *last = g->nccl.GetLastError ? g->nccl.GetLastError(comm) : NULL;
+    const char *text = g->nccl.GetErrorString(r);
+    int has_last = last && *last;
+    return cring__fail(err, nccl_status(r), "%s failed: %s%s%s%s%s", what,
+                       text ? text : "unknown NCCL error", has_last ? " (" : "",
+                       has_last ? last : "", has_last ? ")" : "", hint ? hint : "");
+}
+
+static int nccl_dtype(cring_dtype_t d, ncclDataType_t *out) {
+    switch (d) {
+    case CRING_FLOAT16: *out = ncclFloat16; return 1;
+    case CRING_BFLOAT16: *out = ncclBfloat16; return 1;
+    case CRING_FLOAT32: *out = ncclFloat32; return 1;
+    case CRING_FLOAT64: *out = ncclFloat64; return 1;
+    case CRING_INT8: *out = ncclInt8; return 1;
+    case CRING_UINT8:
+    case CRING_BOOL: *out = ncclUint8; return 1;
+    case CRING_INT32: *out = ncclInt32; return 1;
+    case CRING_INT64: *out = ncclInt64; return 1;
+    default: return 0;
+    }
+}
+
+static int nccl_op(cring_op_t op, ncclRedOp_t *out) {
+    switch (op) {
+    case CRING_SUM: *out = ncclSum; return 1;
+    case CRING_AVERAGE: *out = ncclAvg; return 1;
+    case CRING_MIN: *out = ncclMin; return 1;
+    case CRING_MAX: *out = ncclMax; return 1;
+    case CRING_PRODUCT: *out = ncclProd; return 1;
+    default: return 0;
+    }
+}
+
+static int is_floating(cring_dtype_t d) {
+    return d == CRING_FLOAT16 || d == CRING_BFLOAT16 || d == CRING_FLOAT32 || d == CRING_FLOAT64;
+}
+
+static cring_status_t require_libraries(cring__gpu_t *g, cring__errmsg_t *err) {
+    if (!cring__gpu_has_nccl(g) || !cring__gpu_has_cudart(g))
+        return cring__fail(err, CRING_ERR_NOT_SUPPORTED,
+                           "NCCL and the CUDA runtime must be loaded first");
+    return CRING_OK;
+}
+
+cring_status_t cring__gpu_comm_create(cring__gpu_t *g, int slot, int device, int rank, int size,
+                                      cring_store_t *store, const char *key, double timeout_s,
+                                      cring__errmsg_t *err) {
+    CRING_CHECK(require_libraries(g, err));
+    if (size < 1 || rank < 0 || rank >= size || (size > 1 && (!store || !key)))
+        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "bad rank %d / size %d / store", rank,
+                           size);
+    cring_status_t st = CRING_OK;
+    pthread_mutex_lock(&g->comm_mu);
+    if (slot != g->ncomms) {
+        st = cring__fail(err, CRING_ERR_INVALID_ARGUMENT,
+                         "NCCL communicator slot %d requested, next is %d", slot, g->ncomms);
+        goto done;
+    }
+    if (slot >= CRING__GPU_MAX_SLOTS) {
+        st = cring__fail(err, CRING_ERR_NOT_SUPPORTED, "at most %d CUDA devices per process",
+                         CRING__GPU_MAX_SLOTS);
+        goto done;
+    }
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (rank == 0) {
+        ncclResult_t r = g->nccl.GetUniqueId(&id);
+        if (r != ncclSuccess) {
+            st = nccl_fail(g, NULL, r, "ncclGetUniqueId", NULL, err);
+            goto done;
+        }
+        if (size > 1 && (st = cring_store_set(store, key, &id, sizeof id)) != CRING_OK) {
+            cring__fail(err, st, "rank 0 could not publish the NCCL id in the store: %s",
+                        cring_status_string(st));
+            goto done;
+        }
+    } else {
+        void *value = NULL;
+        size_t len = 0;
+        st = cring_store_get(store, key, timeout_s, &value, &len);
+        if (st != CRING_OK) {
+            cring__fail(err, st, "rank %d got no NCCL id from rank 0 (store key '%s'): %s", rank,
+                        key, cring_status_string(st));
+            goto done;
+        }
+        if (len != sizeof id) {
+            free(value);
+            st = cring__fail(err, CRING_ERR_PROTOCOL, "the NCCL id in the store has %zu bytes",
+                             len);
+            goto done;
+        }
+        memcpy(&id, value, sizeof id);
+        free(value);
+    }
+    int previous = -1;
+    if (g->cudart.GetDevice(&previous) != CRING_CUDA_SUCCESS) previous = -1;
+    cudaError_t e = g->cudart.SetDevice(device);
+    if (e != CRING_CUDA_SUCCESS) {
+        st = cring__fail(err, CRING_ERR_SYSTEM, "cudaSetDevice(%d): %s", device,
+                         cring__gpu_cuda_error(g, e));
+        goto done;
+    }
+    ncclComm_t comm = NULL;
+    ncclResult_t r = g->nccl.CommInitRank(&comm, size, id, rank);
+    if (previous >= 0 && previous != device) g->cudart.SetDevice(previous);
+    if (r != ncclSuccess) {
+        st = nccl_fail(g, comm, r, "ncclCommInitRank",
+                       r == ncclInvalidUsage
+                           ? "; several ranks on one GPU need CRING_GPU_OPERATIONS=host"
+                           : NULL,
+                       err);
+        goto done;
+    }
+    cring__gpu_comm_t *c = &g->comms[slot];
+    memset(c, 0, sizeof *c);
+    c->comm = comm;
+    c->device = device;
+    c->rank = rank;
+    c->size = size;
+    g->ncomms++;
+    count_stats(g, 1, 0, 0);
+done:
+    pthread_mutex_unlock(&g->comm_mu);
+    return st;
+}
+
+int cring__gpu_comm_count(cring__gpu_t *g) {
+    pthread_mutex_lock(&g->comm_mu);
+    int n = g->ncomms;
+    pthread_mutex_unlock(&g->comm_mu);
+    return n;
+}
+
+/* With comm_mu held: ERR_BROKEN after an earlier failure, or the
+ * communicator's asynchronous error (which then breaks it). */
+static cring_status_t check_locked(cring__gpu_t *g, int slot, cring__errmsg_t *err) {
+    if (slot < 0 || slot >= g->ncomms)
+        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "no NCCL communicator in slot %d",
+                           slot);
+    cring__gpu_comm_t *c = &g->comms[slot];
+    if (c->broken) {
+        if (err) *err = c->error;
+        return CRING_ERR_BROKEN;
+    }
+    ncclResult_t async_error = ncclSuccess;
+    ncclResult_t r = g->nccl.CommGetAsyncError(c->comm, &async_error);
+    if (r == ncclSuccess && (async_error == ncclSuccess || async_error == ncclInProgress))
+        return CRING_OK;
+    cring_status_t st = nccl_fail(g, c->comm, r != ncclSuccess ? r : async_error,
+                                  "NCCL communicator (asynchronous error)", NULL, &c->error);
+    c->broken = 1;
+    if (err) *err = c->error;
+    return st;
+}
+
+cring_status_t cring__gpu_comm_check(cring__gpu_t *g, int slot, cring__errmsg_t *err) {
+    pthread_mutex_lock(&g->comm_mu);
+    cring_status_t st = check_locked(g, slot, err);
+    pthread_mutex_unlock(&g->comm_mu);
+    return st;
+}
+
+void cring__gpu_comms_destroy(cring__gpu_t *g) {
+    pthread_mutex_lock(&g->comm_mu);
+    for (int i = 0; i < g->ncomms; i++) {
+        cring__gpu_comm_t *c = &g->comms[i];
+        ncclResult_t async_error = ncclSuccess;
+        if (!c->broken && (g->nccl.CommGetAsyncError(c->comm, &async_error) != ncclSuccess ||
+                           (async_error != ncclSuccess && async_error != ncclInProgress)))
+            c->broken = 1;
+        if (c->broken)
+            g->nccl.CommAbort(c->comm);
+        else
+            g->nccl.CommDestroy(c->comm);
+        memset(c, 0, sizeof *c);
+    }
+    g->ncomms = 0;
+    pthread_mutex_unlock(&g->comm_mu);
+}
+
+/* Check one tensor's request before anything is enqueued. */
+static cring_status_t check_tensor(const cring__gpu_coll_t *c, const cring__gpu_tensor_t *t,
+                                   cring__errmsg_t *err) {
+    ncclDataType_t dt;
+    ncclRedOp_t op;
+    int reduces = c->collective == CRING_COLL_ALLREDUCE ||
+                  c->collective == CRING_COLL_REDUCESCATTER;
+    if (!nccl_dtype(t->dtype, &dt))
+        return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "dtype %s cannot go through NCCL",
+                           cring_dtype_name(t->dtype));
+    if (reduces) {
+        if (t->dtype == CRING_BOOL || !nccl_op(c->op, &op))
+            return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "op %s cannot reduce %s with NCCL",
+                               cring_op_name(c->op), cring_dtype_name(t->dtype));
+        if (c->scale != 1.0 && (!is_floating(t->dtype) ||
+                                (c->op != CRING_SUM && c->op != CRING_AVERAGE)))
+            return cring__fail(err, CRING_ERR_NOT_SUPPORTED,
+                               "scaling factors on the GPU apply to Sum and Average of floating "
+                               "dtypes, not %s of %s",
+                               cring_op_name(c->op), cring_dtype_name(t->dtype));
+    }
+    if ((c->collective == CRING_COLL_ALLGATHER || c->collective == CRING_COLL_REDUCESCATTER) &&
+        !t->rank_counts)
+        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "per-rank counts are missing");
+    if (c->collective == CRING_COLL_REDUCESCATTER && t->count && t->send == t->recv)
+        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "reducescatter cannot run in place");
+    return CRING_OK;
+}
+
+static int all_equal(const size_t *v, int n) {
+    for (int i = 1; i < n; i++)
+        if (v[i] != v[0]) return 0;
+    return 1;
+}
+
+/* The pre-multiplied sum for dtype d with factor `scale` (Average folds the
+ * division by the world size into it). */
+static ncclResult_t make_premul(cring__gpu_t *g, cring__gpu_comm_t *cm, cring_dtype_t d,
+                                double scalar, ncclRedOp_t *out) {
+    union {
+        double f64;
+        float f32;
+        uint16_t f16;
+    } value;
+    ncclDataType_t dt = ncclFloat32;
+    nccl_dtype(d, &dt);
+    if (d == CRING_FLOAT64) value.f64 = scalar;
+    else if (d == CRING_FLOAT32) value.f32 = (float)scalar;
+    else cring__convert(d, &value.f16, CRING_FLOAT64, &scalar, 1, 1.0);
+    return g->nccl.RedOpCreatePreMulSum(out, &value, dt, ncclScalarHostImmediate, cm->comm);
+}
+
+/* Enqueue one tensor's work (inside the group). */
+static ncclResult_t enqueue(cring__gpu_t *g, cring__gpu_comm_t *cm, const cring__gpu_coll_t *c,
+                            const cring__gpu_tensor_t *t, ncclRedOp_t op, uint64_t *calls) {
+    ncclDataType_t dt = ncclFloat32;
+    nccl_dtype(t->dtype, &dt); /* checked by check_tensor */
+    size_t esize = cring_dtype_size(t->dtype);
+    cudaStream_t s = c->stream;
+    ncclResult_t r = ncclSuccess;
+    switch (c->collective) {
+    case CRING_COLL_ALLREDUCE:
+        if (!t->count) return ncclSuccess;
+        ++*calls;
+        return g->nccl.AllReduce(t->send, t->recv, t->count, dt, op, cm->comm, s);
+    case CRING_COLL_BROADCAST:
+        if (!t->count) return ncclSuccess;
+        ++*calls;
+        return g->nccl.Broadcast(t->send, t->recv, t->count, dt, c->root, cm->comm, s);
+    case CRING_COLL_ALLGATHER:
+        if (all_equal(t->rank_counts, cm->size)) {
+            if (!t->rank_counts[0]) return ncclSuccess;
+            ++*calls;
+            return g->nccl.AllGather(t->send, t->recv, t->rank_counts[0], dt, cm->comm, s);
+        }
+        /* Unequal parts: rank r broadcasts its part into its place of recv. */
+        {
+            size_t off = 0;
+            for (int root = 0; root < cm->size && r == ncclSuccess; root++) {
+                size_t n = t->rank_counts[root];
+                char *dst = (char *)t->recv + off * esize;
+                if (n) {
+                    ++*calls;
+                    r = g->nccl.Broadcast(root == cm->rank ? t->send : dst, dst, n, dt, root,
+                                          cm->comm, s);
+                }
+                off += n;
+            }
+        }
+        return r;
+    case CRING_COLL_REDUCESCATTER:
+        if (all_equal(t->rank_counts, cm->size)) {
+            if (!t->rank_counts[0]) return ncclSuccess;
+            ++*calls;
+            return g->nccl.ReduceScatter(t->send, t->recv, t->rank_counts[0], dt, op, cm->comm,
+                                         s);
+        }
+        /* Unequal parts: one reduce to each rank of its rows. */
+        {
+            size_t off = 0;
+            for (int root = 0; root < cm->size && r == ncclSuccess; root++) {
+                size_t n = t->rank_counts[root];
+                if (n) {
+                    ++*calls;
+                    r = g->nccl.Reduce((const char *)t->send + off * esize,
+                                       root == cm->rank ? t->recv : NULL, n, dt, op, root,
+                                       cm->comm, s);
+                }
+                off += n;
+            }
+        }
+        return r;
+    default:
+        return ncclInvalidArgument;
+    }
+}
+
+cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu_coll_t *c,
+                                     cring__errmsg_t *err) {
+    CRING_CHECK(require_libraries(g, err));
+    for (int i = 0; i < c->ntensors; i++) CRING_CHECK(check_tensor(c, &c->tensors[i], err));
+    pthread_mutex_lock(&g->comm_mu);
+    cring_status_t st = check_locked(g, slot, err);
+    if (st != CRING_OK) {
+        pthread_mutex_unlock(&g->comm_mu);
+        return st;
+    }
+    cring__gpu_comm_t *cm = &g->comms[slot];
+    if (c->collective == CRING_COLL_BROADCAST && (c->root < 0 || c->root >= cm->size)) {
+        pthread_mutex_unlock(&g->comm_mu);
+        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "root %d is out of range", c->root);
+    }
+    /* Reduction operators: the built-in one, or one pre-multiplied sum per dtype. */
+    ncclRedOp_t builtin = ncclSum;
+    nccl_op(c->op, &builtin);
+    ncclRedOp_t premul[CRING_DTYPE_COUNT];
+    int have_premul[CRING_DTYPE_COUNT] = {0};
+    ncclResult_t r = ncclSuccess;
+    int reduces = c->collective == CRING_COLL_ALLREDUCE ||
+                  c->collective == CRING_COLL_REDUCESCATTER;
+    if (reduces && c->scale != 1.0) {
+        double scalar = c->op == CRING_AVERAGE ? c->scale / cm->size : c->scale;
+        for (int i = 0; i < c->ntensors && r == ncclSuccess; i++) {
+            cring_dtype_t d = c->tensors[i].dtype;
+            if (have_premul[d]) continue;
+            r = make_premul(g, cm, d, scalar, &premul[d]);
+            if (r == ncclSuccess) have_premul[d] = 1;
+        }
+        if (r != ncclSuccess) st = nccl_fail(g, cm->comm, r, "ncclRedOpCreatePreMulSum", NULL, err);
+    }
+    uint64_t calls = 0;
+    if (st == CRING_OK) {
+        r = g->nccl.GroupStart();
+        if (r != ncclSuccess) {
+            st = nccl_fail(g, cm->comm, r, "ncclGroupStart", NULL, err);
+        } else {
+            ncclResult_t first_error = ncclSuccess;
+            for (int i = 0; i < c->ntensors && first_error == ncclSuccess; i++) {
+                const cring__gpu_tensor_t *t = &c->tensors[i];
+                ncclRedOp_t op = reduces && c->scale != 1.0 ? premul[t->dtype] : builtin;
+                first_error = enqueue(g, cm, c, t, op, &calls);
+            }
+            r = g->nccl.GroupEnd(); /* always close the group */
+            if (first_error != ncclSuccess)
+                st = nccl_fail(g, cm->comm, first_error, "enqueueing a NCCL collective", NULL, err);
+            else if (r != ncclSuccess)
+                st = nccl_fail(g, cm->comm, r, "ncclGroupEnd", NULL, err);
+        }
+    }
+    for (int d = 0; d < CRING_DTYPE_COUNT; d++)
+        if (have_premul[d]) g->nccl.RedOpDestroy(premul[d], cm->comm);
+    if (st != CRING_OK && st != CRING_ERR_INVALID_ARGUMENT) {
+        cm->broken = 1; /* NCCL's state is unknown after a failed enqueue */
+        if (err) cm->error = *err;
+        else cring__fail(&cm->error, st, "an earlier NCCL call failed");
+    }
+    pthread_mutex_unlock(&g->comm_mu);
+    count_stats(g, 0, st == CRING_OK ? 1 : 0, calls);
+    return st;
+}

@@ -1,0 +1,111 @@
+/* fake_cudart.c: a test double for libcudart, built as a shared library and
+ * loaded through CRING_CUDART_LIBRARY by the CPU tests. "Device memory" is
+ * host memory, streams are opaque numbers, and each call cring makes is
+ * appended to $CRING_FAKE_CUDA_LOG so tests can check what was asked of the
+ * runtime (copy direction, bytes, stream). Never used outside tests.
+ *   CRING_FAKE_CUDA_DEVICES  device count (default 1); "error": no driver */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+enum {
+    SUCCESS = 0,
+    ERROR_MEMORY_ALLOCATION = 2,
+    ERROR_INSUFFICIENT_DRIVER = 35,
+    ERROR_INVALID_DEVICE = 101,
+};
+
+static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void log_line(const char *fmt, ...) {
+    const char *path = getenv("CRING_FAKE_CUDA_LOG");
+    if (!path || !*path) return;
+    char line[512];
+    int n = snprintf(line, sizeof line, "pid=%d ", (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
+    if (fd < 0) return;
+    ssize_t w = write(fd, line, (size_t)n); /* one write: lines of processes never interleave */
+    (void)w;
+    close(fd);
+}
+
+static int device_count(void) {
+    const char *s = getenv("CRING_FAKE_CUDA_DEVICES");
+    if (!s || !*s) return 1;
+    if (!strcmp(s, "error")) return -1;
+    return atoi(s);
+}
+
+static __thread int current_device = 0;
+
+EXPORT int cudaGetDeviceCount(int *count) {
+    int n = device_count();
+    *count = n > 0 ? n : 0;
+    return n < 0 ? ERROR_INSUFFICIENT_DRIVER : SUCCESS;
+}
+
+EXPORT int cudaGetDevice(int *device) {
+    *device = current_device;
+    return SUCCESS;
+}
+
+EXPORT int cudaSetDevice(int device) {
+    if (device < 0 || device >= device_count()) return ERROR_INVALID_DEVICE;
+    current_device = device;
+    log_line("setdevice %d", device);
+    return SUCCESS;
+}
+
+EXPORT int cudaRuntimeGetVersion(int *version) {
+    *version = 12080;
+    return SUCCESS;
+}
+
+EXPORT const char *cudaGetErrorString(int error) {
+    switch (error) {
+    case SUCCESS: return "no error";
+    case ERROR_MEMORY_ALLOCATION: return "out of memory";
+    case ERROR_INSUFFICIENT_DRIVER: return "CUDA driver version is insufficient for CUDA runtime version";
+    case ERROR_INVALID_DEVICE: return "invalid device ordinal";
+    default: return "unknown error";
+    }
+}
+
+EXPORT int cudaHostAlloc(void **ptr, size_t bytes, unsigned int flags) {
+    *ptr = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    log_line("hostalloc bytes=%zu flags=%u", bytes, flags);
+    return *ptr ? SUCCESS : ERROR_MEMORY_ALLOCATION;
+}
+
+EXPORT int cudaFreeHost(void *ptr) {
+    free(ptr);
+    log_line("freehost");
+    return SUCCESS;
+}
+
+EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t bytes, int kind, void *stream) {
+    memcpy(dst, src, bytes);
+    log_line("memcpy kind=%s bytes=%zu stream=0x%lx",
+             kind == 1 ? "H2D" : kind == 2 ? "D2H" : "other", bytes,
+             (unsigned long)(uintptr_t)stream);
+    return SUCCESS;
+}
+
+EXPORT int cudaStreamSynchronize(void *stream) {
+    log_line("sync stream=0x%lx", (unsigned long)(uintptr_t)stream);
+    return SUCCESS;
+}

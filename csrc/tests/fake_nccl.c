@@ -1,0 +1,499 @@
+/* fake_nccl.c: a test double for libnccl.so.2, built as a shared library and
+ * loaded through CRING_NCCL_LIBRARY by the CPU tests. "Device memory" is host
+ * memory. The unique id names a POSIX shared-memory segment; the ranks of a
+ * communicator are processes that map it, write their part to their own slot,
+ * meet at a barrier and read the others' parts. Collectives run when called
+ * (inside ncclGroupStart/End: at ncclGroupEnd, in call order), so a grouped
+ * call is observable as one group in the log. Never used outside tests.
+ *   CRING_FAKE_NCCL_LOG          append one line per call (rank, op, count, stream)
+ *   CRING_FAKE_NCCL_VERSION      version code reported (default 22703)
+ *   CRING_FAKE_NCCL_SLOT_BYTES   largest part one rank may send (default 4 MiB)
+ *   CRING_FAKE_NCCL_FAIL_AFTER   after this many collectives on a communicator,
+ *                                report an asynchronous remote error
+ *   CRING_FAKE_NCCL_TIMEOUT_S    barrier time-out (default 30): a missing peer
+ *                                fails the call instead of hanging
+ * Build with -DFAKE_NCCL_WITHOUT_ALLGATHER for a library lacking ncclAllGather. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <math.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
+
+enum { OK = 0, SYSTEM_ERROR = 2, INTERNAL_ERROR = 3, INVALID_ARGUMENT = 4, INVALID_USAGE = 5,
+       REMOTE_ERROR = 6 };
+enum { INT8 = 0, UINT8 = 1, INT32 = 2, UINT32 = 3, INT64 = 4, UINT64 = 5, FLOAT16 = 6,
+       FLOAT32 = 7, FLOAT64 = 8, BFLOAT16 = 9, NTYPES = 10 };
+enum { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4, FIRST_PREMUL = 5 };
+#define MAX_PREMUL 32
+#define MAGIC "cring-fake-nccl"
+
+typedef struct {
+    _Atomic uint32_t joined;
+    _Atomic uint32_t arrived;
+    _Atomic uint32_t generation;
+    uint32_t nranks;
+    char pad[48];
+} header_t;
+
+struct ncclComm {
+    int rank, nranks;
+    header_t *hdr;
+    unsigned char *slots;
+    size_t slot_bytes, map_bytes;
+    int async_error;
+    long collectives;
+    double premul[MAX_PREMUL];
+    int premul_used[MAX_PREMUL];
+    char name[128];
+};
+typedef struct ncclComm *ncclComm_t;
+
+static __thread char last_error[256];
+
+static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void log_line(const char *fmt, ...) {
+    const char *path = getenv("CRING_FAKE_NCCL_LOG");
+    if (!path || !*path) return;
+    char line[512];
+    int n = snprintf(line, sizeof line, "pid=%d ", (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
+    if (fd < 0) return;
+    ssize_t w = write(fd, line, (size_t)n);
+    (void)w;
+    close(fd);
+}
+
+static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double env_double(const char *name, double dflt) {
+    const char *s = getenv(name);
+    return s && *s ? atof(s) : dflt;
+}
+
+/* ---- element access: floats through double, integers through int64 ---- */
+static size_t type_size(int dt) {
+    static const size_t sizes[NTYPES] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
+    return dt >= 0 && dt < NTYPES ? sizes[dt] : 0;
+}
+
+static int is_float(int dt) { return dt == FLOAT16 || dt == FLOAT32 || dt == FLOAT64 || dt == BFLOAT16; }
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
+    else bits = sign | ((exp + 112) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)(sign | 0x7e00);
+    float a = fabsf(f);
+    if (a >= 65520.0f) return (uint16_t)(sign | 0x7c00);
+    if (a < 6.103515625e-05f) return (uint16_t)(sign | (uint16_t)lrintf(a * 16777216.0f));
+    int e;
+    float m = frexpf(a, &e); /* a = m * 2^e, 0.5 <= m < 1 */
+    long mant = lrintf((m * 2.0f - 1.0f) * 1024.0f);
+    int exp = e - 1 + 15;
+    if (mant == 1024) {
+        mant = 0;
+        exp++;
+    }
+    return (uint16_t)(sign | (uint32_t)(exp << 10) | (uint32_t)mant);
+}
+
+static float bf16_to_float(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t float_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+static double load_f(const void *p, int dt, size_t i) {
+    switch (dt) {
+    case FLOAT16: return half_to_float(((const uint16_t *)p)[i]);
+    case BFLOAT16: return bf16_to_float(((const uint16_t *)p)[i]);
+    case FLOAT32: return ((const float *)p)[i];
+    default: return ((const double *)p)[i];
+    }
+}
+
+static void store_f(void *p, int dt, size_t i, double v) {
+    switch (dt) {
+    case FLOAT16: ((uint16_t *)p)[i] = float_to_half((float)v); break;
+    case BFLOAT16: ((uint16_t *)p)[i] = float_to_bf16((float)v); break;
+    case FLOAT32: ((float *)p)[i] = (float)v; break;
+    default: ((double *)p)[i] = v; break;
+    }
+}
+
+static int64_t load_i(const void *p, int dt, size_t i) {
+    switch (dt) {
+    case INT8: return ((const int8_t *)p)[i];
+    case UINT8: return ((const uint8_t *)p)[i];
+    case INT32: return ((const int32_t *)p)[i];
+    case UINT32: return ((const uint32_t *)p)[i];
+    default: return ((const int64_t *)p)[i];
+    }
+}
+
+static void store_i(void *p, int dt, size_t i, int64_t v) {
+    switch (dt) {
+    case INT8: ((int8_t *)p)[i] = (int8_t)v; break;
+    case UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    case INT32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case UINT32: ((uint32_t *)p)[i] = (uint32_t)v; break;
+    default: ((int64_t *)p)[i] = v; break;
+    }
+}
+
+/* out[i] = op over ranks of parts[r][first + i]. */
+static void reduce_parts(ncclComm_t c, int dt, int op, const unsigned char *const *parts,
+                         size_t first, size_t count, void *out) {
+    for (size_t i = 0; i < count; i++) {
+        size_t k = first + i;
+        if (is_float(dt) || op >= FIRST_PREMUL) {
+            double acc = 0;
+            for (int r = 0; r < c->nranks; r++) {
+                double v = is_float(dt) ? load_f(parts[r], dt, k) : (double)load_i(parts[r], dt, k);
+                if (op >= FIRST_PREMUL) v *= c->premul[op - FIRST_PREMUL];
+                if (r == 0) acc = v;
+                else if (op == SUM || op == AVG || op >= FIRST_PREMUL) acc += v;
+                else if (op == PROD) acc *= v;
+                else if (op == MAX) acc = (v > acc || isnan(v)) ? v : acc;
+                else if (op == MIN) acc = (v < acc || isnan(v)) ? v : acc;
+            }
+            if (op == AVG) acc /= c->nranks;
+            if (is_float(dt)) store_f(out, dt, i, acc);
+            else store_i(out, dt, i, (int64_t)acc);
+        } else {
+            uint64_t uacc = 0;
+            int64_t acc = 0;
+            for (int r = 0; r < c->nranks; r++) {
+                int64_t v = load_i(parts[r], dt, k);
+                if (r == 0) {
+                    acc = v;
+                    uacc = (uint64_t)v;
+                } else if (op == SUM || op == AVG) uacc += (uint64_t)v;
+                else if (op == PROD) uacc *= (uint64_t)v;
+                else if (op == MAX) acc = v > acc ? v : acc;
+                else if (op == MIN) acc = v < acc ? v : acc;
+            }
+            if (op == SUM || op == PROD) acc = (int64_t)uacc;
+            if (op == AVG) { /* the sum wraps in the element type, then divides toward zero */
+                int64_t wrapped = 0;
+                store_i(&wrapped, dt, 0, (int64_t)uacc);
+                acc = load_i(&wrapped, dt, 0) / c->nranks;
+            }
+            store_i(out, dt, i, acc);
+        }
+    }
+}
+
+/* ---- the shared segment ---- */
+static int barrier(ncclComm_t c) {
+    header_t *h = c->hdr;
+    uint32_t gen = atomic_load(&h->generation);
+    if (atomic_fetch_add(&h->arrived, 1) == (uint32_t)c->nranks - 1) {
+        atomic_store(&h->arrived, 0);
+        atomic_fetch_add(&h->generation, 1);
+        return OK;
+    }
+    double deadline = now_s() + env_double("CRING_FAKE_NCCL_TIMEOUT_S", 30);
+    for (unsigned spins = 0; atomic_load(&h->generation) == gen; spins++) {
+        if (spins > 1000) sched_yield();
+        if ((spins & 1023) == 0 && now_s() > deadline) {
+            c->async_error = SYSTEM_ERROR;
+            return fail(SYSTEM_ERROR, "fake NCCL: rank %d waited too long for its peers", c->rank);
+        }
+    }
+    return OK;
+}
+
+EXPORT int ncclGetVersion(int *version) {
+    *version = (int)env_double("CRING_FAKE_NCCL_VERSION", 22703);
+    return OK;
+}
+
+EXPORT int ncclGetUniqueId(ncclUniqueId *id) {
+    memset(id, 0, sizeof *id);
+    unsigned long long nonce = 0;
+    int fd = open("/dev/urandom", O_RDONLY);
+    if (fd < 0 || read(fd, &nonce, sizeof nonce) != (ssize_t)sizeof nonce)
+        nonce = (unsigned long long)now_s() * 1000003ull ^ (unsigned long long)getpid();
+    if (fd >= 0) close(fd);
+    snprintf(id->internal, sizeof id->internal, "%s/cring_fake_nccl_%d_%llx", MAGIC,
+             (int)getpid(), nonce);
+    return OK;
+}
+
+EXPORT const char *ncclGetErrorString(int result) {
+    switch (result) {
+    case OK: return "no error";
+    case SYSTEM_ERROR: return "unhandled system error";
+    case INTERNAL_ERROR: return "internal error";
+    case INVALID_ARGUMENT: return "invalid argument";
+    case INVALID_USAGE: return "invalid usage";
+    case REMOTE_ERROR: return "remote process exited or there was a network error";
+    default: return "unknown result code";
+    }
+}
+
+EXPORT const char *ncclGetLastError(ncclComm_t comm) { return last_error; }
+
+EXPORT int ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
+    *out = NULL;
+    if (strncmp(id.internal, MAGIC "/", strlen(MAGIC) + 1) != 0)
+        return fail(INVALID_ARGUMENT, "fake NCCL: the unique id was not made by ncclGetUniqueId");
+    if (nranks < 1 || rank < 0 || rank >= nranks)
+        return fail(INVALID_ARGUMENT, "fake NCCL: rank %d of %d", rank, nranks);
+    ncclComm_t c = calloc(1, sizeof *c);
+    if (!c) return fail(SYSTEM_ERROR, "fake NCCL: out of memory");
+    c->rank = rank;
+    c->nranks = nranks;
+    c->slot_bytes = (size_t)env_double("CRING_FAKE_NCCL_SLOT_BYTES", 4 << 20);
+    c->map_bytes = sizeof(header_t) + (size_t)nranks * c->slot_bytes;
+    snprintf(c->name, sizeof c->name, "%s", id.internal + strlen(MAGIC));
+    int fd = shm_open(c->name, O_CREAT | O_RDWR, 0600);
+    if (fd < 0 || ftruncate(fd, (off_t)c->map_bytes) != 0) {
+        if (fd >= 0) close(fd);
+        free(c);
+        return fail(SYSTEM_ERROR, "fake NCCL: cannot create the shared segment");
+    }
+    void *p = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        free(c);
+        return fail(SYSTEM_ERROR, "fake NCCL: cannot map the shared segment");
+    }
+    c->hdr = p;
+    c->slots = (unsigned char *)p + sizeof(header_t);
+    atomic_fetch_add(&c->hdr->joined, 1);
+    double deadline = now_s() + env_double("CRING_FAKE_NCCL_TIMEOUT_S", 30);
+    while (atomic_load(&c->hdr->joined) < (uint32_t)nranks) {
+        if (now_s() > deadline) {
+            munmap(p, c->map_bytes);
+            shm_unlink(c->name);
+            free(c);
+            return fail(SYSTEM_ERROR, "fake NCCL: not every rank joined");
+        }
+        sched_yield();
+    }
+    if (barrier(c) != OK) {
+        munmap(p, c->map_bytes);
+        free(c);
+        return SYSTEM_ERROR;
+    }
+    if (rank == 0) shm_unlink(c->name); /* everyone has it mapped */
+    log_line("init rank=%d nranks=%d id=%s", rank, nranks, c->name);
+    *out = c;
+    return OK;
+}
+
+static void comm_free(ncclComm_t c) {
+    if (!c) return;
+    munmap(c->hdr, c->map_bytes);
+    free(c);
+}
+
+EXPORT int ncclCommDestroy(ncclComm_t c) {
+    if (c) log_line("destroy rank=%d", c->rank);
+    comm_free(c);
+    return OK;
+}
+
+EXPORT int ncclCommAbort(ncclComm_t c) {
+    if (c) log_line("abort rank=%d", c->rank);
+    comm_free(c);
+    return OK;
+}
+
+EXPORT int ncclCommGetAsyncError(ncclComm_t c, int *async_error) {
+    *async_error = c ? c->async_error : OK;
+    return c ? OK : INVALID_ARGUMENT;
+}
+
+EXPORT int ncclRedOpCreatePreMulSum(int *op, void *scalar, int dt, int residence, ncclComm_t c) {
+    for (int i = 0; i < MAX_PREMUL; i++) {
+        if (c->premul_used[i]) continue;
+        c->premul_used[i] = 1;
+        c->premul[i] = is_float(dt) ? load_f(scalar, dt, 0) : (double)load_i(scalar, dt, 0);
+        *op = FIRST_PREMUL + i;
+        log_line("premul rank=%d op=%d scalar=%g residence=%d", c->rank, *op, c->premul[i],
+                 residence);
+        return OK;
+    }
+    return fail(INTERNAL_ERROR, "fake NCCL: too many pre-multiplied sums");
+}
+
+EXPORT int ncclRedOpDestroy(int op, ncclComm_t c) {
+    if (op < FIRST_PREMUL || op >= FIRST_PREMUL + MAX_PREMUL || !c->premul_used[op - FIRST_PREMUL])
+        return fail(INVALID_ARGUMENT, "fake NCCL: op %d was not created", op);
+    c->premul_used[op - FIRST_PREMUL] = 0;
+    return OK;
+}
+
+/* ---- collectives ---- */
+enum { K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER };
+static const char *const kind_names[] = {"allreduce", "broadcast", "reduce", "allgather",
+                                         "reducescatter"};
+
+typedef struct {
+    int kind;
+    const void *send;
+    void *recv;
+    size_t count; /* allreduce/broadcast/reduce: elements; allgather: per rank send;
+                     reducescatter: per rank recv */
+    int dt, op, root;
+    ncclComm_t comm;
+    void *stream;
+} call_t;
+
+#define MAX_GROUP 4096
+static __thread int group_depth;
+static __thread int group_len;
+static __thread call_t group_calls[MAX_GROUP];
+
+static int run(const call_t *k) {
+    ncclComm_t c = k->comm;
+    size_t es = type_size(k->dt);
+    size_t part = k->kind == K_REDUCESCATTER ? k->count * (size_t)c->nranks * es : k->count * es;
+    if (part > c->slot_bytes)
+        return fail(INVALID_ARGUMENT, "fake NCCL: %zu bytes exceed CRING_FAKE_NCCL_SLOT_BYTES", part);
+    unsigned char *mine = c->slots + (size_t)c->rank * c->slot_bytes;
+    const unsigned char *parts[256];
+    for (int r = 0; r < c->nranks && r < 256; r++) parts[r] = c->slots + (size_t)r * c->slot_bytes;
+    int contributes = k->kind != K_BROADCAST || c->rank == k->root;
+    if (contributes && part) memcpy(mine, k->send, part);
+    int rc = barrier(c);
+    if (rc != OK) return rc;
+    switch (k->kind) {
+    case K_ALLREDUCE: reduce_parts(c, k->dt, k->op, parts, 0, k->count, k->recv); break;
+    case K_REDUCE:
+        if (c->rank == k->root) reduce_parts(c, k->dt, k->op, parts, 0, k->count, k->recv);
+        break;
+    case K_BROADCAST: memcpy(k->recv, parts[k->root], part); break;
+    case K_ALLGATHER:
+        for (int r = 0; r < c->nranks; r++)
+            memcpy((unsigned char *)k->recv + (size_t)r * part, parts[r], part);
+        break;
+    case K_REDUCESCATTER:
+        reduce_parts(c, k->dt, k->op, parts, (size_t)c->rank * k->count, k->count, k->recv);
+        break;
+    }
+    rc = barrier(c);
+    if (rc != OK) return rc;
+    c->collectives++;
+    long fail_after = (long)env_double("CRING_FAKE_NCCL_FAIL_AFTER", 0);
+    if (fail_after > 0 && c->collectives >= fail_after) c->async_error = REMOTE_ERROR;
+    return OK;
+}
+
+static int submit(call_t k) {
+    if (!k.comm) return fail(INVALID_ARGUMENT, "fake NCCL: NULL communicator");
+    if (type_size(k.dt) == 0) return fail(INVALID_ARGUMENT, "fake NCCL: bad datatype %d", k.dt);
+    if (k.comm->async_error) return fail(k.comm->async_error, "fake NCCL: communicator failed");
+    log_line("%s rank=%d count=%zu dtype=%d op=%d root=%d stream=0x%lx group=%d",
+             kind_names[k.kind], k.comm->rank, k.count, k.dt, k.op, k.root,
+             (unsigned long)(uintptr_t)k.stream, group_depth > 0);
+    if (group_depth > 0) {
+        if (group_len == MAX_GROUP) return fail(INTERNAL_ERROR, "fake NCCL: group too large");
+        group_calls[group_len++] = k;
+        return OK;
+    }
+    return run(&k);
+}
+
+EXPORT int ncclGroupStart(void) {
+    group_depth++;
+    return OK;
+}
+
+EXPORT int ncclGroupEnd(void) {
+    if (group_depth == 0) return fail(INVALID_USAGE, "fake NCCL: ncclGroupEnd without start");
+    if (--group_depth > 0) return OK;
+    int n = group_len, rc = OK;
+    group_len = 0;
+    log_line("groupend calls=%d", n);
+    for (int i = 0; i < n && rc == OK; i++) rc = run(&group_calls[i]);
+    return rc;
+}
+
+EXPORT int ncclAllReduce(const void *send, void *recv, size_t count, int dt, int op,
+                         ncclComm_t comm, void *stream) {
+    return submit((call_t){K_ALLREDUCE, send, recv, count, dt, op, 0, comm, stream});
+}
+
+EXPORT int ncclBroadcast(const void *send, void *recv, size_t count, int dt, int root,
+                         ncclComm_t comm, void *stream) {
+    return submit((call_t){K_BROADCAST, send, recv, count, dt, 0, root, comm, stream});
+}
+
+EXPORT int ncclReduce(const void *send, void *recv, size_t count, int dt, int op, int root,
+                      ncclComm_t comm, void *stream) {
+    return submit((call_t){K_REDUCE, send, recv, count, dt, op, root, comm, stream});
+}
+
+#ifndef FAKE_NCCL_WITHOUT_ALLGATHER
+EXPORT int ncclAllGather(const void *send, void *recv, size_t send_count, int dt, ncclComm_t comm,
+                         void *stream) {
+    return submit((call_t){K_ALLGATHER, send, recv, send_count, dt, 0, 0, comm, stream});
+}
+#endif
+
+EXPORT int ncclReduceScatter(const void *send, void *recv, size_t recv_count, int dt, int op,
+                             ncclComm_t comm, void *stream) {
+    return submit((call_t){K_REDUCESCATTER, send, recv, recv_count, dt, op, 0, comm, stream});
+}

@@ -1,0 +1,348 @@
+/* test_gpu_nccl.c: the GPU layer without a GPU, against the test doubles
+ * libfake_nccl.so and libfake_cudart.so (built next to this program; "device
+ * memory" is host memory there). Loader: explicit path, bad path, missing
+ * symbol, too old a version, wheel candidates, remembered outcome. NCCL
+ * path: communicators whose unique id goes through the rendezvous store of a
+ * real cring communicator, at world sizes 1, 2 and 3, and every collective
+ * (grouped, odd and zero counts, uneven allgather/reducescatter parts,
+ * pre-multiplied sums) checked against values computed here. Staging: the
+ * pinned-buffer cache and stream-ordered copies. */
+#include <dlfcn.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cring/cring.h"
+#include "gpu/gpu.h"
+#include "testutil.h"
+
+static char fake_nccl[PATH_MAX], fake_nccl_no_allgather[PATH_MAX], fake_cudart[PATH_MAX];
+
+static void find_fakes(void) {
+    char exe[PATH_MAX - 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    CHECK(n > 0);
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    CHECK(slash != NULL);
+    *slash = '\0';
+    snprintf(fake_nccl, sizeof fake_nccl, "%s/libfake_nccl.so", exe);
+    snprintf(fake_nccl_no_allgather, sizeof fake_nccl_no_allgather,
+             "%s/libfake_nccl_no_allgather.so", exe);
+    snprintf(fake_cudart, sizeof fake_cudart, "%s/libfake_cudart.so", exe);
+    CHECK(access(fake_nccl, R_OK) == 0);
+    CHECK(access(fake_nccl_no_allgather, R_OK) == 0);
+    CHECK(access(fake_cudart, R_OK) == 0);
+}
+
+static cring__gpu_t *fresh(void) {
+    cring__gpu_t *g = NULL;
+    CHECK_OK(cring__gpu_create(&g));
+    return g;
+}
+
+static void test_loader(void) {
+    cring__errmsg_t err;
+    cring__gpu_t *g;
+
+    /* An explicit path that does not exist: the error names it, nothing else is tried. */
+    setenv("CRING_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+    g = fresh();
+    CHECK(cring__gpu_load_nccl(g, NULL, 0, &err) == CRING_ERR_NOT_SUPPORTED);
+    CHECK(strstr(err.text, "CRING_NCCL_LIBRARY=/nonexistent/libnccl.so.2") != NULL);
+    CHECK(cring__gpu_nccl_path(g) == NULL);
+    /* The outcome is remembered: fixing the variable later changes nothing. */
+    setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
+    CHECK(cring__gpu_load_nccl(g, NULL, 0, &err) == CRING_ERR_NOT_SUPPORTED);
+    cring__gpu_destroy(g);
+
+    /* A library without a needed symbol is refused, naming the symbol. */
+    setenv("CRING_NCCL_LIBRARY", fake_nccl_no_allgather, 1);
+    g = fresh();
+    CHECK(cring__gpu_load_nccl(g, NULL, 0, &err) == CRING_ERR_NOT_SUPPORTED);
+    CHECK(strstr(err.text, "ncclAllGather") != NULL);
+    cring__gpu_destroy(g);
+
+    /* Too old a NCCL is refused with its version. */
+    setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
+    setenv("CRING_FAKE_NCCL_VERSION", "2708", 1);
+    g = fresh();
+    CHECK(cring__gpu_load_nccl(g, NULL, 0, &err) == CRING_ERR_NOT_SUPPORTED);
+    CHECK(strstr(err.text, "NCCL 2.7.8 is too old") != NULL);
+    cring__gpu_destroy(g);
+    unsetenv("CRING_FAKE_NCCL_VERSION");
+
+    /* The override works and reports the file and version. */
+    g = fresh();
+    CHECK_OK(cring__gpu_load_nccl(g, NULL, 0, &err));
+    CHECK(cring__gpu_nccl_version(g) == 22703);
+    CHECK(strstr(cring__gpu_nccl_path(g), "libfake_nccl.so") != NULL);
+    cring__gpu_destroy(g);
+
+    /* Without the variable, wheel candidates are tried in order (missing files skipped). */
+    unsetenv("CRING_NCCL_LIBRARY");
+    const char *wheels[] = {"/nonexistent/nvidia/nccl/lib/libnccl.so.2", fake_nccl};
+    g = fresh();
+    void *system_nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+    CHECK_OK(cring__gpu_load_nccl(g, wheels, 2, &err));
+    if (!system_nccl) CHECK(strstr(cring__gpu_nccl_path(g), "libfake_nccl.so") != NULL);
+    cring__gpu_destroy(g);
+
+    /* Nothing anywhere: "not found", listing what was tried. */
+    void *on_system = dlopen("libnccl.so.2", RTLD_NOW);
+    if (!on_system) {
+        g = fresh();
+        CHECK(cring__gpu_load_nccl(g, NULL, 0, &err) == CRING_ERR_NOT_SUPPORTED);
+        CHECK(strstr(err.text, "NCCL was not found") != NULL);
+        CHECK(strstr(err.text, "libnccl.so.2") != NULL);
+        cring__gpu_destroy(g);
+    } else {
+        dlclose(on_system);
+    }
+
+    /* The runtime: device count and the driver's complaint when there is none. */
+    setenv("CRING_CUDART_LIBRARY", fake_cudart, 1);
+    g = fresh();
+    CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
+    CHECK(cring__gpu_cudart_version(g) == 12080);
+    CHECK(cring__gpu_device_count(g, &err) == 1);
+    setenv("CRING_FAKE_CUDA_DEVICES", "error", 1);
+    CHECK(cring__gpu_device_count(g, &err) == 0);
+    CHECK(strstr(err.text, "driver version is insufficient") != NULL);
+    setenv("CRING_FAKE_CUDA_DEVICES", "0", 1);
+    CHECK(cring__gpu_device_count(g, &err) == 0);
+    CHECK(strstr(err.text, "no CUDA device") != NULL);
+    unsetenv("CRING_FAKE_CUDA_DEVICES");
+    cring__gpu_destroy(g);
+    printf("loader: ok\n");
+    fflush(stdout);
+}
+
+/* rank r, element i: small integers, exact in every dtype used here */
+static float fval(int rank, size_t i) { return (float)((int)((rank * 5 + i * 3) % 7) - 3); }
+
+static void check_float(const float *got, float expect, const char *what, size_t i) {
+    if (fabsf(*got - expect) > 1e-5f) {
+        fprintf(stderr, "%s[%zu]: got %g, expected %g\n", what, i, *got, expect);
+        exit(1);
+    }
+}
+
+static void run_rank(int rank, int size, int port, int unused) {
+    alarm(120);
+    cring_config_t cfg;
+    cring_config_init(&cfg);
+    cfg.rank = rank;
+    cfg.size = size;
+    cfg.store_port = port;
+    cfg.serve_store = rank == 0;
+    cfg.job_key = "gpu-test";
+    cfg.timeout_s = 60;
+    cring_comm_t *comm = NULL;
+    CHECK_OK(cring_comm_init(&cfg, &comm));
+    cring__gpu_t *g = fresh();
+    cring__errmsg_t err;
+    CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
+    CHECK_OK(cring__gpu_load_nccl(g, NULL, 0, &err));
+    CHECK(cring__gpu_comm_create(g, 1, 0, rank, size, cring_comm_store(comm), "k", 10, &err) ==
+          CRING_ERR_INVALID_ARGUMENT); /* slots are created in order */
+    CHECK_OK(cring__gpu_comm_create(g, 0, 0, rank, size, cring_comm_store(comm),
+                                    "gpu-test/nccl/0", 30, &err));
+    CHECK(cring__gpu_comm_count(g) == 1);
+    void *stream = (void *)(uintptr_t)0x5000;
+
+    /* One group: sums of float32 with 0, 1 and 1001 elements, and an int32 average. */
+    const size_t counts[3] = {0, 1, 1001};
+    float *f[3];
+    for (int k = 0; k < 3; k++) {
+        f[k] = malloc((counts[k] + 1) * sizeof(float));
+        for (size_t i = 0; i < counts[k]; i++) f[k][i] = fval(rank, i + (size_t)k);
+    }
+    int32_t ints[5];
+    for (int i = 0; i < 5; i++) ints[i] = rank * 10 + i - 7;
+    cring__gpu_tensor_t ts[4] = {
+        {f[0], f[0], CRING_FLOAT32, counts[0], NULL},
+        {f[1], f[1], CRING_FLOAT32, counts[1], NULL},
+        {f[2], f[2], CRING_FLOAT32, counts[2], NULL},
+    };
+    cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE, .op = CRING_SUM, .scale = 1.0,
+                           .ntensors = 3, .tensors = ts, .stream = stream};
+    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    for (int k = 1; k < 3; k++)
+        for (size_t i = 0; i < counts[k]; i++) {
+            float expect = 0;
+            for (int r = 0; r < size; r++) expect += fval(r, i + (size_t)k);
+            check_float(&f[k][i], expect, "grouped sum", i);
+        }
+    ts[0] = (cring__gpu_tensor_t){ints, ints, CRING_INT32, 5, NULL};
+    c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLREDUCE, .op = CRING_AVERAGE, .scale = 1.0,
+                            .ntensors = 1, .tensors = ts, .stream = stream};
+    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    for (int i = 0; i < 5; i++) {
+        int sum = 0;
+        for (int r = 0; r < size; r++) sum += r * 10 + i - 7;
+        CHECK(ints[i] == sum / size); /* toward zero */
+    }
+
+    /* Average with a scale: a pre-multiplied sum (scale / size). */
+    float scaled[7];
+    for (int i = 0; i < 7; i++) scaled[i] = fval(rank, (size_t)i);
+    ts[0] = (cring__gpu_tensor_t){scaled, scaled, CRING_FLOAT32, 7, NULL};
+    c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLREDUCE, .op = CRING_AVERAGE, .scale = 0.5,
+                            .ntensors = 1, .tensors = ts, .stream = stream};
+    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    for (size_t i = 0; i < 7; i++) {
+        float expect = 0;
+        for (int r = 0; r < size; r++) expect += fval(r, i);
+        check_float(&scaled[i], expect * 0.5f / (float)size, "scaled average", i);
+    }
+    /* A scale on Max is refused before anything is enqueued; the communicator stays usable. */
+    c.op = CRING_MAX;
+    CHECK(cring__gpu_collective(g, 0, &c, &err) == CRING_ERR_NOT_SUPPORTED);
+    CHECK(strstr(err.text, "scaling") != NULL);
+    CHECK_OK(cring__gpu_comm_check(g, 0, &err));
+
+    /* Broadcast from the last rank, out of place. */
+    double bsend[9], brecv[9];
+    for (int i = 0; i < 9; i++) {
+        bsend[i] = rank * 100.0 + i;
+        brecv[i] = -1;
+    }
+    ts[0] = (cring__gpu_tensor_t){bsend, brecv, CRING_FLOAT64, 9, NULL};
+    c = (cring__gpu_coll_t){.collective = CRING_COLL_BROADCAST, .root = size - 1, .scale = 1.0,
+                            .ntensors = 1, .tensors = ts, .stream = stream};
+    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    for (int i = 0; i < 9; i++) CHECK(brecv[i] == (size - 1) * 100.0 + i);
+
+    /* Allgather: uneven parts (rank r sends r + 1 elements) and even ones, grouped. */
+    size_t uneven[8], even[8], total = 0;
+    for (int r = 0; r < size; r++) {
+        uneven[r] = (size_t)r + 1;
+        even[r] = 3;
+        total += uneven[r];
+    }
+    int64_t gsend[8], grecv[64], esend[3], erecv[24];
+    for (int i = 0; i <= rank; i++) gsend[i] = rank * 1000 + i;
+    for (int i = 0; i < 3; i++) esend[i] = rank * 10 + i;
+    ts[0] = (cring__gpu_tensor_t){gsend, grecv, CRING_INT64, (size_t)rank + 1, uneven};
+    ts[1] = (cring__gpu_tensor_t){esend, erecv, CRING_INT64, 3, even};
+    c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLGATHER, .scale = 1.0, .ntensors = 2,
+                            .tensors = ts, .stream = stream};
+    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    size_t at = 0;
+    for (int r = 0; r < size; r++)
+        for (int i = 0; i <= r; i++) CHECK(grecv[at++] == r * 1000 + i);
+    CHECK(at == total);
+    for (int r = 0; r < size; r++)
+        for (int i = 0; i < 3; i++) CHECK(erecv[r * 3 + i] == r * 10 + i);
+
+    /* Reducescatter: 7 rows over size ranks (uneven unless size divides 7) and 2 per rank. */
+    size_t rs_counts[8], rs_even[8], off = 0, my_off = 0;
+    for (int r = 0; r < size; r++) {
+        rs_counts[r] = 7 / (size_t)size + ((size_t)r < 7 % (size_t)size ? 1 : 0);
+        rs_even[r] = 2;
+        if (r < rank) my_off += rs_counts[r];
+    }
+    float rsend[7], rrecv[7], esend2[16], erecv2[2];
+    for (int i = 0; i < 7; i++) rsend[i] = fval(rank, (size_t)i);
+    for (int i = 0; i < 2 * size; i++) esend2[i] = fval(rank, (size_t)i + 3);
+    ts[0] = (cring__gpu_tensor_t){rsend, rrecv, CRING_FLOAT32, 7, rs_counts};
+    ts[1] = (cring__gpu_tensor_t){esend2, erecv2, CRING_FLOAT32, 2 * (size_t)size, rs_even};
+    c = (cring__gpu_coll_t){.collective = CRING_COLL_REDUCESCATTER, .op = CRING_SUM,
+                            .scale = 1.0, .ntensors = 2, .tensors = ts, .stream = stream};
+    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    for (size_t i = 0; i < rs_counts[rank]; i++) {
+        float expect = 0;
+        for (int r = 0; r < size; r++) expect += fval(r, my_off + i);
+        check_float(&rrecv[i], expect, "reducescatter", i);
+    }
+    for (size_t i = 0; i < 2; i++) {
+        float expect = 0;
+        for (int r = 0; r < size; r++) expect += fval(r, (size_t)rank * 2 + i + 3);
+        check_float(&erecv2[i], expect, "even reducescatter", i);
+    }
+    (void)off;
+
+    cring__gpu_stats_t stats;
+    cring__gpu_get_stats(g, &stats);
+    CHECK(stats.communicators == 1);
+    CHECK(stats.groups == 6);
+    CHECK_OK(cring__gpu_comm_check(g, 0, &err));
+    for (int k = 0; k < 3; k++) free(f[k]);
+    cring__gpu_destroy(g);
+    cring_comm_destroy(comm);
+    exit(0);
+}
+
+/* After CRING_FAKE_NCCL_FAIL_AFTER collectives the communicator reports an
+ * asynchronous remote error: the next call fails as a peer failure, and so
+ * does every later one. */
+static void run_async_error(int rank, int size, int port, int unused) {
+    alarm(60);
+    cring__gpu_t *g = fresh();
+    cring__errmsg_t err;
+    CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
+    CHECK_OK(cring__gpu_load_nccl(g, NULL, 0, &err));
+    CHECK_OK(cring__gpu_comm_create(g, 0, 0, 0, 1, NULL, NULL, 10, &err));
+    float x[4] = {1, 2, 3, 4};
+    cring__gpu_tensor_t t = {x, x, CRING_FLOAT32, 4, NULL};
+    cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE, .op = CRING_SUM, .scale = 1.0,
+                           .ntensors = 1, .tensors = &t, .stream = NULL};
+    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK(cring__gpu_comm_check(g, 0, &err) == CRING_ERR_PEER_FAILURE);
+    CHECK(strstr(err.text, "remote process exited") != NULL);
+    CHECK(cring__gpu_collective(g, 0, &c, &err) == CRING_ERR_BROKEN);
+    cring__gpu_destroy(g); /* aborts the broken communicator instead of waiting */
+    exit(0);
+}
+
+static void test_staging(void) {
+    cring__gpu_t *g = fresh();
+    cring__errmsg_t err;
+    void *p = NULL, *q = NULL;
+    size_t cap = 0, cap2 = 0;
+    CHECK(cring__gpu_pinned_get(g, 100, &p, &cap, &err) == CRING_ERR_NOT_SUPPORTED);
+    CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
+    CHECK_OK(cring__gpu_pinned_get(g, 0, &p, &cap, &err));
+    CHECK(p == NULL && cap == 0);
+    CHECK_OK(cring__gpu_pinned_get(g, 100, &p, &cap, &err));
+    CHECK(p != NULL && cap == 4096);
+    cring__gpu_pinned_put(g, p, cap);
+    CHECK_OK(cring__gpu_pinned_get(g, 4000, &q, &cap2, &err));
+    CHECK(q == p && cap2 == 4096); /* reused from the cache */
+    CHECK_OK(cring__gpu_pinned_get(g, 5000, &p, &cap, &err));
+    CHECK(cap == 8192 && p != q);
+    char device[64], back[64];
+    for (int i = 0; i < 64; i++) device[i] = (char)i;
+    CHECK_OK(cring__gpu_copy_sync(g, q, device, 64, 0, (void *)0x77, &err));
+    CHECK_OK(cring__gpu_copy_sync(g, back, q, 64, 1, (void *)0x77, &err));
+    CHECK(memcmp(back, device, 64) == 0);
+    cring__gpu_stats_t stats;
+    cring__gpu_get_stats(g, &stats);
+    CHECK(stats.pinned_allocs == 2);
+    CHECK(stats.staged_bytes == 128);
+    cring__gpu_pinned_put(g, p, cap);
+    cring__gpu_pinned_put(g, q, cap2);
+    cring__gpu_destroy(g);
+    printf("staging: ok\n");
+    fflush(stdout);
+}
+
+int main(void) {
+    find_fakes();
+    unsetenv("CRING_NCCL_LIBRARY");
+    unsetenv("CRING_CUDART_LIBRARY");
+    test_loader();
+    setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
+    setenv("CRING_CUDART_LIBRARY", fake_cudart, 1);
+    test_staging();
+    for (int size = 1; size <= 3; size++) testutil_run_world(size, run_rank, 0, "nccl collectives");
+    setenv("CRING_FAKE_NCCL_FAIL_AFTER", "1", 1);
+    testutil_run_world(1, run_async_error, 0, "nccl asynchronous error");
+    unsetenv("CRING_FAKE_NCCL_FAIL_AFTER");
+    TEST_DONE("test_gpu_nccl");
+    return 0;
+}
