@@ -1,12 +1,20 @@
 """A rank that dies (SIGKILL) mid-allreduce makes every survivor raise
 promptly (PeerFailureError, a CRingError) instead of hanging, over shared
 memory and TCP; nothing is left in /dev/shm. The ranks are started directly
-(not by cringrun, which would stop the survivors itself)."""
+(not by cringrun, which would stop the survivors itself).
+
+Also (issue 9, item 1): a rank SIGKILLed from outside at a random moment in
+the middle of large allreduces (world sizes 2 and 3, rank 0 included), a rank
+frozen by SIGSTOP (survivors raise TimeoutError after CRING_TIMEOUT_SECONDS),
+and survivors re-initialising as a smaller job."""
 
 import os
+import random
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,14 +23,17 @@ from conftest import WORKERS
 from test_bootstrap import clean_env, free_port
 
 
-def cring_shm_files() -> set:
-    return {p.name for p in Path("/dev/shm").glob("cring-*")} if os.path.isdir("/dev/shm") else set()
+def shm_files_of(pids) -> list:
+    """cring's shared-memory files created by these processes (named /cring-<pid>-<nonce>)."""
+    if not os.path.isdir("/dev/shm"):
+        return []
+    return sorted(p.name for p in Path("/dev/shm").glob("cring-*")
+                  if p.name.split("-")[1] in {str(pid) for pid in pids})
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_killed_rank_makes_survivors_raise(world_size, transport):
-    before = cring_shm_files()
     port = str(free_port())
     procs = []
     for r in range(world_size):
@@ -52,4 +63,135 @@ def test_killed_rank_makes_survivors_raise(world_size, transport):
         assert m.group(1) == "PeerFailureError", m.group(0)
         assert float(m.group(2)) < 10.0, m.group(0)
         assert f"SURVIVOR {r} next call raised" in out
-    assert cring_shm_files() <= before, "shared-memory files left behind"
+    # only this job's files (named after the creating pid): other jobs may run meanwhile
+    assert shm_files_of([p.pid for p in procs]) == [], "shared-memory files left behind"
+
+
+# ---- a rank killed or frozen from outside, in the middle of a collective -------------
+# tests/workers/failure_modes.py runs 16 MiB allreduces with small asynchronous
+# ones in flight; the test SIGKILLs (or SIGSTOPs) one rank at a random moment
+# after every rank has finished its first allreduce.
+
+ELEMENTS = str(4 << 20)  # 16 MiB of float32: most of the time is spent inside an allreduce
+
+
+def start_world(tmp_path, world_size, transport, timeout_s, *extra):
+    port = str(free_port())
+    procs = []
+    for r in range(world_size):
+        env = clean_env(CRING_RANK=str(r), CRING_SIZE=str(world_size), CRING_ADDR="127.0.0.1",
+                        CRING_PORT=port, CRING_TRANSPORT=transport,
+                        CRING_TIMEOUT_SECONDS=str(timeout_s))
+        procs.append(subprocess.Popen(
+            [sys.executable, str(WORKERS / "failure_modes.py"), str(tmp_path), ELEMENTS, *extra],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def wait_ready(tmp_path, procs, timeout_s=90.0):
+    deadline = time.monotonic() + timeout_s
+    while not all((tmp_path / f"ready{r}").exists() for r in range(len(procs))):
+        for p in procs:
+            if p.poll() is not None:
+                out, err = p.communicate()
+                pytest.fail(f"a rank exited {p.returncode} before the failure:\n{out}\n"
+                            f"{err[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail("the ranks did not start")
+        time.sleep(0.01)
+
+
+def collect_survivors(procs, victim, limit_s=90.0):
+    """Wait for every survivor (hard limit), then return {rank: stdout}."""
+    outs = {}
+    deadline = time.monotonic() + limit_s
+    try:
+        for r, p in enumerate(procs):
+            if r == victim:
+                continue
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            assert p.returncode == 0, f"rank {r} exited {p.returncode}\n{out}\n{err[-3000:]}"
+            outs[r] = out
+    except subprocess.TimeoutExpired:
+        pytest.fail("a survivor hung after its peer failed")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    return outs
+
+
+def survivor_report(out: str, r: int) -> tuple[str, float]:
+    m = re.search(rf"SURVIVOR {r} raised (\w+) after ([0-9.]+)s", out)
+    assert m, f"rank {r} did not raise:\n{out}"
+    assert re.search(rf"SURVIVOR {r} in-flight handles: \d+, raised: \d+", out), out
+    assert re.search(rf"SURVIVOR {r} next call raised \w+", out), out
+    return m.group(1), float(m.group(2))
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("world_size,victim", [(2, 1), (3, 1), (3, 0)])
+def test_rank_killed_from_outside_mid_allreduce(tmp_path, world_size, victim, transport):
+    """SIGKILL at a random moment inside a stream of 16 MiB allreduces: every
+    survivor raises PeerFailureError long before CRING_TIMEOUT_SECONDS (120 s)
+    and exits; nothing of cring's is left in /dev/shm. Victim 0 also takes
+    the rendezvous store down with it."""
+    procs = start_world(tmp_path, world_size, transport, 120)
+    pids = [p.pid for p in procs]
+    wait_ready(tmp_path, procs)
+    # the segment is unlinked as soon as every rank has mapped it
+    assert shm_files_of(pids) == []
+    time.sleep(random.uniform(0.02, 0.3))
+    procs[victim].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    outs = collect_survivors(procs, victim)
+    assert procs[victim].returncode == -signal.SIGKILL
+    for r, out in outs.items():
+        kind, took = survivor_report(out, r)
+        assert kind == "PeerFailureError", out
+        assert took < 10.0, out
+    assert time.monotonic() - killed_at < 60.0
+    assert shm_files_of(pids) == [], "shared-memory files left behind"
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_frozen_rank_makes_survivors_time_out(tmp_path, world_size, transport):
+    """A rank that stops responding (SIGSTOP: alive, holding its sockets and
+    its shared memory) makes every survivor raise TimeoutError after about
+    CRING_TIMEOUT_SECONDS, not before and not much later."""
+    timeout_s = 3.0
+    procs = start_world(tmp_path, world_size, transport, timeout_s)
+    pids = [p.pid for p in procs]
+    wait_ready(tmp_path, procs)
+    victim = world_size - 1
+    time.sleep(random.uniform(0.02, 0.3))
+    procs[victim].send_signal(signal.SIGSTOP)
+    try:
+        outs = collect_survivors(procs, victim, limit_s=60.0)
+    finally:
+        procs[victim].kill()  # a stopped process still dies of SIGKILL
+        procs[victim].communicate()
+    for r, out in outs.items():
+        kind, took = survivor_report(out, r)
+        assert kind == "TimeoutError", out
+        # the call that raised started at most one collective before the freeze
+        assert 0.5 * timeout_s <= took < timeout_s + 10.0, out
+    assert shm_files_of(pids) == []
+
+
+def test_survivors_shutdown_and_init_again(tmp_path):
+    """After a failure the process is not poisoned: survivors shutdown() and
+    init() a new job of the survivors only, and it works."""
+    port = str(free_port())
+    procs = start_world(tmp_path, 3, "auto", 120, "--reinit", port, "0,2")
+    pids = [p.pid for p in procs]
+    wait_ready(tmp_path, procs)
+    procs[1].send_signal(signal.SIGKILL)
+    outs = collect_survivors(procs, 1)
+    for r, out in outs.items():
+        assert survivor_report(out, r)[0] == "PeerFailureError"
+        assert f"SURVIVOR {r} re-initialised as rank {[0, 2].index(r)} of 2 over shm: " \
+               "allreduce ok" in out, out
+    assert shm_files_of(pids) == []

@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,8 +217,48 @@ struct cring_store_server {
     struct pollfd *pfds;
     size_t pfds_cap;
     double listen_paused_until; /* back off accept() after EMFILE and friends */
+    /* Rate limit for warnings a stranger can trigger (see server_warn). */
+    double warn_window_start;
+    int warn_in_window;
+    long warn_suppressed;
     int keys_created;           /* a new key appeared this turn: retry waiters */
 };
+
+/* Warnings about refused or malformed connections, at most
+ * SERVER_WARN_BURST per SERVER_WARN_WINDOW_S, then one line with the count
+ * held back: a port scanner or a fuzzer must not flood the job's log.
+ * Server thread only. */
+#define SERVER_WARN_BURST 5
+#define SERVER_WARN_WINDOW_S 10.0
+static void server_warn(cring_store_server_t *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void server_warn(cring_store_server_t *s, const char *fmt, ...) {
+    if (!cring__log_enabled(CRING__LOG_WARNING)) return;
+    double now = cring__now_s();
+    if (now - s->warn_window_start >= SERVER_WARN_WINDOW_S) {
+        if (s->warn_suppressed > 0)
+            cring__log(CRING__LOG_WARNING, -1,
+                       "store: %ld more refused, malformed or evicted connections in the "
+                       "last %.0f s",
+                       s->warn_suppressed, now - s->warn_window_start);
+        s->warn_window_start = now;
+        s->warn_in_window = 0;
+        s->warn_suppressed = 0;
+    }
+    if (s->warn_in_window >= SERVER_WARN_BURST) {
+        s->warn_suppressed++;
+        return;
+    }
+    s->warn_in_window++;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    int last = s->warn_in_window == SERVER_WARN_BURST;
+    cring__log(CRING__LOG_WARNING, -1, "%s%s", line,
+               last ? " (further such warnings are only counted)" : "");
+}
 
 static void conn_free(conn_t *c) {
     if (!c) return;
@@ -313,8 +354,13 @@ static void conn_read(conn_t *c) {
             c->in_len -= c->in_off;
             c->in_off = 0;
         }
-        if (c->in_cap - c->in_len < SERVER_READ_CHUNK_BYTES) {
-            size_t want = CRING_MAX(c->in_cap * 2, c->in_len + SERVER_READ_CHUNK_BYTES);
+        /* Before authentication read only the 36-byte answer: a stranger
+         * never makes the server buffer more than that (what follows it
+         * stays in the socket until the connection is authenticated). */
+        int handshake = c->state == CONN_HANDSHAKE;
+        size_t chunk = handshake ? CLIENT_HELLO_BYTES : SERVER_READ_CHUNK_BYTES;
+        if (c->in_cap - c->in_len < chunk) {
+            size_t want = CRING_MAX(c->in_cap * 2, c->in_len + chunk);
             uint8_t *p = realloc(c->in, want);
             if (!p) {
                 cring__log(CRING__LOG_WARNING, -1, "store: out of memory reading a request");
@@ -325,12 +371,17 @@ static void conn_read(conn_t *c) {
             c->in_cap = want;
         }
         size_t room = CRING_MIN(c->in_cap - c->in_len, budget);
+        if (handshake) {
+            size_t have = c->in_len - c->in_off;
+            if (have >= CLIENT_HELLO_BYTES) return;
+            room = CRING_MIN(room, CLIENT_HELLO_BYTES - have);
+        }
         ssize_t r = recv(c->fd, c->in + c->in_len, room, MSG_DONTWAIT);
         if (r > 0) {
             c->in_len += (size_t)r;
             budget -= (size_t)r;
             if ((size_t)r < room) return; /* drained for now */
-            if (c->state == CONN_HANDSHAKE) return;
+            if (handshake) return;
             /* Do not buffer past the end of the head message: let it be handled. */
             if (c->in_len - c->in_off >= 4) {
                 uint32_t len = get_u32(c->in + c->in_off);
@@ -515,8 +566,7 @@ static void conn_handshake(cring_store_server_t *s, conn_t *c) {
     if (ok) {
         c->state = CONN_READY;
     } else {
-        cring__log(CRING__LOG_WARNING, -1,
-                   "store: refused a connection that did not present the job secret");
+        server_warn(s, "store: refused a connection that did not present the job secret");
         c->state = CONN_CLOSING;
     }
 }
@@ -537,10 +587,10 @@ static void conn_pump(cring_store_server_t *s, conn_t *c, double now, int timed_
         if (avail < 4) return;
         uint32_t len = get_u32(c->in + c->in_off);
         if (len == 0 || len > STORE_MAX_MESSAGE_BYTES) {
-            cring__log(CRING__LOG_WARNING, -1,
-                       "store: request of %" PRIu32 " bytes is empty or over the %u byte limit; "
-                       "closing that connection",
-                       len, STORE_MAX_MESSAGE_BYTES);
+            server_warn(s,
+                        "store: request of %" PRIu32 " bytes is empty or over the %u byte limit; "
+                        "closing that connection",
+                        len, STORE_MAX_MESSAGE_BYTES);
             c->dead = 1;
             return;
         }
@@ -548,10 +598,10 @@ static void conn_pump(cring_store_server_t *s, conn_t *c, double now, int timed_
         int r = handle_request(s, c, c->in + c->in_off + 4, len, now, timed_out);
         timed_out = 0;
         if (r == HANDLE_BAD) {
-            cring__log(CRING__LOG_WARNING, -1,
-                       "store: malformed request (opcode %u, %" PRIu32 " bytes); closing that "
-                       "connection",
-                       c->in[c->in_off + 4], len);
+            server_warn(s,
+                        "store: malformed request (opcode %u, %" PRIu32 " bytes); closing that "
+                        "connection",
+                        c->in[c->in_off + 4], len);
             c->dead = 1;
             return;
         }
@@ -593,11 +643,35 @@ static int server_add_conn(cring_store_server_t *s, int fd) {
     return 0;
 }
 
+/* Out of descriptors: close the oldest connection that has not authenticated
+ * yet, so that idle or stalled strangers cannot lock the job's own ranks out
+ * (a rank whose handshake is cut short retries). Returns 1 if one was closed. */
+static int server_evict_unauthenticated(cring_store_server_t *s) {
+    conn_t *oldest = NULL;
+    for (size_t i = 0; i < s->nconns; i++) {
+        conn_t *c = s->conns[i];
+        if (c->dead || c->fd < 0 || c->state != CONN_HANDSHAKE) continue;
+        if (!oldest || c->handshake_deadline < oldest->handshake_deadline) oldest = c;
+    }
+    if (!oldest) return 0;
+    close(oldest->fd); /* free the descriptor now; the entry goes at the end of the turn */
+    oldest->fd = -1;
+    oldest->dead = 1;
+    return 1;
+}
+
 static void server_accept(cring_store_server_t *s) {
+    int evicted = 0;
     for (int i = 0; i < 64; i++) {
         int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+            if ((errno == EMFILE || errno == ENFILE) && server_evict_unauthenticated(s)) {
+                if (evicted++ == 0)
+                    server_warn(s, "store: out of file descriptors; closing the oldest "
+                                   "unauthenticated connections to accept new ones");
+                continue;
+            }
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
                 cring__log(CRING__LOG_WARNING, -1,
                            "store: cannot accept more connections (%s); pausing 100 ms",
@@ -722,6 +796,10 @@ static void *server_main(void *arg) {
         }
         server_remove_dead(s);
     }
+    if (s->warn_suppressed > 0)
+        cring__log(CRING__LOG_WARNING, -1,
+                   "store: %ld more refused, malformed or evicted connections before it stopped",
+                   s->warn_suppressed);
     return NULL;
 }
 
@@ -1202,4 +1280,12 @@ cring_status_t cring_store_wait(cring_store_t *client, const char *const *keys, 
     }
     free(payload);
     return st;
+}
+
+/* Contract: see cring.h. Only shuts the socket down (never closes it), so it
+ * is safe against a call blocked in another thread, which then fails. */
+void cring_store_interrupt(cring_store_t *client) {
+    if (!client) return;
+    int fd = client->fd;
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
 }

@@ -44,6 +44,8 @@ typedef struct tcp_p2p {
     cring__errmsg_t *err;  /* owned by the communicator */
     double timeout_s;
     int broken;            /* an earlier failure left the streams out of step */
+    cring_status_t fail_status; /* the first failure: what cancel tells the peers */
+    uint8_t *reasons;      /* reasons[peer]: why it stopped (urgent byte), 0 if unknown */
 } tcp_p2p_t;
 
 static void put_u32(uint8_t *p, uint32_t v) {
@@ -71,13 +73,70 @@ static cring_status_t tcp_fail(tcp_p2p_t *t, cring_status_t st, const char *fmt,
         vsnprintf(t->err->text, sizeof t->err->text, fmt, ap);
         va_end(ap);
     }
-    if (st != CRING_ERR_INVALID_ARGUMENT) t->broken = 1;
+    if (st != CRING_ERR_INVALID_ARGUMENT) {
+        t->broken = 1;
+        if (t->fail_status == CRING_OK && st != CRING_ERR_BROKEN) t->fail_status = st;
+    }
     return st;
 }
 
 static int is_peer_gone(int e) {
     return e == EPIPE || e == ECONNRESET || e == ENOTCONN || e == ECONNABORTED ||
            e == ETIMEDOUT || e == EHOSTUNREACH;
+}
+
+/* ---- why a peer stopped ----------------------------------------------------------
+ * A rank that fails shuts its connections down so that every peer stops too
+ * (tcp_cancel). Just before, it sends each peer one byte of TCP urgent data
+ * saying why: it timed out waiting, one of its own peers died, or something
+ * else. A rank that then sees the connection end reads that byte (MSG_OOB),
+ * so when one rank hangs every rank fails with ERR_TIMEOUT, as on shared
+ * memory, instead of ERR_PEER_FAILURE blaming the rank that gave up first.
+ * No byte: the process itself ended (killed, crashed, exited). Urgent data
+ * never mixes with the byte stream, but the kernel forgets it once the
+ * normal reader has passed it, so every poll here asks for POLLPRI and the
+ * byte is read as soon as it arrives (a rank blocked on the peer that gives
+ * up, the usual case, always sees it). Best effort: when it is missed the
+ * error is ERR_PEER_FAILURE saying the peer exited. */
+#define REASON_TIMEOUT 'T'
+#define REASON_PEER_FAILURE 'P'
+#define REASON_OTHER 'E'
+
+/* Keep the reason byte peer sent on fd, if one is waiting (POLLPRI). */
+static void note_reason(tcp_p2p_t *t, int peer, int fd) {
+    uint8_t why = 0;
+    if (recv(fd, &why, 1, MSG_OOB | MSG_DONTWAIT) == 1 && t->reasons) t->reasons[peer] = why;
+}
+
+/* The connection to `peer` (fd) ended or was reset while `progress` (how far
+ * this exchange got, for the message) was under way: fail with the kind of
+ * error the peer reported, or ERR_PEER_FAILURE when it just went away. */
+static cring_status_t peer_stopped(tcp_p2p_t *t, int peer, int fd, const char *progress) {
+    const int rank = t->base.rank;
+    note_reason(t, peer, fd); /* not read yet? (it is lost once read past) */
+    uint8_t why = t->reasons ? t->reasons[peer] : 0;
+    switch (why) {
+    case REASON_TIMEOUT:
+        return tcp_fail(t, CRING_ERR_TIMEOUT,
+                        "rank %d timed out waiting for another rank (CRING_TIMEOUT_SECONDS) and "
+                        "stopped; its connection to rank %d closed %s",
+                        peer, rank, progress);
+    case REASON_PEER_FAILURE:
+        return tcp_fail(t, CRING_ERR_PEER_FAILURE,
+                        "rank %d stopped because another rank died or closed its connections; "
+                        "its connection to rank %d closed %s",
+                        peer, rank, progress);
+    case REASON_OTHER:
+        return tcp_fail(t, CRING_ERR_PEER_FAILURE,
+                        "rank %d stopped after an error of its own; its connection to rank %d "
+                        "closed %s",
+                        peer, rank, progress);
+    default:
+        return tcp_fail(t, CRING_ERR_PEER_FAILURE,
+                        "rank %d closed its connection to rank %d %s; rank %d exited or was "
+                        "killed",
+                        peer, rank, progress, peer);
+    }
 }
 
 /* Contract: see cring__p2p_ops_t.sendrecv in transport.h. A peer equal to
@@ -120,11 +179,13 @@ static cring_status_t tcp_sendrecv(cring__p2p_t *p2p, int send_peer, const void 
                 progressed = 1;
             } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
                 int e = errno;
-                if (is_peer_gone(e))
-                    return tcp_fail(t, CRING_ERR_PEER_FAILURE,
-                                    "rank %d closed its connection to rank %d (%s) after %zu of "
-                                    "%zu bytes were sent to it; rank %d probably exited",
-                                    send_peer, rank, strerror(e), sent, send_bytes, send_peer);
+                if (is_peer_gone(e)) {
+                    char progress[160];
+                    snprintf(progress, sizeof progress,
+                             "(%s) after %zu of %zu bytes were sent to it", strerror(e), sent,
+                             send_bytes);
+                    return peer_stopped(t, send_peer, sfd, progress);
+                }
                 return tcp_fail(t, CRING_ERR_SYSTEM, "rank %d: send to rank %d failed: %s", rank,
                                 send_peer, strerror(e));
             }
@@ -135,17 +196,19 @@ static cring_status_t tcp_sendrecv(cring__p2p_t *p2p, int send_peer, const void 
                 got += (size_t)r;
                 progressed = 1;
             } else if (r == 0) {
-                return tcp_fail(t, CRING_ERR_PEER_FAILURE,
-                                "rank %d closed its connection to rank %d after %zu of %zu bytes "
-                                "were received from it; rank %d probably exited",
-                                recv_peer, rank, got, recv_bytes, recv_peer);
+                char progress[160];
+                snprintf(progress, sizeof progress, "after %zu of %zu bytes were received from it",
+                         got, recv_bytes);
+                return peer_stopped(t, recv_peer, rfd, progress);
             } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
                 int e = errno;
-                if (is_peer_gone(e))
-                    return tcp_fail(t, CRING_ERR_PEER_FAILURE,
-                                    "rank %d closed its connection to rank %d (%s) after %zu of "
-                                    "%zu bytes were received from it; rank %d probably exited",
-                                    recv_peer, rank, strerror(e), got, recv_bytes, recv_peer);
+                if (is_peer_gone(e)) {
+                    char progress[160];
+                    snprintf(progress, sizeof progress,
+                             "(%s) after %zu of %zu bytes were received from it", strerror(e), got,
+                             recv_bytes);
+                    return peer_stopped(t, recv_peer, rfd, progress);
+                }
                 return tcp_fail(t, CRING_ERR_SYSTEM, "rank %d: receive from rank %d failed: %s",
                                 rank, recv_peer, strerror(e));
             }
@@ -170,25 +233,38 @@ static cring_status_t tcp_sendrecv(cring__p2p_t *p2p, int send_peer, const void 
         }
         struct pollfd pfd[2];
         nfds_t n = 0;
-        short sev = (do_send && sent < send_bytes) ? POLLOUT : 0;
-        short rev = (do_recv && got < recv_bytes) ? POLLIN : 0;
+        short sev = (do_send && sent < send_bytes) ? POLLOUT | POLLPRI : 0;
+        short rev = (do_recv && got < recv_bytes) ? POLLIN | POLLPRI : 0;
+        int speer = -1, rpeer = -1; /* the peer behind pfd[0] and pfd[1] */
         if (sev && rev && sfd == rfd) {
+            speer = send_peer;
             pfd[n++] = (struct pollfd){.fd = sfd, .events = (short)(sev | rev)};
         } else {
-            if (sev) pfd[n++] = (struct pollfd){.fd = sfd, .events = sev};
-            if (rev) pfd[n++] = (struct pollfd){.fd = rfd, .events = rev};
+            if (sev) {
+                speer = send_peer;
+                pfd[n++] = (struct pollfd){.fd = sfd, .events = sev};
+            }
+            if (rev) {
+                rpeer = recv_peer;
+                pfd[n++] = (struct pollfd){.fd = rfd, .events = rev};
+            }
         }
         int pr = poll(pfd, n, poll_ms_until(deadline, now));
         if (pr < 0 && errno != EINTR)
             return tcp_fail(t, CRING_ERR_SYSTEM, "rank %d: poll failed: %s", rank,
                             strerror(errno));
-        /* Readiness, hang-up and errors are all discovered by the next send/recv. */
+        /* A peer's reason byte is read at once (see peer_stopped); readiness,
+         * hang-up and errors are discovered by the next send/recv. */
+        for (nfds_t i = 0; pr > 0 && i < n; i++)
+            if (pfd[i].revents & POLLPRI)
+                note_reason(t, i == 0 && speer >= 0 ? speer : rpeer, pfd[i].fd);
     }
     return CRING_OK;
 }
 
 /* Contract: see cring__p2p_ops_t.idle_wait. Polls every peer socket for
- * input (data or hang-up) and the wake descriptor; reads nothing. */
+ * input (data or hang-up) and the wake descriptor; reads nothing from the
+ * streams (a reason byte a stopping peer sent as urgent data is kept). */
 static int tcp_idle_wait(cring__p2p_t *p2p, int wake_fd, double max_wait_s) {
     tcp_p2p_t *t = (tcp_p2p_t *)p2p;
     struct pollfd stack_pfd[65];
@@ -197,23 +273,36 @@ static int tcp_idle_wait(cring__p2p_t *p2p, int wake_fd, double max_wait_s) {
     nfds_t n = 0;
     if (wake_fd >= 0) pfd[n++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
     for (int i = 0; i < p2p->size; i++)
-        if (t->fds[i] >= 0) pfd[n++] = (struct pollfd){.fd = t->fds[i], .events = POLLIN};
+        if (t->fds[i] >= 0)
+            pfd[n++] = (struct pollfd){.fd = t->fds[i], .events = POLLIN | POLLPRI};
     int ms = max_wait_s > 2e6 ? 2000000000 : (int)(max_wait_s * 1000.0);
     int peer_input = 0;
     if (poll(pfd, n, ms < 0 ? 0 : ms) > 0) {
-        for (nfds_t i = wake_fd >= 0 ? 1 : 0; i < n; i++)
+        nfds_t i = wake_fd >= 0 ? 1 : 0;
+        for (int peer = 0; peer < p2p->size; peer++) {
+            if (t->fds[peer] < 0) continue;
             if (pfd[i].revents) peer_input = 1;
+            if (pfd[i].revents & POLLPRI) note_reason(t, peer, pfd[i].fd);
+            i++;
+        }
     }
     if (pfd != stack_pfd) free(pfd);
     return peer_input;
 }
 
-/* Contract: see cring__p2p_ops_t.cancel. */
+/* Contract: see cring__p2p_ops_t.cancel. Each peer first gets the reason
+ * byte (see peer_stopped). */
 static void tcp_cancel(cring__p2p_t *p2p) {
     tcp_p2p_t *t = (tcp_p2p_t *)p2p;
     t->broken = 1;
-    for (int i = 0; i < p2p->size; i++)
-        if (t->fds[i] >= 0) shutdown(t->fds[i], SHUT_RDWR);
+    uint8_t why = t->fail_status == CRING_ERR_TIMEOUT        ? REASON_TIMEOUT
+                  : t->fail_status == CRING_ERR_PEER_FAILURE ? REASON_PEER_FAILURE
+                                                             : REASON_OTHER;
+    for (int i = 0; i < p2p->size; i++) {
+        if (t->fds[i] < 0) continue;
+        (void)send(t->fds[i], &why, 1, MSG_OOB | MSG_NOSIGNAL | MSG_DONTWAIT);
+        shutdown(t->fds[i], SHUT_RDWR);
+    }
 }
 
 /* Contract: see cring__p2p_ops_t.destroy. Closes every socket; never
@@ -226,6 +315,7 @@ static void tcp_destroy(cring__p2p_t *p2p) {
             if (t->fds[i] >= 0) close(t->fds[i]);
         free(t->fds);
     }
+    free(t->reasons);
     free(t);
 }
 
@@ -322,49 +412,197 @@ cleanup:
                        init->rank, peer, host, port, detail.text);
 }
 
-/* Accept one connection and authenticate it as some rank below ours.
- * Returns CRING_OK with *accepted set to 1 when a peer joined, CRING_OK with
- * *accepted 0 when a stray connection was dropped, or an error. */
-static cring_status_t accept_peer(tcp_p2p_t *t, const cring__transport_init_t *init,
-                                  int listen_fd, double deadline, int *accepted,
-                                  cring__errmsg_t *accept_err) {
-    cring__errmsg_t detail;
-    int fd = -1;
-    *accepted = 0;
-    cring_status_t st = cring__net_accept(listen_fd, deadline, &fd, accept_err);
-    if (st != CRING_OK) return st; /* the caller names the missing ranks */
+/* ---- accepting the lower ranks --------------------------------------------------
+ * Handshakes of accepted connections run side by side in one poll() loop, so a
+ * stray connection that says nothing (a port scanner, a stalled process) costs
+ * nothing but a slot: it cannot hold the real peers up. A connection must
+ * finish within TCP_ACCEPT_HANDSHAKE_S; when TCP_MAX_PENDING_HANDSHAKES are in
+ * progress the oldest is dropped for a newcomer. */
+#define TCP_MAX_PENDING_HANDSHAKES 64
+
+typedef struct pending_handshake {
+    int fd;
+    double deadline;
     uint8_t hello[TCP_HELLO_BYTES];
-    memcpy(hello, TCP_MAGIC, TCP_MAGIC_BYTES);
-    cring__random_bytes(hello + TCP_MAGIC_BYTES, CRING__NONCE_BYTES);
-    double hs_deadline = CRING_MIN(deadline, cring__now_s() + TCP_ACCEPT_HANDSHAKE_S);
+    size_t hello_sent;
     uint8_t answer[TCP_ANSWER_BYTES];
-    if (cring__net_send_all(fd, hello, sizeof hello, hs_deadline, &detail) != CRING_OK ||
-        cring__net_recv_all(fd, answer, sizeof answer, hs_deadline, &detail) != CRING_OK) {
-        cring__log(CRING__LOG_WARNING, init->rank, "dropped a connection during the handshake: %s",
-                   detail.text);
-        close(fd);
-        return CRING_OK;
-    }
+    size_t answer_got;
+} pending_handshake_t;
+
+static void pending_drop(pending_handshake_t *p, int *npending, int i, int rank,
+                         const char *why) {
+    if (why) cring__log(CRING__LOG_WARNING, rank, "dropped a connection during the handshake: %s",
+                        why);
+    close(p[i].fd);
+    p[i] = p[--*npending];
+}
+
+/* Judge a complete answer: returns the joining rank (its socket is stored and
+ * told 0), or -1 after refusing it (told 1, closed). */
+static int pending_judge(tcp_p2p_t *t, const cring__transport_init_t *init,
+                         pending_handshake_t *h) {
+    cring__errmsg_t detail;
     uint8_t expect[CRING__AUTH_BYTES];
-    cring__auth_response(init->secret, hello + TCP_MAGIC_BYTES, expect);
-    uint32_t from = get_u32(answer + 4), to = get_u32(answer + 8), size = get_u32(answer + 12);
-    int authed = memcmp(answer, TCP_MAGIC, TCP_MAGIC_BYTES) == 0 &&
-                 cring__auth_equal(answer + 16, expect);
+    cring__auth_response(init->secret, h->hello + TCP_MAGIC_BYTES, expect);
+    const uint8_t *a = h->answer;
+    uint32_t from = get_u32(a + 4), to = get_u32(a + 8), size = get_u32(a + 12);
+    int authed = memcmp(a, TCP_MAGIC, TCP_MAGIC_BYTES) == 0 && cring__auth_equal(a + 16, expect);
     int fits = authed && to == (uint32_t)init->rank && size == (uint32_t)init->size &&
                from < (uint32_t)init->rank && t->fds[from] < 0;
     uint8_t verdict = fits ? 0 : 1;
-    (void)cring__net_send_all(fd, &verdict, 1, hs_deadline, &detail);
-    if (!fits) {
-        cring__log(CRING__LOG_WARNING, init->rank,
-                   "refused a connection: %s (claims rank %" PRIu32 " of %" PRIu32
-                   " to rank %" PRIu32 ")",
-                   authed ? "unexpected ranks or world size" : "wrong job secret", from, size, to);
-        close(fd);
-        return CRING_OK;
+    /* One byte into an empty socket buffer: does not wait in practice. */
+    cring_status_t st = cring__net_send_all(h->fd, &verdict, 1, cring__now_s() + 1.0, &detail);
+    if (!fits || st != CRING_OK) {
+        if (!fits)
+            cring__log(CRING__LOG_WARNING, init->rank,
+                       "refused a connection: %s (claims rank %" PRIu32 " of %" PRIu32
+                       " to rank %" PRIu32 ")",
+                       authed ? "unexpected ranks or world size" : "wrong job secret", from, size,
+                       to);
+        close(h->fd);
+        return -1;
     }
-    t->fds[from] = fd;
-    *accepted = 1;
-    return CRING_OK;
+    t->fds[from] = h->fd;
+    return (int)from;
+}
+
+/* Step the handshake on p[i] (hello out, answer in). Returns 1 when the
+ * answer is complete, 0 to keep waiting, -1 when the connection failed
+ * (why says how). */
+static int pending_progress(pending_handshake_t *h, const char **why) {
+    while (h->hello_sent < TCP_HELLO_BYTES) {
+        ssize_t w = send(h->fd, h->hello + h->hello_sent, TCP_HELLO_BYTES - h->hello_sent,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            h->hello_sent += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        *why = "the connection closed before the greeting was sent";
+        return -1;
+    }
+    while (h->answer_got < TCP_ANSWER_BYTES) {
+        ssize_t r = recv(h->fd, h->answer + h->answer_got, TCP_ANSWER_BYTES - h->answer_got,
+                         MSG_DONTWAIT);
+        if (r > 0) {
+            h->answer_got += (size_t)r;
+            continue;
+        }
+        if (r == 0) {
+            *why = "the connection closed before a complete answer";
+            return -1;
+        }
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        *why = "the connection failed before a complete answer";
+        return -1;
+    }
+    return 1;
+}
+
+/* Accept and authenticate every rank below ours, in whatever order they
+ * arrive, until deadline. Errors: ERR_TIMEOUT (detail names the first
+ * missing rank), ERR_SYSTEM. */
+static cring_status_t accept_lower_ranks(tcp_p2p_t *t, const cring__transport_init_t *init,
+                                         int listen_fd, double deadline) {
+    const int rank = init->rank;
+    pending_handshake_t pending[TCP_MAX_PENDING_HANDSHAKES];
+    struct pollfd pfd[1 + TCP_MAX_PENDING_HANDSHAKES];
+    int npending = 0, joined = 0;
+    cring_status_t st = CRING_OK;
+    if (cring__net_set_nonblocking(listen_fd, 1) != CRING_OK)
+        return cring__fail(t->err, CRING_ERR_SYSTEM, "rank %d: fcntl failed: %s", rank,
+                           strerror(errno));
+    while (joined < rank) {
+        double now = cring__now_s();
+        if (now >= deadline) {
+            int missing = -1;
+            for (int i = 0; i < rank && missing < 0; i++)
+                if (t->fds[i] < 0) missing = i;
+            st = cring__fail(t->err, CRING_ERR_TIMEOUT,
+                             "rank %d: %d of %d lower ranks connected within %.1f s (rank %d "
+                             "never did)",
+                             rank, joined, rank, t->timeout_s, missing);
+            goto done;
+        }
+        double wake = deadline;
+        pfd[0] = (struct pollfd){.fd = listen_fd, .events = POLLIN};
+        for (int i = 0; i < npending; i++) {
+            short ev = pending[i].hello_sent < TCP_HELLO_BYTES ? POLLOUT : POLLIN;
+            pfd[1 + i] = (struct pollfd){.fd = pending[i].fd, .events = ev};
+            wake = CRING_MIN(wake, pending[i].deadline);
+        }
+        int pr = poll(pfd, (nfds_t)(1 + npending), poll_ms_until(wake, now));
+        if (pr < 0 && errno != EINTR) {
+            st = cring__fail(t->err, CRING_ERR_SYSTEM, "rank %d: poll failed: %s", rank,
+                             strerror(errno));
+            goto done;
+        }
+        now = cring__now_s();
+        /* Handshakes in progress (from the end, as drops move the last entry). */
+        for (int i = npending - 1; i >= 0; i--) {
+            if (pr > 0 && pfd[1 + i].revents == 0 && now < pending[i].deadline) continue;
+            const char *why = NULL;
+            int r = pending_progress(&pending[i], &why);
+            if (r == 0 && now >= pending[i].deadline) {
+                r = -1;
+                why = "no complete answer within the handshake time-out";
+            }
+            if (r < 0) {
+                pending_drop(pending, &npending, i, rank, why);
+            } else if (r > 0) {
+                if (pending_judge(t, init, &pending[i]) >= 0) joined++;
+                pending[i] = pending[--npending]; /* judged: the socket is kept or closed */
+            }
+        }
+        /* New connections (the listening socket is non-blocking). */
+        if (pr > 0 && (pfd[0].revents & POLLIN)) {
+            for (int k = 0; k < 16; k++) {
+                int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+                if (fd < 0) {
+                    if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+                    if (errno == EMFILE || errno == ENFILE) {
+                        if (npending > 0) { /* make room: drop the oldest stranger */
+                            int oldest = 0;
+                            for (int i = 1; i < npending; i++)
+                                if (pending[i].deadline < pending[oldest].deadline) oldest = i;
+                            pending_drop(pending, &npending, oldest, rank,
+                                         "out of file descriptors");
+                            continue;
+                        }
+                        (void)poll(NULL, 0, 10);
+                    }
+                    break; /* EAGAIN: none left */
+                }
+                if (npending == TCP_MAX_PENDING_HANDSHAKES) {
+                    int oldest = 0;
+                    for (int i = 1; i < npending; i++)
+                        if (pending[i].deadline < pending[oldest].deadline) oldest = i;
+                    pending_drop(pending, &npending, oldest, rank, "too many handshakes at once");
+                }
+                pending_handshake_t *h = &pending[npending++];
+                memset(h, 0, sizeof *h);
+                h->fd = fd;
+                h->deadline = CRING_MIN(deadline, now + TCP_ACCEPT_HANDSHAKE_S);
+                memcpy(h->hello, TCP_MAGIC, TCP_MAGIC_BYTES);
+                cring__random_bytes(h->hello + TCP_MAGIC_BYTES, CRING__NONCE_BYTES);
+                int one = 1;
+                (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                const char *why = NULL;
+                int r = pending_progress(h, &why); /* send the greeting now */
+                if (r < 0) {
+                    pending_drop(pending, &npending, npending - 1, rank, why);
+                } else if (r > 0) {
+                    if (pending_judge(t, init, h) >= 0) joined++;
+                    --npending;
+                }
+            }
+        }
+    }
+done:
+    for (int i = 0; i < npending; i++) close(pending[i].fd);
+    return st;
 }
 
 /* Contract: see transport.h. init (and the strings it points to) need only
@@ -399,7 +637,8 @@ cring_status_t cring__tcp_create(const cring__transport_init_t *init, cring__p2p
     t->err = init->err;
     t->timeout_s = init->timeout_s > 0 ? init->timeout_s : 600.0;
     t->fds = malloc((size_t)init->size * sizeof *t->fds);
-    if (!t->fds) {
+    t->reasons = calloc((size_t)init->size, 1);
+    if (!t->fds || !t->reasons) {
         st = cring__fail(init->err, CRING_ERR_NO_MEMORY, "out of memory");
         goto cleanup;
     }
@@ -467,21 +706,7 @@ cring_status_t cring__tcp_create(const cring__transport_init_t *init, cring__p2p
     }
 
     /* 4. Accept every lower rank, in whatever order they arrive. */
-    for (int joined = 0; joined < rank;) {
-        int accepted = 0;
-        st = accept_peer(t, init, listen_fd, deadline, &accepted, &detail);
-        if (st != CRING_OK) {
-            int missing = -1;
-            for (int i = 0; i < rank && missing < 0; i++)
-                if (t->fds[i] < 0) missing = i;
-            st = cring__fail(init->err, st,
-                             "rank %d: %d of %d lower ranks connected within %.1f s (rank %d "
-                             "never did): %s",
-                             rank, joined, rank, t->timeout_s, missing, detail.text);
-            goto cleanup;
-        }
-        joined += accepted;
-    }
+    CRING_CHECK_GOTO(accept_lower_ranks(t, init, listen_fd, deadline), st, cleanup);
 
     /* 5. Every socket non-blocking, no Nagle, large buffers. */
     for (int i = 0; i < size; i++) {
