@@ -13,10 +13,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 
 from conftest import WORKERS
@@ -547,8 +549,16 @@ def test_store_client_speaks_the_store_protocol():
         assert client.add("n", 2) == 2 and client.add("n", -5) == -3
         assert client.wait(["k", "n"], 1.0) is True
         assert client.wait(["k", "nope"], 0.05) is False
+        # abort() from another thread ends a blocked call at once
+        timer = threading.Timer(0.2, client.abort)
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match="'never'"):
+            client.get("never", 30.0)
+        assert time.monotonic() - start < 10
+        timer.join()
         client.close()
-        with pytest.raises(ConnectionError, match="refused the job secret"):
+        with pytest.raises(ConnectionError, match="refused this process's job secret"):
             _StoreClient("127.0.0.1", server.port, "wrong", 5.0)
     finally:
         server.stop()

@@ -26,13 +26,9 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
-import hmac
 import json
 import os
 import pickle
-import socket
-import struct
 import sys
 import threading
 import time
@@ -41,7 +37,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from . import _api, _discovery
+from . import _C, _api, _discovery
 
 __all__ = [
     "ElasticError",
@@ -84,132 +80,47 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 # ---------------------------------------------------------------------------
-# A client of the rendezvous store (the protocol of csrc/bootstrap/store.c)
+# A client of the rendezvous store (cring._C.StoreClient: the C core's own
+# protocol and authentication); failures surface as ConnectionError
 # ---------------------------------------------------------------------------
-
-_STORE_MAGIC = b"CRS1"
-_NONCE_BYTES = 16
-_OP_SET, _OP_GET, _OP_ADD, _OP_WAIT = 1, 2, 3, 4
-_REPLY_OK, _REPLY_TIMEOUT = 0, 1
-_REPLY_GRACE_S = 10.0  # the server answers TIMEOUT itself; allow this on top
-_OP_TIMEOUT_S = 30.0  # set/add round trips
-
 
 class _StoreClient:
     """A blocking client of cring's rendezvous store (set/get/add/wait),
-    authenticated with the job secret. One request at a time (a lock)."""
+    authenticated with the job secret; every failure is a ConnectionError."""
 
     def __init__(self, addr: str, port: int, secret: str | None, timeout_s: float) -> None:
-        self._lock = threading.Lock()
-        self._where = f"{addr}:{port}"
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self._sock = socket.create_connection(
-                    (addr, port), timeout=max(0.1, deadline - time.monotonic())
-                )
-                break
-            except OSError as exc:
-                if time.monotonic() >= deadline:
-                    raise ConnectionError(
-                        f"cannot reach the rendezvous store at {self._where}: {exc}"
-                    ) from None
-                time.sleep(0.05)  # the server may not be listening yet: retry
         try:
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock.settimeout(max(1.0, deadline - time.monotonic()))
-            hello = self._recv(len(_STORE_MAGIC) + _NONCE_BYTES)
-            if hello[:4] != _STORE_MAGIC:
-                raise ConnectionError(f"{self._where} is not a cring rendezvous store")
-            key = (secret or "").encode()
-            answer = hmac.new(key, hello[4:], hashlib.sha256).digest()
-            self._sock.sendall(_STORE_MAGIC + answer)
-            if self._recv(1) != b"\0":
-                raise ConnectionError(
-                    f"the rendezvous store at {self._where} refused the job secret"
-                )
-        except BaseException:
-            self._sock.close()
-            raise
+            self._c = _C.StoreClient(addr, int(port), secret, float(timeout_s))
+        except _api.CRingError as exc:
+            raise ConnectionError(str(exc)) from None
 
     def close(self) -> None:
-        self._sock.close()
+        self._c.close()
 
     def abort(self) -> None:
-        """Close from another thread: a call blocked in this client returns with an error."""
+        """From another thread: a call blocked in this client fails at once."""
+        self._c.interrupt()
+
+    def _do(self, method: str, *args: Any) -> Any:
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
-
-    def _recv(self, n: int) -> bytes:
-        chunks, got = [], 0
-        while got < n:
-            chunk = self._sock.recv(n - got)
-            if not chunk:
-                raise ConnectionError(
-                    f"the rendezvous store at {self._where} closed the connection"
-                )
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
-
-    def _call(self, opcode: int, payload: bytes, reply_timeout_s: float) -> tuple[int, bytes]:
-        with self._lock:
-            self._sock.settimeout(reply_timeout_s)
-            self._sock.sendall(struct.pack("<IB", 1 + len(payload), opcode) + payload)
-            length, status = struct.unpack("<IB", self._recv(5))
-            return status, self._recv(length - 1)
-
-    @staticmethod
-    def _key(key: str) -> bytes:
-        raw = key.encode()
-        return struct.pack("<I", len(raw)) + raw
-
-    @staticmethod
-    def _ms(timeout_s: float) -> int:
-        return max(0, int(timeout_s * 1000))
+            return getattr(self._c, method)(*args)
+        except _api.CRingError as exc:
+            raise ConnectionError(str(exc)) from None
 
     def set(self, key: str, value: bytes) -> None:
-        status, _ = self._call(_OP_SET, self._key(key) + value, _OP_TIMEOUT_S)
-        if status != _REPLY_OK:
-            raise ConnectionError(f"store set of {key!r} failed with status {status}")
+        self._do("set", key, value)
 
     def get(self, key: str, timeout_s: float) -> bytes | None:
         """The value of key once it exists; None if it did not appear in time."""
-        status, value = self._call(
-            _OP_GET,
-            struct.pack("<Q", self._ms(timeout_s)) + self._key(key),
-            timeout_s + _REPLY_GRACE_S,
-        )
-        if status == _REPLY_TIMEOUT:
-            return None
-        if status != _REPLY_OK:
-            raise ConnectionError(f"store get of {key!r} failed with status {status}")
-        return value
+        return self._do("get", key, float(timeout_s))
 
     def add(self, key: str, delta: int) -> int:
-        status, value = self._call(
-            _OP_ADD, self._key(key) + struct.pack("<q", delta), _OP_TIMEOUT_S
-        )
-        if status != _REPLY_OK or len(value) != 8:
-            raise ConnectionError(f"store add of {key!r} failed with status {status}")
-        return struct.unpack("<q", value)[0]
+        return self._do("add", key, int(delta))
 
     def wait(self, keys: Iterable[str], timeout_s: float) -> bool:
         """True once every key exists; False if not all did within timeout_s."""
         keys = list(keys)
-        if not keys:
-            return True
-        payload = struct.pack("<QI", self._ms(timeout_s), len(keys))
-        payload += b"".join(self._key(k) for k in keys)
-        status, _ = self._call(_OP_WAIT, payload, timeout_s + _REPLY_GRACE_S)
-        if status == _REPLY_TIMEOUT:
-            return False
-        if status != _REPLY_OK:
-            raise ConnectionError(f"store wait failed with status {status}")
-        return True
+        return True if not keys else self._do("wait", keys, float(timeout_s))
 
 
 # ---------------------------------------------------------------------------

@@ -103,6 +103,10 @@ CRING_API cring_status_t cring_store_connect(const char *addr, int port, const c
                                              double timeout_s, cring_store_t **client_out);
 /* Close and free. NULL is a no-op. */
 CRING_API void cring_store_close(cring_store_t *client);
+/* Make a call blocked on client in another thread fail at once (the client is
+ * broken afterwards). The only function that may be called concurrently with
+ * another on the same client; not after cring_store_close. */
+CRING_API void cring_store_interrupt(cring_store_t *client);
 /* Set key to a copy of value (len bytes, may be 0). Overwrites. */
 CRING_API cring_status_t cring_store_set(cring_store_t *client, const char *key,
                                          const void *value, size_t len);
