@@ -15,7 +15,9 @@ if ! command -v mpirun >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
 fi
 # torch is pinned: an unpinned torch pulls several GB of CUDA packages.
-$PIP install -q "torch==2.13.0" "mpi4py==4.1.2" "numpy" "pytest" "hypothesis"
+# Lightning and Ray are only needed for the cring.lightning and cring.ray tests.
+$PIP install -q "torch==2.13.0" "mpi4py==4.1.2" "numpy" "pytest" "hypothesis" \
+    "lightning==2.6.6" "ray[train]==2.58.0"
 $PIP install -q .
 
 echo "== C tests (no Python)"

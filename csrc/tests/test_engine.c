@@ -110,18 +110,35 @@ static void run_rank(int rank, int size, int port, int transport) {
     CHECK(one == size);
     cring_handle_free(oh);
 
-    /* 4. A duplicate in-flight name is refused at submission. */
-    int32_t d1 = rank, d2 = rank;
-    cring_handle_t *dh = submit1(e, "dup", CRING_COLL_ALLREDUCE, &d1, &d1, CRING_INT32, 1, CRING_SUM, 0);
-    CHECK(dh);
-    cring_tensor_t t = {.send = &d2, .recv = &d2, .dtype = CRING_INT32, .ndim = 0, .shape = NULL};
-    cring_request_t q = {.name = "dup", .collective = CRING_COLL_ALLREDUCE, .op = CRING_SUM,
-                         .compression = CRING_DTYPE_COUNT, .ntensors = 1, .tensors = &t};
-    cring_handle_t *dh2 = NULL;
-    CHECK(cring_engine_submit(e, &q, &dh2) == CRING_ERR_INVALID_ARGUMENT && dh2 == NULL);
-    CHECK(strstr(cring_engine_error_message(), "already in flight"));
-    CHECK_OK(cring_handle_wait(dh));
-    cring_handle_free(dh);
+    /* 4. A duplicate in-flight name is refused at submission. Rank 0's "dup"
+     * cannot complete before the check: the others submit theirs only after
+     * "go", which rank 0 joins after the check. (One rank could complete it
+     * at once, so this needs two.) */
+    if (size > 1) {
+        int32_t d1 = rank, d2 = rank, g = 0;
+        cring_handle_t *dh = NULL;
+        if (rank == 0) {
+            dh = submit1(e, "dup", CRING_COLL_ALLREDUCE, &d1, &d1, CRING_INT32, 1, CRING_SUM, 0);
+            CHECK(dh);
+            cring_tensor_t t = {.send = &d2, .recv = &d2, .dtype = CRING_INT32, .ndim = 0,
+                                .shape = NULL};
+            cring_request_t q = {.name = "dup", .collective = CRING_COLL_ALLREDUCE,
+                                 .op = CRING_SUM, .compression = CRING_DTYPE_COUNT,
+                                 .ntensors = 1, .tensors = &t};
+            cring_handle_t *dh2 = NULL;
+            CHECK(cring_engine_submit(e, &q, &dh2) == CRING_ERR_INVALID_ARGUMENT && dh2 == NULL);
+            CHECK(strstr(cring_engine_error_message(), "already in flight"));
+        }
+        cring_handle_t *go = submit1(e, "go", CRING_COLL_ALLREDUCE, &g, &g, CRING_INT32, 1,
+                                     CRING_SUM, 0);
+        CHECK_OK(cring_handle_wait(go));
+        cring_handle_free(go);
+        if (rank != 0)
+            dh = submit1(e, "dup", CRING_COLL_ALLREDUCE, &d1, &d1, CRING_INT32, 1, CRING_SUM, 0);
+        CHECK_OK(cring_handle_wait(dh));
+        CHECK(d1 == size * (size - 1) / 2);
+        cring_handle_free(dh);
+    }
 
     /* 5. Allgather with different first dimensions. */
     int64_t rows = rank + 1;

@@ -241,12 +241,14 @@ cring_status_t cring__shm_create(const cring__transport_init_t *init, size_t win
         memset(shm->windows + (size_t)init->rank * shm->window_bytes, 0, shm->window_bytes);
     }
 
-    /* Every rank has tried (and mapped, or failed): rank 0 removes the name so
-     * nothing outlives the job, whatever happens to the processes later. */
+    /* Every rank has tried (and mapped, or failed): the last rank to try and
+     * rank 0 both remove the name (whichever comes second finds it gone), so
+     * nothing outlives the job even if rank 0 dies in between. */
     int64_t tried = 0;
     snprintf(key, sizeof key, "%s/shm/tried", init->key_prefix);
     st = cring_store_add(init->store, key, 1, &tried);
     if (st == CRING_OK && tried == init->size) {
+        if (name[0]) shm_unlink(name);
         snprintf(key, sizeof key, "%s/shm/all_tried", init->key_prefix);
         st = cring_store_set(init->store, key, "1", 1);
     }
