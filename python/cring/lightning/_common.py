@@ -1,0 +1,399 @@
+# What the Lightning and Fabric strategies share, written against torch and cring
+# only: launcher detection, reduce-op names, the gradient averager and the
+# collectives in Lightning's conventions. Nothing here imports Lightning.
+"""Shared machinery of cring's Lightning and Fabric strategies."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+import cring
+from cring import _discovery
+
+# ---- which launcher started this process ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A process started by an external launcher: one rank per process."""
+
+    source: str  # "cring" (cringrun, Ray), "horovod", "torchrun", "openmpi", "pmi", "slurm"
+    rank: int
+    size: int
+    local_rank: int
+    local_size: Optional[int]  # None when the launcher does not say
+    node_rank: int
+
+
+def _int(env: Mapping[str, str], *names: str) -> Optional[int]:
+    for name in names:
+        value = env.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(
+                    f"environment variable {name}={value!r} is not an integer"
+                ) from None
+    return None
+
+
+# launcher -> (local rank variables, local size variables, node rank variables)
+_LOCAL_VARIABLES = {
+    "cring": (("CRING_LOCAL_RANK",), ("CRING_LOCAL_SIZE",), ("CRING_NODE_RANK",)),
+    "horovod": (("HOROVOD_LOCAL_RANK",), ("HOROVOD_LOCAL_SIZE",), ("HOROVOD_CROSS_RANK",)),
+    "torchrun": (("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",), ("GROUP_RANK", "NODE_RANK")),
+    "openmpi": (("OMPI_COMM_WORLD_LOCAL_RANK",), ("OMPI_COMM_WORLD_LOCAL_SIZE",), ()),
+    "pmi": (
+        ("MPI_LOCALRANKID", "PMI_LOCAL_RANK", "PMIX_LOCAL_RANK"),
+        ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "PMIX_LOCAL_SIZE"),
+        (),
+    ),
+    "slurm": (("SLURM_LOCALID",), (), ("SLURM_NODEID",)),
+}
+
+
+def external_launch(env: Optional[Mapping[str, str]] = None) -> Optional[Launch]:
+    """The launch this process is part of, when a launcher started every rank
+    (CRING_RANK/CRING_SIZE from cringrun or Ray, HOROVOD_*, torchrun's RANK/
+    WORLD_SIZE, Open MPI, PMI, SLURM: the same order as cring.init()), else
+    None. Lightning's own child processes (LOCAL_RANK without RANK) are not
+    an external launch."""
+    env = os.environ if env is None else env
+    rank, size, source = _discovery._detect_rank_size(env)
+    if rank is None or size is None:
+        return None
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"{source} says this is rank {rank} of {size}, which is out of range")
+    local_rank_vars, local_size_vars, node_vars = _LOCAL_VARIABLES[source]
+    local_rank = _int(env, *local_rank_vars)
+    local_size = _int(env, *local_size_vars)
+    node_rank = _int(env, *node_vars)
+    if local_rank is None:
+        local_rank = 0 if size == 1 else rank % local_size if local_size else 0
+    if node_rank is None:
+        node_rank = rank // local_size if local_size else 0
+    return Launch(source, rank, size, local_rank, local_size, node_rank)
+
+
+def check_devices(launch: Launch, num_devices: int, num_nodes: int) -> None:
+    """With an external launcher, `devices` must be 1 (one rank per process)
+    or the number of processes the launcher started on this host."""
+    if num_devices == 1:
+        return
+    per_host = launch.local_size
+    if per_host is None or num_devices != per_host:
+        started = f"{per_host} processes on this host" if per_host else "one process per rank"
+        raise ValueError(
+            f"Trainer(devices={num_devices}) with strategy='cring': {launch.source} already "
+            f"started {started} ({launch.size} in all), and cring never starts more under an "
+            f"external launcher. Use devices=1 (one rank per process)"
+            + (f" or devices={per_host}" if per_host else "")
+        )
+    if num_devices * num_nodes != launch.size:
+        raise ValueError(
+            f"Trainer(devices={num_devices}, num_nodes={num_nodes}) with strategy='cring' makes "
+            f"{num_devices * num_nodes} ranks, but {launch.source} started {launch.size}; use "
+            f"devices=1, or num_nodes={launch.size // num_devices}"
+        )
+
+
+# ---- reduce operations --------------------------------------------------------------------------
+
+_OP_NAMES = {
+    "mean": cring.Average,
+    "avg": cring.Average,
+    "average": cring.Average,
+    "sum": cring.Sum,
+    "min": cring.Min,
+    "max": cring.Max,
+    "product": cring.Product,
+    "prod": cring.Product,
+}
+
+
+def resolve_op(reduce_op: Any) -> cring.ReduceOp:
+    """cring's op for Lightning's `reduce_op`: a name ('mean'/'avg', 'sum',
+    'min', 'max', 'product'), torch.distributed.ReduceOp.{SUM, AVG, MIN, MAX,
+    PRODUCT}, or a cring.ReduceOp. None means sum, as in Lightning's DDP."""
+    if reduce_op is None:
+        return cring.Sum
+    if isinstance(reduce_op, cring.ReduceOp):
+        if reduce_op == cring.Adasum:
+            raise ValueError("reduce_op=cring.Adasum is not supported by cring")
+        return reduce_op
+    if isinstance(reduce_op, str):
+        op = _OP_NAMES.get(reduce_op.lower())
+        if op is not None:
+            return op
+    else:
+        torch_op = getattr(torch.distributed, "ReduceOp", None)
+        kinds = tuple(k for k in (torch_op, getattr(torch_op, "RedOpType", None)) if k)
+        if kinds and isinstance(reduce_op, kinds):
+            for name, op in (
+                ("SUM", cring.Sum),
+                ("AVG", cring.Average),
+                ("MIN", cring.Min),
+                ("MAX", cring.Max),
+                ("PRODUCT", cring.Product),
+            ):
+                if reduce_op == getattr(torch_op, name):
+                    return op
+    raise ValueError(
+        f"reduce_op={reduce_op!r} is not supported by strategy 'cring': use 'mean', 'sum', 'min', "
+        "'max' or 'product', torch.distributed.ReduceOp.SUM/AVG/MIN/MAX/PRODUCT, or a "
+        "cring.ReduceOp"
+    )
+
+
+def _check_group(group: Any) -> None:
+    if group is not None:
+        raise ValueError(
+            "strategy 'cring' has no process groups: pass group=None (every rank takes part)"
+        )
+
+
+def _distributed() -> bool:
+    return cring.is_initialized() and cring.size() > 1
+
+
+def _check_cpu(tensor: torch.Tensor, what: str) -> None:
+    if tensor.device.type != "cpu":
+        raise ValueError(
+            f"{what}: strategy 'cring' works on CPU tensors only for now, got a "
+            f"tensor on {tensor.device}"
+        )
+
+
+# ---- collectives in Lightning's conventions ---------------------------------------------------
+
+
+def reduce(tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+    """Reduce `tensor` over all ranks in place and return it, as Lightning's
+    DDP does (integer means round toward zero); anything that is not a
+    tensor comes back unchanged."""
+    op = resolve_op(reduce_op)
+    _check_group(group)
+    if not isinstance(tensor, torch.Tensor) or not _distributed():
+        return tensor
+    _check_cpu(tensor, "reduce")
+    with torch.no_grad():
+        work = tensor.detach()
+        if work.dtype == torch.bool:
+            # bools: sum, mean and max are "any", min and product "all"
+            work = work.to(torch.uint8)
+            op = cring.Min if op in (cring.Min, cring.Product) else cring.Max
+        elif not work.is_contiguous():
+            work = work.contiguous()
+        cring.allreduce_(work, op=op)
+        if work.data_ptr() != tensor.data_ptr() or work.dtype != tensor.dtype:
+            tensor.detach().copy_(work)
+    return tensor
+
+
+class _AllGather(torch.autograd.Function):
+    """All ranks' tensors stacked on a new first dimension; the gradient of
+    each rank's input is the sum over ranks of the gradient of its slice (as
+    torch.distributed.nn.all_gather, which Lightning's DDP uses)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return cring.allgather(tensor.detach().unsqueeze(0).contiguous())
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        mine = cring.reducescatter(grad_output.contiguous(), op=cring.Sum)
+        return mine.squeeze(0)
+
+
+def all_gather(tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+    """Every rank's `tensor` stacked on a new first dimension (world_size, *shape).
+    With sync_grads, gradients flow back to each rank's input."""
+    _check_group(group)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"all_gather needs a tensor, got {type(tensor).__name__}")
+    if not cring.is_initialized():
+        return tensor
+    _check_cpu(tensor, "all_gather")
+    if sync_grads and tensor.requires_grad and torch.is_grad_enabled():
+        return _AllGather.apply(tensor)
+    with torch.no_grad():
+        return cring.allgather(tensor.detach().unsqueeze(0).contiguous())
+
+
+def broadcast(obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s `obj` (any picklable object) on every rank."""
+    if not _distributed():
+        return obj
+    if not 0 <= int(src) < cring.size():
+        raise ValueError(f"broadcast: src={src} is not a rank (size is {cring.size()})")
+    import cring.torch as ct
+
+    return ct.broadcast_object(obj, root_rank=int(src))
+
+
+def barrier() -> None:
+    if _distributed():
+        cring.barrier()
+
+
+def reduce_boolean_decision(decision: bool, all: bool = True) -> bool:
+    """True when every rank (all=True) or some rank (all=False) decided True."""
+    if not _distributed():
+        return bool(decision)
+    flag = torch.tensor([1 if decision else 0], dtype=torch.int32)
+    cring.allreduce_(flag, op=cring.Min if all else cring.Max)
+    return bool(flag[0])
+
+
+def broadcast_module(module: torch.nn.Module, prefix: str) -> None:
+    """Overwrite every parameter and buffer of `module` with rank 0's values."""
+    if not _distributed():
+        return
+    handles, copies, seen = [], [], set()
+    named = list(module.named_parameters()) + list(module.named_buffers())
+    with torch.no_grad():
+        for name, t in named:
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            _check_cpu(t, f"parameter or buffer {name!r}")
+            target = t.detach()
+            if not target.is_contiguous():
+                staged = target.contiguous()
+                copies.append((target, staged))
+                target = staged
+            handles.append(cring.broadcast_async_(target, 0, name=f"{prefix}.{name}"))
+        _wait_all(handles)
+        for target, staged in copies:
+            target.copy_(staged)
+
+
+def _wait_all(handles: list) -> None:
+    error: Optional[BaseException] = None
+    for handle in handles:
+        try:
+            cring.synchronize(handle)
+        except BaseException as e:  # wait for the rest, then raise the first
+            error = error or e
+    if error is not None:
+        raise error
+
+
+# ---- gradient averaging -----------------------------------------------------------------------
+
+
+class GradientAverager:
+    """Averages the gradients of a module's parameters over all ranks.
+
+    Each parameter's allreduce starts from a post-accumulate-grad hook the
+    moment autograd has finished its gradient, so communication overlaps the
+    rest of backward and cring's engine fuses what arrives together; wait()
+    (called by the strategy right after backward) submits what did not come
+    through a hook and waits for everything. While `enabled` is False (gradient
+    accumulation) the hooks do nothing and no communication happens.
+
+    A trainable parameter without a gradient at wait() gets a zero gradient
+    that is averaged with the others' (another rank may have one), as in
+    Horovod; a parameter with requires_grad=False is left alone.
+    """
+
+    def __init__(self, module: torch.nn.Module, prefix: str) -> None:
+        self.enabled = True
+        self.active = _distributed()
+        self._params: list = []  # (name, parameter), each parameter once
+        seen: set = set()
+        for name, p in module.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                self._params.append((f"{prefix}.{name}", p))
+        self._hooks: dict = {}  # id(parameter) -> hook handle
+        self._in_flight: dict = {}  # id(parameter) -> (parameter, grad, staged copy, handle)
+        self.ensure_hooks()
+
+    @property
+    def in_flight(self) -> int:
+        """Gradients whose allreduce has started and not been waited for."""
+        return len(self._in_flight)
+
+    def ensure_hooks(self) -> None:
+        """Hook every parameter that requires grad now (parameters may be
+        unfrozen during training)."""
+        if not self.active:
+            return
+        for name, p in self._params:
+            if p.requires_grad and id(p) not in self._hooks:
+
+                def hook(param: torch.Tensor, name: str = name) -> None:
+                    self._grad_ready(name, param)
+
+                self._hooks[id(p)] = p.register_post_accumulate_grad_hook(hook)
+
+    def _grad_ready(self, name: str, p: torch.Tensor) -> None:
+        if not self.enabled:
+            return
+        if id(p) in self._in_flight:
+            raise RuntimeError(
+                f"the gradient of {name!r} is still being averaged from an earlier backward pass; "
+                "with strategy 'cring' call backward through Lightning (return the loss, or "
+                "self.manual_backward(loss); fabric.backward(loss) in Fabric), not loss.backward()"
+            )
+        self._submit(name, p)
+
+    def _submit(self, name: str, p: torch.Tensor) -> None:
+        grad = p.grad
+        if grad is None:
+            grad = p.grad = torch.zeros_like(p.detach())
+        if grad.is_sparse:
+            raise NotImplementedError(
+                f"parameter {name!r} has a sparse gradient; cring has no sparse allreduce "
+                "(use a dense embedding, e.g. sparse=False)"
+            )
+        _check_cpu(grad, f"gradient of {name!r}")
+        staged = None if grad.is_contiguous() else grad.contiguous()
+        handle = cring.allreduce_async_(
+            grad if staged is None else staged, op=cring.Average, name=name
+        )
+        self._in_flight[id(p)] = (p, grad, staged, handle)
+
+    def wait(self) -> None:
+        """Finish averaging this step's gradients: afterwards every trainable
+        parameter's .grad holds the mean over ranks."""
+        if not self.active:
+            return
+        error: Optional[BaseException] = None
+        try:
+            for name, p in self._params:
+                if p.requires_grad and id(p) not in self._in_flight:
+                    self._submit(name, p)
+        except BaseException as e:  # still wait for what was started
+            error = e
+        pending = list(self._in_flight.values())
+        self._in_flight.clear()
+        for _, grad, staged, handle in pending:
+            try:
+                cring.synchronize(handle)
+                if staged is not None:
+                    grad.copy_(staged)
+            except BaseException as e:
+                error = error or e
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Remove the hooks and let anything still in flight land (errors ignored)."""
+        for hook in self._hooks.values():
+            hook.remove()
+        self._hooks.clear()
+        pending = list(self._in_flight.values())
+        self._in_flight.clear()
+        for _, _, _, handle in pending:
+            try:
+                cring.synchronize(handle)
+            except BaseException:
+                pass

@@ -1,0 +1,307 @@
+# Trainer(strategy="cring"): Lightning's data-parallel strategy on cring. The
+# class is built per Lightning distribution by build_strategy(); the code is
+# written once here. Collectives go through cring (never torch.distributed).
+"""cring's Lightning Trainer strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
+
+import torch
+
+import cring
+
+from . import _common
+from ._environment import _CRingEnvironmentBase, mark_failed
+
+
+class _CRingStrategyBase:
+    """Data-parallel training over cring, Horovod-style, for Lightning's Trainer.
+
+        trainer = Trainer(strategy="cring", accelerator="cpu", devices=2)
+
+    One rank per process. Started as ``python train.py`` the strategy starts
+    devices - 1 more copies of the script, as DDP does; under cringrun,
+    mpirun, torchrun, srun or Ray (cring.ray) every process is one rank and
+    nothing more is started (use devices=1).
+
+    Every rank starts from rank 0's weights. During backward each gradient's
+    allreduce (an average) starts the moment autograd has produced it, and
+    backward returns once all are averaged, before on_after_backward, gradient
+    clipping and the optimizer step. Steps that only accumulate gradients
+    (accumulate_grad_batches, or toggle_model(sync_grad=False)) do not
+    communicate.
+
+    Arguments:
+        cluster_environment: who started the processes; by default cring's
+            own environment (CRingEnvironment), which understands all the
+            launchers above.
+        timeout_s: bound on every wait for a peer (rendezvous, collectives);
+            default CRING_TIMEOUT_SECONDS or 600.
+        accelerator, parallel_devices, checkpoint_io, precision_plugin: as for
+            every Lightning strategy (CPU devices only for now).
+    """
+
+    strategy_name = "cring"
+    _lib: SimpleNamespace  # set by build_strategy
+    _environment_class: type
+    _launcher_class: type
+
+    def __init__(
+        self,
+        accelerator: Any = None,
+        parallel_devices: Optional[list] = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        timeout_s: Optional[float] = None,
+    ) -> None:
+        self._cluster_environment = None
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self._timeout_s = timeout_s
+        self._num_nodes = 1
+        self._averager: Optional[_common.GradientAverager] = None
+        self._owns_cring = False
+
+    # ---- environment, devices, ranks -----------------------------------------------------------
+
+    @property
+    def cluster_environment(self) -> Any:
+        return self._cluster_environment
+
+    @cluster_environment.setter
+    def cluster_environment(self, env: Any) -> None:
+        # Lightning offers the environment it detected by itself; cring's understands
+        # those launchers (and mpirun without mpi4py), so it takes their place. Any
+        # other environment (Kubeflow, LSF, your own) is used as given.
+        if env is not None and type(env) in self._lib.auto_environments:
+            env = self._environment_class()
+        self._cluster_environment = env
+
+    @property
+    def root_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = int(num_nodes)
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """True with more than one rank: Lightning then syncs sync_dist logging
+        and gives every rank its own shard of the data."""
+        return self.world_size > 1
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def _external(self) -> bool:
+        env = self.cluster_environment
+        return isinstance(env, _CRingEnvironmentBase) and env.launch is not None
+
+    def set_world_ranks(self) -> None:
+        env = self.cluster_environment
+        if env is not None and not self._external():
+            env.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+            env.set_world_size(self.num_nodes * self.num_processes)
+        rank = self.global_rank
+        self._lib.rank_zero_only.rank = self._lib.utils_rank_zero_only.rank = rank
+        self._lib.fabric_rank_zero_only.rank = rank
+
+    def _check_configuration(self) -> None:
+        if self.accelerator is not None and self.parallel_devices:
+            kinds = {torch.device(d).type for d in self.parallel_devices}
+            if kinds != {"cpu"}:
+                raise ValueError(
+                    f"strategy 'cring' supports CPU devices only for now (its use of cring's CUDA "
+                    f"path is not validated yet); got devices "
+                    f"{self.parallel_devices}. Use Trainer(accelerator='cpu', strategy='cring')"
+                )
+        if getattr(self, "_layer_sync", None) is not None:
+            raise ValueError(
+                "strategy 'cring' does not support sync_batchnorm=True (torch's "
+                "SyncBatchNorm needs torch.distributed)"
+            )
+        env = self.cluster_environment
+        if env is not None:
+            env.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
+
+    def _configure_launcher(self) -> None:
+        self._check_configuration()
+        self._launcher = self._launcher_class(
+            self.cluster_environment, self.num_processes, self.num_nodes
+        )
+
+    # ---- joining the job -----------------------------------------------------------------------
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._lib.reset_seed()
+        self.set_world_ranks()
+        self._init_cring()
+
+    def _init_cring(self) -> None:
+        if cring.is_initialized():  # the user (or cring.ray) joined already: theirs to shut down
+            self._owns_cring = False
+        else:
+            if self._external():
+                cring.init(timeout_s=self._timeout_s)
+            else:
+                env = self.cluster_environment
+                cring.init(
+                    rank=self.global_rank,
+                    size=self.world_size,
+                    addr=env.main_address,
+                    port=env.main_port,
+                    timeout_s=self._timeout_s,
+                )
+            self._owns_cring = True
+        if cring.rank() != self.global_rank or cring.size() != self.world_size:
+            raise RuntimeError(
+                f"cring is rank {cring.rank()} of {cring.size()}, but Lightning expects rank "
+                f"{self.global_rank} of {self.world_size}; if you call cring.init() yourself, "
+                "launch with the same launcher Lightning sees"
+            )
+
+    def setup(self, trainer: Any) -> None:
+        self.accelerator.setup(trainer)
+        fitting = trainer.state.fn == self._lib.TrainerFn.FITTING
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        _common.broadcast_module(self.model, "lightning.initial")  # every rank starts from rank 0's
+        if fitting:
+            self.setup_optimizers(trainer)
+            self._averager = _common.GradientAverager(self.model, "lightning.grad")
+        self.setup_precision_plugin()
+        if fitting:
+            self._lib.optimizers_to_device(self.optimizers, self.root_device)
+
+    def model_to_device(self) -> None:
+        self.model.to(self.root_device)
+
+    # ---- gradients -----------------------------------------------------------------------------
+
+    def pre_backward(self, closure_loss: torch.Tensor) -> None:
+        super().pre_backward(closure_loss)
+        if self._averager is not None:
+            self._averager.ensure_hooks()
+
+    def backward(
+        self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
+        # Lightning's sequence, with the gradients averaged as soon as backward returns:
+        # on_after_backward, clipping and the step all see averaged gradients, as with DDP
+        self.pre_backward(closure_loss)
+        module = self.lightning_module
+        closure_loss = self.precision_plugin.pre_backward(closure_loss, module)
+        self.precision_plugin.backward(closure_loss, module, optimizer, *args, **kwargs)
+        averager = self._averager
+        if averager is not None and averager.enabled:
+            averager.wait()
+        closure_loss = self.precision_plugin.post_backward(closure_loss, module)
+        self.post_backward(closure_loss)
+        return closure_loss
+
+    @contextmanager
+    def block_backward_sync(self) -> Iterator[None]:
+        """Within this context backward does not communicate: gradients only
+        accumulate locally (Lightning uses it for accumulate_grad_batches)."""
+        averager = self._averager
+        if averager is None or not averager.enabled:
+            yield
+            return
+        averager.enabled = False
+        try:
+            yield
+        finally:
+            averager.enabled = True
+
+    def optimizer_step(
+        self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
+    ) -> Any:
+        averager = self._averager
+        if averager is not None and averager.enabled and averager.in_flight:
+            averager.wait()  # a backward that did not go through the strategy
+        return super().optimizer_step(optimizer, closure, model, **kwargs)
+
+    # ---- collectives ---------------------------------------------------------------------------
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        """Reduce a tensor over all ranks, in place: reduce_op 'mean' (default),
+        'sum', 'min', 'max', 'product' or a torch.distributed.ReduceOp. A value
+        that is not a tensor is returned unchanged."""
+        return _common.reduce(tensor, group=group, reduce_op=reduce_op)
+
+    def all_gather(
+        self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False
+    ) -> torch.Tensor:
+        return _common.all_gather(tensor, group=group, sync_grads=sync_grads)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return _common.broadcast(obj, src)
+
+    def barrier(self, name: Optional[str] = None) -> None:
+        _common.barrier()
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        return _common.reduce_boolean_decision(decision, all=all)
+
+    # ---- the end -------------------------------------------------------------------------------
+
+    def on_exception(self, exception: BaseException) -> None:
+        mark_failed()
+        super().on_exception(exception)
+
+    def teardown(self) -> None:
+        if self._averager is not None:
+            self._averager.close()
+            self._averager = None
+        try:
+            super().teardown()
+        finally:
+            if self._owns_cring and cring.is_initialized():
+                cring.shutdown()
+            self._owns_cring = False
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        strategy_registry.register(
+            cls.strategy_name,
+            cls,
+            override=True,
+            description="Data-parallel training over cring (Horovod-style)",
+        )
+
+
+def build_strategy(lib: SimpleNamespace, environment: type, launcher: type) -> type:
+    return type(
+        "CRingStrategy",
+        (_CRingStrategyBase, lib.ParallelStrategy),
+        {
+            "_lib": lib,
+            "_environment_class": environment,
+            "_launcher_class": launcher,
+            "__module__": "cring.lightning",
+            "__doc__": _CRingStrategyBase.__doc__,
+        },
+    )
