@@ -14,14 +14,29 @@ Rounds alternate between the cases so that drift on a shared machine hits
 all of them alike; each figure is the median over rounds. At the end the
 two distributed models, trained on the same batches, must agree.
 
-Prints a table, writes benchmarks/results/train.csv. Run it as
-    python benchmarks/train.py          (it starts its two ranks itself)
+The scaling run (same job): a compute-bound model (a small CNN on 32x32
+images, 0.24M parameters, batch 32 per rank), one thread per rank. Rounds
+alternate between
+  * 1 rank x 1 thread: rank 0 trains alone with a plain optimizer while
+    rank 1 waits in a cring barrier (asleep),
+  * 2 ranks x 1 thread: both train with cring's DistributedOptimizer,
+  * 2 ranks x 1 thread with no communication (each its own model), which
+    shows what two busy cores cost by themselves,
+and the throughput ratio is (2 x batch / t_pair) / (batch / t_solo); data
+parallelism on two cores can at best double it.
+
+Targets (issue 7): cring / DDP steps/s >= 1.3; scaling ratio >= 1.8.
+
+Prints tables, writes benchmarks/results/train.csv. Run it as
+    python benchmarks/train.py [--quick] [--part comm|scaling ...]
+(it starts its two ranks itself).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import socket
 import statistics
 import subprocess
@@ -30,16 +45,50 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+COMM_TARGET = 1.3  # cring DistributedOptimizer steps/s over DDP-gloo's, at least
+SCALING_TARGET = 1.8  # 2 ranks x 1 thread over 1 rank x 1 thread throughput, at least
+LAUNCHER_VARS = ("CRING_RANK", "CRING_SIZE", "CRING_LOCAL_RANK", "CRING_LOCAL_SIZE", "CRING_ADDR",
+                 "CRING_PORT", "CRING_SECRET", "CRING_JOB_ID", "CRING_STORE_EXTERNAL")
 
 
 def launch(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "cring.run", "-np", "2", sys.executable, __file__, "--worker",
            "--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch),
-           "--steps", str(args.steps), "--rounds", str(args.rounds)]
-    return subprocess.call(cmd, timeout=1200)
+           "--steps", str(args.steps), "--rounds", str(args.rounds), "--cnn-width",
+           str(args.cnn_width), "--cnn-batch", str(args.cnn_batch), "--scaling-steps",
+           str(args.scaling_steps), "--part", *args.part]
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}  # an outer cringrun's
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # no idle BLAS threads on two cores
+    return subprocess.call(cmd, timeout=1200, env=env)
+
+
+def verdict(value: float, target: float) -> str:
+    return "PASS" if value >= target else f"MISS by {target / value - 1:.0%}"
 
 
 def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    import cring
+
+    torch.set_num_threads(1)  # two ranks on a two-core machine
+    cring.init()
+    rows: list = []  # (case, seconds per step or "", value)
+    if "comm" in args.part:
+        rows += comm_heavy(args)
+    if "scaling" in args.part:
+        rows += scaling(args)
+    if cring.rank() == 0:
+        RESULTS.mkdir(exist_ok=True)
+        with open(RESULTS / "train.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["case", "seconds_per_step", "steps_per_second"])
+            w.writerows(rows)
+    cring.shutdown()
+
+
+def comm_heavy(args: argparse.Namespace) -> list:
+    """cring DistributedOptimizer against DDP over gloo; returns CSV rows."""
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -49,8 +98,6 @@ def worker(args: argparse.Namespace) -> None:
     import cring
     from cring.torch import DistributedOptimizer, broadcast_parameters
 
-    torch.set_num_threads(1)  # two ranks on a two-core machine
-    cring.init()
     rank, size = cring.rank(), cring.size()
 
     port = np.zeros(1, np.int64)  # rank 0 picks gloo's port and tells the others
@@ -153,6 +200,14 @@ def worker(args: argparse.Namespace) -> None:
     stats = cring.engine_stats()
     dist.destroy_process_group()
 
+    ratio = t["ddp"] / t["cring"]
+    rows = [("local step, no communication", "local"),
+            ("cring DistributedOptimizer", "cring"),
+            ("torch DDP over gloo", "ddp"),
+            ("torch DDP, no_sync (no allreduce)", "ddp_no_sync")]
+    csv_rows = [(label, f"{t[name]:.6g}", f"{1 / t[name]:.4g}") for label, name in rows]
+    csv_rows.append(("cring/DDP steps per second ratio", "", f"{ratio:.4g}"))
+    csv_rows.append(("DDP communication share", "", f"{1 - t['ddp_no_sync'] / t['ddp']:.4g}"))
     if rank == 0:
         ddp_share = 1 - t["ddp_no_sync"] / t["ddp"]
         cring_exposed = 1 - t["local"] / t["cring"]
@@ -162,28 +217,121 @@ def worker(args: argparse.Namespace) -> None:
               f"gradients), batch {args.batch} per rank, SGD with momentum, median of "
               f"{args.rounds} rounds of {args.steps} steps\n")
         print(f"{'case':38s} {'ms/step':>9s} {'steps/s':>9s}")
-        rows = [("local step, no communication", "local"),
-                ("cring DistributedOptimizer", "cring"),
-                ("torch DDP over gloo", "ddp"),
-                ("torch DDP, no_sync (no allreduce)", "ddp_no_sync")]
         for label, name in rows:
             print(f"{label:38s} {t[name] * 1e3:9.1f} {1 / t[name]:9.2f}")
-        print(f"\ncring / DDP steps/s: {t['ddp'] / t['cring']:.2f}x")
+        print(f"\ncring / DDP steps/s: {ratio:.2f}x (target >= {COMM_TARGET}: "
+              f"{verdict(ratio, COMM_TARGET)})")
         print(f"DDP step spent communicating: {ddp_share:.0%} (1 - no_sync / DDP)")
         print(f"cring step not hidden behind compute: {cring_exposed:.0%} (1 - local / cring)")
         print(f"cring engine: {stats['tensors'] / max(stats['collectives'], 1):.1f} tensors per "
               f"collective; cring and DDP models after 3 identical steps agree to {agree:.1e}\n")
-        RESULTS.mkdir(exist_ok=True)
-        with open(RESULTS / "train.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["case", "seconds_per_step", "steps_per_second"])
-            for label, name in rows:
-                w.writerow([label, f"{t[name]:.6g}", f"{1 / t[name]:.4g}"])
-            w.writerow(["cring/DDP steps per second ratio", "", f"{t['ddp'] / t['cring']:.4g}"])
-            w.writerow(["DDP communication share", "", f"{ddp_share:.4g}"])
-    cring.shutdown()
     if agree > 1e-4:
         raise SystemExit(f"cring and DDP training disagree: relative difference {agree:.2e}")
+    return csv_rows
+
+
+def scaling(args: argparse.Namespace) -> list:
+    """Compute-bound model: 2 ranks x 1 thread against 1 rank x 1 thread, rounds
+    alternating in the same job; returns CSV rows."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    import cring
+    from cring.torch import DistributedOptimizer, broadcast_parameters
+
+    rank, size = cring.rank(), cring.size()
+    w, classes = args.cnn_width, 10
+
+    def make_model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        nn = torch.nn
+        return nn.Sequential(
+            nn.Conv2d(3, w, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(2 * w, 4 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(4 * w, 4 * w, 3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, classes))
+
+    def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+
+    g = torch.Generator().manual_seed(100 + rank)
+    batches = [(torch.randn(args.cnn_batch, 3, 32, 32, generator=g),
+                torch.randint(0, classes, (args.cnn_batch,), generator=g)) for _ in range(4)]
+    solo = make_model()
+    solo_opt = sgd(solo)
+    pair = make_model()
+    broadcast_parameters(pair.state_dict(), root_rank=0)
+    pair_opt = DistributedOptimizer(sgd(pair), named_parameters=[(f"scaling.{n}", p) for n, p in
+                                                                pair.named_parameters()])
+    both = make_model()  # each rank's own copy: two ranks computing, no communication
+    both_opt = sgd(both)
+    n_params = sum(p.numel() for p in pair.parameters())
+    done = {"solo": 0, "pair": 0, "both": 0}
+
+    def steps(name: str, model: torch.nn.Module, opt: torch.optim.Optimizer, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x, y = batches[done[name] % len(batches)]
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            done[name] += 1
+        return (time.perf_counter() - t0) / n
+
+    def solo_round(n: int) -> float:
+        cring.barrier()
+        t = steps("solo", solo, solo_opt, n) if rank == 0 else 0.0
+        cring.barrier()  # rank 1 sleeps here while rank 0 trains alone
+        return t
+
+    def pair_round(n: int) -> float:
+        cring.barrier()
+        return steps("pair", pair, pair_opt, n)
+
+    def both_round(n: int) -> float:
+        cring.barrier()
+        return steps("both", both, both_opt, n)
+
+    solo_round(2)  # warm-up
+    pair_round(2)
+    both_round(2)
+    t_solo, t_pair, t_both = [], [], []
+    for _ in range(args.rounds):
+        t_solo.append(solo_round(args.scaling_steps))
+        t_pair.append(pair_round(args.scaling_steps))
+        t_both.append(both_round(args.scaling_steps))
+    times = np.array([statistics.median(t) for t in (t_solo, t_pair, t_both)])
+    ts, tp, tb = (float(v) for v in cring.broadcast(times, 0, name="scaling.times"))  # rank 0's
+    thr_solo, thr_pair = args.cnn_batch / ts, size * args.cnn_batch / tp
+    ratio = thr_pair / thr_solo
+
+    # every rank must hold the same weights after the data-parallel steps
+    flat = torch.cat([p.detach().reshape(-1) for p in pair.parameters()]).numpy().copy()
+    ref = cring.broadcast(flat, 0, name="scaling.check")
+    diff = float(abs(flat - ref).max())
+    if diff > 1e-6:
+        raise SystemExit(f"rank {rank}: replicas differ after data-parallel training by {diff:.2e}")
+
+    if rank == 0:
+        print(f"\nscaling benchmark: compute-bound CNN (4 conv layers, width {w}, "
+              f"{n_params / 1e6:.2f}M parameters), batch {args.cnn_batch} per rank, 1 thread per "
+              f"rank, cring over {cring.transport()}, median of {args.rounds} alternating rounds of "
+              f"{args.scaling_steps} steps\n")
+        print(f"{'case':38s} {'ms/step':>9s} {'samples/s':>10s}")
+        print(f"{'1 rank x 1 thread (plain optimizer)':38s} {ts * 1e3:9.1f} {thr_solo:10.1f}")
+        print(f"{'2 ranks x 1 thread (DistributedOpt.)':38s} {tp * 1e3:9.1f} {thr_pair:10.1f}")
+        print(f"{'2 ranks x 1 thread, no communication':38s} {tb * 1e3:9.1f} "
+              f"{size * args.cnn_batch / tb:10.1f}")
+        print(f"\nthroughput 2 ranks / 1 rank: {ratio:.2f}x (target >= {SCALING_TARGET}: "
+              f"{verdict(ratio, SCALING_TARGET)}); replicas identical (max diff {diff:.1e})")
+        print(f"2 ranks without communication reach {2 * ts / tb:.2f}x of 1 rank; communication "
+              f"keeps {tb / tp:.2f} of that\n")
+    return [("scaling: 1 rank x 1 thread, compute-bound CNN", f"{ts:.6g}", f"{1 / ts:.4g}"),
+            ("scaling: 2 ranks x 1 thread, compute-bound CNN", f"{tp:.6g}", f"{1 / tp:.4g}"),
+            ("scaling: 2 ranks x 1 thread, no communication", f"{tb:.6g}", f"{1 / tb:.4g}"),
+            ("scaling: throughput ratio 2 ranks / 1 rank", "", f"{ratio:.4g}")]
 
 
 def main() -> int:
@@ -194,11 +342,23 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=6, help="Linear layers")
     parser.add_argument("--batch", type=int, default=8, help="per-rank batch size")
     parser.add_argument("--steps", type=int, default=5, help="steps per timed round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--part", nargs="+", choices=("comm", "scaling"),
+                        default=["comm", "scaling"],
+                        help="comm: cring vs DDP-gloo steps/s; scaling: 2 ranks vs 1 rank")
+    parser.add_argument("--cnn-width", type=int, default=32, help="scaling run: CNN width")
+    parser.add_argument("--cnn-batch", type=int, default=32, help="scaling run: per-rank batch")
+    parser.add_argument("--scaling-steps", type=int, default=4,
+                        help="scaling run: steps per timed round")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 3 steps each")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.steps, args.scaling_steps = 3, 3, 3
     if args.worker:
         worker(args)
         return 0
+    if os.environ.get("CRING_RANK", "0") != "0":
+        return 0  # under cringrun: rank 0 launches the benchmark's own two ranks
     return launch(args)
 
 
