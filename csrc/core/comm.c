@@ -3,6 +3,7 @@
  * on its arguments and then runs one algorithm. It never touches sockets or
  * shared memory directly. */
 #include <errno.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -468,6 +469,16 @@ int cring__comm_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
     struct timespec ts = {0, 1000000};
     if (max_wait_s > 0) nanosleep(&ts, NULL);
     return 1;
+}
+
+int cring__comm_idle_wait_local(cring_comm_t *c, uint64_t token, double max_wait_s) {
+    if (c->shm || !c->p2p || c->wake_fd < 0) return cring__comm_idle_wait(c, token, max_wait_s);
+    struct pollfd pfd = {.fd = c->wake_fd, .events = POLLIN};
+    int ms = max_wait_s > 2e6 ? 2000000000 : (int)(max_wait_s * 1000.0);
+    int woken = poll(&pfd, 1, ms < 0 ? 0 : ms) > 0;
+    uint64_t drained;
+    while (read(c->wake_fd, &drained, sizeof drained) > 0) woken = 1;
+    return woken;
 }
 
 /* ---- public collectives: agree, then run ------------------------------------- */

@@ -55,5 +55,9 @@ uint64_t cring__comm_wake_token(cring_comm_t *comm);
 /* Sleep until woken (cring__comm_wake or a peer's ring), TCP input arrives
  * from a peer, or max_wait_s passes. Returns 1 when woken, 0 on time-out. */
 int cring__comm_idle_wait(cring_comm_t *comm, uint64_t token, double max_wait_s);
+/* The same, but ignoring peers' TCP input: for a thread that must not spin on
+ * sockets another thread of this rank is reading (only a local wake or the
+ * time-out end it). On shared memory identical to cring__comm_idle_wait. */
+int cring__comm_idle_wait_local(cring_comm_t *comm, uint64_t token, double max_wait_s);
 
 #endif

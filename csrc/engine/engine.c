@@ -144,6 +144,8 @@ struct cring_engine {
     /* driving state, under progress_mu */
     pthread_mutex_t progress_mu;
     _Atomic int callers_waiting; /* threads blocked on progress_mu for their own handle */
+    _Atomic int thread_parked;   /* the engine thread waits for a busy driver to leave */
+    int over_tcp;                /* the communicator's transport is TCP */
     cring__strmap_t pending;      /* drained requests waiting for a response */
     req_t **uncached;             /* requests to describe in the next round */
     size_t nuncached, cap_uncached;
@@ -995,6 +997,15 @@ static size_t req_wire_bytes(const req_t *r) {
     return n;
 }
 
+/* A single tensor this large runs on its own, in place: copying it into and
+ * out of the fusion buffer costs more than the collective it would share.
+ * Decided from what every rank agreed on (shape, dtype, compression), so
+ * every rank forms the same batches. */
+#define UNFUSED_MIN_BYTES (1u << 20)
+static int runs_alone(const req_t *r) {
+    return r->ntensors == 1 && req_wire_bytes(r) >= UNFUSED_MIN_BYTES;
+}
+
 /* Run every successful response in order, batching what can be fused, then
  * complete each request. Returns a transport failure, if any. */
 static cring_status_t execute(cring_engine_t *e, response_t *resp, int n) {
@@ -1021,10 +1032,10 @@ static cring_status_t execute(cring_engine_t *e, response_t *resp, int n) {
         }
         int nb = 1;
         batch[0] = r0->req;
-        if (fusible(r0->req)) {
+        if (fusible(r0->req) && !runs_alone(r0->req)) {
             size_t bytes = req_wire_bytes(r0->req);
             while (i + nb < n && resp[i + nb].status == CRING_OK && !resp[i + nb].executed &&
-                   fusible(resp[i + nb].req) &&
+                   fusible(resp[i + nb].req) && !runs_alone(resp[i + nb].req) &&
                    fusion_key_cmp(resp[i + nb].req, r0->req) == 0 &&
                    bytes + req_wire_bytes(resp[i + nb].req) <= e->fusion_threshold) {
                 bytes += req_wire_bytes(resp[i + nb].req);
@@ -1803,6 +1814,19 @@ static void drive_locked(cring_engine_t *e, cring_handle_t *until) {
 }
 
 /* The engine thread takes the driver's role only if it is free. */
+static int try_drive(cring_engine_t *e);
+
+/* Another thread of this rank is driving: over TCP, the peers' data is
+ * readable the whole time it runs, and waiting on the sockets would spin.
+ * Park until that driver leaves (it wakes us; see cring_handle_wait) or the
+ * time-out, then look again. The flag is set before the second trylock, so a
+ * driver that left in between is either seen by the trylock or sees the flag. */
+static void park_while_busy(cring_engine_t *e, uint64_t token) {
+    atomic_store(&e->thread_parked, 1);
+    if (!try_drive(e)) cring__comm_idle_wait_local(e->comm, token, 0.5);
+    atomic_store(&e->thread_parked, 0);
+}
+
 static int try_drive(cring_engine_t *e) {
     if (pthread_mutex_trylock(&e->progress_mu) != 0) return 0;
     drive_locked(e, NULL);
@@ -1850,7 +1874,10 @@ static void *engine_main(void *arg) {
                                       (long)((e->cycle_time_s - (double)(time_t)e->cycle_time_s) * 1e9)};
                 nanosleep(&ts, NULL);
             }
-            try_drive(e); /* busy: a thread is driving for its own handle */
+            if (!try_drive(e) && e->over_tcp) { /* busy: a thread drives for its own handle */
+                park_while_busy(e, token);
+                continue;
+            }
         }
         rung = 0;
         if (atomic_load(&e->stop) || atomic_load(&e->broken) != CRING_OK) break;
@@ -1875,6 +1902,7 @@ cring_status_t cring_handle_wait(cring_handle_t *h) {
         drive_locked(e, h);
         int stopped = atomic_load(&e->stop);
         pthread_mutex_unlock(&e->progress_mu);
+        if (atomic_load(&e->thread_parked)) cring__comm_wake(e->comm);
         if (stopped && !atomic_load(&h->done)) wait_done_cv(e, h, 10 * 1000 * 1000);
     }
     return h->status;
@@ -1933,6 +1961,7 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
     e->cache_capacity = (int)cring__env_long("CRING_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY);
     if (e->cache_capacity < 0) e->cache_capacity = 0;
     e->vhdr = V_HEADER + (size_t)e->size;
+    e->over_tcp = strcmp(cring_comm_transport_name(comm), "tcp") == 0;
     e->joined = calloc((size_t)e->size, 1);
     e->join_round = calloc((size_t)e->size, sizeof *e->join_round);
     e->cache = calloc((size_t)(e->cache_capacity ? e->cache_capacity : 1), sizeof *e->cache);
