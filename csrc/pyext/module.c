@@ -23,6 +23,7 @@ typedef struct {
     PyObject *NotInitializedError;
     PyTypeObject *StoreServerType;
     PyTypeObject *StoreClientType;
+    PyTypeObject *OutputBufferType;
     PyTypeObject *HandleType;
 } module_state;
 
@@ -445,6 +446,58 @@ static PyObject *Handle_value(HandleObject *self, PyObject *unused) {
     return PyLong_FromLongLong(cring_handle_value(self->handle));
 }
 
+/* ---- engine-allocated results, lent without a copy ------------------------- */
+/* An allgather or alltoall result stays in memory the engine allocated; an
+ * OutputBuffer exports it through the buffer protocol and keeps its handle
+ * (and so the memory) alive for as long as any view of it exists. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *handle;
+    void *data;
+    Py_ssize_t len;
+} OutputBufferObject;
+
+static int OutputBuffer_getbuffer(OutputBufferObject *self, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->len, 0, flags);
+}
+
+static void OutputBuffer_dealloc(OutputBufferObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    Py_XDECREF(self->handle);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyType_Slot OutputBuffer_slots[] = {
+    {Py_bf_getbuffer, OutputBuffer_getbuffer},
+    {Py_tp_dealloc, OutputBuffer_dealloc},
+    {Py_tp_doc, "The bytes of one collective result, owned by its handle."},
+    {0, NULL}};
+static PyType_Spec OutputBuffer_spec = {"cring._C.OutputBuffer", sizeof(OutputBufferObject), 0,
+                                        Py_TPFLAGS_DEFAULT, OutputBuffer_slots};
+
+/* output_buffer(i): result i as a writable buffer (no copy). */
+static PyObject *Handle_output_buffer(HandleObject *self, PyObject *args) {
+    int index;
+    if (!PyArg_ParseTuple(args, "i", &index)) return NULL;
+    size_t bytes;
+    const void *src = cring_handle_done(self->handle)
+                          ? cring_handle_output(self->handle, index, &bytes, NULL)
+                          : NULL;
+    if (!src) {
+        PyErr_SetString(PyExc_ValueError,
+                        "no result to read (not complete, or not an allgather or alltoall)");
+        return NULL;
+    }
+    module_state *s = PyType_GetModuleState(Py_TYPE(self));
+    OutputBufferObject *out = PyObject_New(OutputBufferObject, s->OutputBufferType);
+    if (!out) return NULL;
+    out->handle = Py_NewRef((PyObject *)self);
+    out->data = (void *)src;
+    out->len = (Py_ssize_t)bytes;
+    return (PyObject *)out;
+}
+
 static void Handle_dealloc(HandleObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     if (self->handle) {
@@ -466,6 +519,8 @@ static PyMethodDef Handle_methods[] = {
     {"wait", (PyCFunction)Handle_wait, METH_NOARGS, "Block until complete; raise its error."},
     {"copy_output", (PyCFunction)Handle_copy_output, METH_VARARGS,
      "copy_output(index, dst): copy an allgather or alltoall result into dst."},
+    {"output_buffer", (PyCFunction)Handle_output_buffer, METH_VARARGS,
+     "output_buffer(index): an allgather or alltoall result as a buffer, without a copy."},
     {"value", (PyCFunction)Handle_value, METH_NOARGS,
      "value(): after a join completes, the last rank to join."},
     {NULL}};
@@ -1158,6 +1213,8 @@ static int module_exec(PyObject *m) {
     s->StoreServerType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &StoreServer_spec, NULL);
     if (!s->StoreServerType) return -1;
     if (PyModule_AddObjectRef(m, "StoreServer", (PyObject *)s->StoreServerType) < 0) return -1;
+    s->OutputBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &OutputBuffer_spec, NULL);
+    if (!s->OutputBufferType) return -1;
     s->StoreClientType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &StoreClient_spec, NULL);
     if (!s->StoreClientType) return -1;
     if (PyModule_AddObjectRef(m, "StoreClient", (PyObject *)s->StoreClientType) < 0) return -1;
@@ -1182,6 +1239,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(s->NotInitializedError);
     Py_VISIT(s->StoreServerType);
     Py_VISIT(s->StoreClientType);
+    Py_VISIT(s->OutputBufferType);
     Py_VISIT(s->HandleType);
     return 0;
 }
@@ -1195,6 +1253,7 @@ static int module_clear(PyObject *m) {
     Py_CLEAR(s->NotInitializedError);
     Py_CLEAR(s->StoreServerType);
     Py_CLEAR(s->StoreClientType);
+    Py_CLEAR(s->OutputBufferType);
     Py_CLEAR(s->HandleType);
     return 0;
 }

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 from numpy import ndarray as _ndarray
 
 from . import _C, _discovery, _gpu
-from ._tensors import dlpack_source, empty_like
+from ._tensors import dlpack_source, empty_like, result_like
 
 CRingError = _C.CRingError
 TimeoutError = _C.TimeoutError  # noqa: A001  (cring.TimeoutError, a CRingError)
@@ -458,10 +458,7 @@ def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool
         outs = []
         for i, (x, (shape, dtype_name)) in enumerate(zip(tensors, infos)):
             dims = _C.first_dims(h, i, size())
-            trailing = tuple(shape[1:])
-            out = empty_like(x, (sum(dims),) + trailing, dtype_name)
-            h.copy_output(i, dlpack_source(out))
-            outs.append(out)
+            outs.append(result_like(x, h, i, (sum(dims),) + tuple(shape[1:]), dtype_name))
         return outs if grouped else outs[0]
 
     return _submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits)
@@ -556,9 +553,7 @@ def _alltoall_async(tensor: Any, splits: Any, name: str, caller_waits: bool) -> 
 
     def finish(h: Any) -> Any:
         received = _C.first_dims(h, 0, size())
-        out = empty_like(tensor, (sum(received),) + tuple(shape[1:]), dtype_name)
-        h.copy_output(0, dlpack_source(out))
-        return out, received
+        return result_like(tensor, h, 0, (sum(received),) + tuple(shape[1:]), dtype_name), received
 
     h = _C.submit(_C.ALLTOALL, name, [(dlpack_source(tensor), None)], 0, 0, 1.0, 1.0, None,
                   _CALLER_WAITS if caller_waits else _ASYNC, splits)

@@ -28,6 +28,21 @@ def _is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def result_like(x: Any, handle: Any, index: int, shape: Sequence[int], dtype_name: str) -> Any:
+    """Result `index` of a completed allgather or alltoall as a tensor of x's
+    kind: NumPy arrays and CPU torch tensors view the engine's memory without
+    a copy (the view keeps the handle alive); other kinds get a copy."""
+    shape = tuple(int(d) for d in shape)
+    if isinstance(x, np.ndarray):
+        return np.frombuffer(handle.output_buffer(index), dtype=x.dtype).reshape(shape)
+    if _is_torch(x) and x.device.type == "cpu" and all(shape):
+        torch = sys.modules["torch"]
+        return torch.frombuffer(handle.output_buffer(index), dtype=x.dtype).reshape(shape)
+    out = empty_like(x, shape, dtype_name)
+    handle.copy_output(index, dlpack_source(out))
+    return out
+
+
 def empty_like(x: Any, shape: Sequence[int], dtype_name: str) -> Any:
     """A new, uninitialised tensor of x's kind, dtype and device with `shape`."""
     shape = tuple(int(d) for d in shape)
