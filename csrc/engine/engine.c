@@ -145,6 +145,12 @@ struct cring_engine {
     pthread_mutex_t progress_mu;
     _Atomic int callers_waiting; /* threads blocked on progress_mu for their own handle */
     _Atomic int thread_parked;   /* the engine thread waits for a busy driver to leave */
+    /* Large allgather/alltoall results handed back by freed handles, kept for
+     * the next result of the same size: fresh memory costs a page fault per
+     * page, which dominated large allgathers. */
+    pthread_mutex_t spare_mu;
+    void *spare[4];
+    size_t spare_bytes[4];
     int over_tcp;                /* the communicator's transport is TCP */
     cring__strmap_t pending;      /* drained requests waiting for a response */
     req_t **uncached;             /* requests to describe in the next round */
@@ -219,6 +225,8 @@ static const char *collective_name(cring_collective_t c) {
 }
 
 static void engine_release(cring_engine_t *e);
+static void *output_alloc(cring_engine_t *e, size_t bytes);
+static void output_free(cring_engine_t *e, void *p, size_t bytes);
 
 /* A request and everything it owns (tensor specs, shapes, name, record) is
  * one allocation. */
@@ -230,7 +238,8 @@ static void req_free(req_t *r) {
 static void handle_release(cring_handle_t *h) {
     if (atomic_fetch_sub(&h->refs, 1) != 1) return;
     cring_engine_t *e = h->engine;
-    for (int i = 0; h->outputs && i < h->ntensors; i++) free(h->outputs[i]);
+    for (int i = 0; h->outputs && i < h->ntensors; i++)
+        output_free(e, h->outputs[i], h->output_bytes ? h->output_bytes[i] : 0);
     free(h->outputs);
     free(h->output_bytes);
     free(h->first_dims);
@@ -877,7 +886,7 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
             total += sizes[q];
         }
         sizes[e->rank] = t->bytes; /* a 0-d tensor gathers as one row */
-        h->outputs[i] = malloc(total ? total : 1);
+        h->outputs[i] = output_alloc(e, total);
         h->output_bytes[i] = total;
         if (!h->outputs[i]) {
             st = CRING_ERR_NO_MEMORY;
@@ -954,7 +963,7 @@ static cring_status_t run_alltoall(cring_engine_t *e, req_t *r) {
         h->first_dims[q] = rows[q * P + (size_t)e->rank];
         total += matrix[q * P + (size_t)e->rank];
     }
-    h->outputs[0] = malloc(total ? total : 1);
+    h->outputs[0] = output_alloc(e, total);
     h->output_bytes[0] = total;
     if (!h->outputs[0]) {
         st = CRING_ERR_NO_MEMORY;
@@ -1927,8 +1936,44 @@ void cring_handle_free(cring_handle_t *h) {
 
 /* ---- lifecycle ------------------------------------------------------------------------------ */
 
+#define SPARE_MIN_BYTES (1u << 20)
+
+static void *output_alloc(cring_engine_t *e, size_t bytes) {
+    if (bytes >= SPARE_MIN_BYTES) {
+        pthread_mutex_lock(&e->spare_mu);
+        for (int k = 0; k < 4; k++)
+            if (e->spare[k] && e->spare_bytes[k] == bytes) {
+                void *p = e->spare[k];
+                e->spare[k] = NULL;
+                pthread_mutex_unlock(&e->spare_mu);
+                return p;
+            }
+        pthread_mutex_unlock(&e->spare_mu);
+    }
+    return malloc(bytes ? bytes : 1);
+}
+
+/* Keep a large result's memory for reuse (replacing the oldest kept one). */
+static void output_free(cring_engine_t *e, void *p, size_t bytes) {
+    if (!p) return;
+    if (bytes >= SPARE_MIN_BYTES && e) {
+        pthread_mutex_lock(&e->spare_mu);
+        void *old = e->spare[3];
+        memmove(e->spare + 1, e->spare, 3 * sizeof *e->spare);
+        memmove(e->spare_bytes + 1, e->spare_bytes, 3 * sizeof *e->spare_bytes);
+        e->spare[0] = p;
+        e->spare_bytes[0] = bytes;
+        pthread_mutex_unlock(&e->spare_mu);
+        free(old);
+        return;
+    }
+    free(p);
+}
+
 static void engine_release(cring_engine_t *e) {
     if (atomic_fetch_sub(&e->refs, 1) != 1) return;
+    for (int k = 0; k < 4; k++) free(e->spare[k]);
+    pthread_mutex_destroy(&e->spare_mu);
     pthread_mutex_destroy(&e->queue_mu);
     pthread_mutex_destroy(&e->done_mu);
     pthread_cond_destroy(&e->done_cv);
@@ -1953,6 +1998,7 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
     pthread_cond_init(&e->done_cv, NULL);
     pthread_mutex_init(&e->progress_mu, NULL);
     pthread_mutex_init(&e->timeline_mu, NULL);
+    pthread_mutex_init(&e->spare_mu, NULL);
     long threshold = cring__env_long("CRING_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD);
     e->fusion_threshold = threshold > 0 ? (size_t)threshold : 0;
     e->cycle_time_s = cring__env_double("CRING_CYCLE_TIME", 1.0) / 1000.0;
