@@ -471,6 +471,10 @@ int cring__comm_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
     return 1;
 }
 
+/* The same short spin the shared-memory transport uses when ranks
+ * outnumber cores. */
+void cring__comm_background_thread(void) { cring__shm_cap_thread_spin(200); }
+
 int cring__comm_idle_wait_local(cring_comm_t *c, uint64_t token, double max_wait_s) {
     if (c->shm || !c->p2p || c->wake_fd < 0) return cring__comm_idle_wait(c, token, max_wait_s);
     struct pollfd pfd = {.fd = c->wake_fd, .events = POLLIN};

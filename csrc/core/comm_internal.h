@@ -59,5 +59,8 @@ int cring__comm_idle_wait(cring_comm_t *comm, uint64_t token, double max_wait_s)
  * sockets another thread of this rank is reading (only a local wake or the
  * time-out end it). On shared memory identical to cring__comm_idle_wait. */
 int cring__comm_idle_wait_local(cring_comm_t *comm, uint64_t token, double max_wait_s);
+/* Mark the calling thread as a background thread: its shared-memory waits
+ * spin briefly before yielding (it runs beside the user's compute threads). */
+void cring__comm_background_thread(void);
 
 #endif

@@ -1869,6 +1869,7 @@ static void wait_done_cv(cring_engine_t *e, const cring_handle_t *h, long ns) {
 static void *engine_main(void *arg) {
     cring_engine_t *e = arg;
     int rung = 1;
+    cring__comm_background_thread(); /* nobody waits on this thread's spin */
     while (!atomic_load(&e->stop)) {
         uint64_t token = cring__comm_wake_token(e->comm);
         if (rung) {

@@ -393,10 +393,17 @@ static cring_status_t aborted_status(cring__shm_t *shm) {
     return cring__fail(shm->err, CRING_ERR_BROKEN, "the shared-memory communicator was aborted");
 }
 
+/* Spin cap of the calling thread (-1: none); see cring__shm_cap_thread_spin. */
+static _Thread_local long thread_spin_cap = -1;
+
+void cring__shm_cap_thread_spin(long iters) { thread_spin_cap = iters; }
+
 cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq) {
     shm_ctrl_t *c = &shm->ctrl[peer];
     if (reached(c, seq)) return CRING_OK;
-    for (long i = 0; i < shm->spin_iters; i++) {
+    long spin = shm->spin_iters;
+    if (thread_spin_cap >= 0 && thread_spin_cap < spin) spin = thread_spin_cap;
+    for (long i = 0; i < spin; i++) {
         cpu_relax();
         if (reached(c, seq)) return CRING_OK;
     }

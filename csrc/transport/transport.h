@@ -93,6 +93,10 @@ void cring__shm_publish(cring__shm_t *shm, uint64_t seq);
  * Errors: ERR_PEER_FAILURE (peer process gone), ERR_TIMEOUT, ERR_BROKEN (another
  * rank aborted). Acquire ordering: the peer's writes before publish are seen. */
 cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq);
+/* Cap the spin phase of this thread's waits at iters (-1: no cap). For a
+ * background thread, whose spinning only takes a core from compute threads
+ * (no caller is waiting on it). */
+void cring__shm_cap_thread_spin(long iters);
 /* cring__shm_wait on every rank except this one. */
 cring_status_t cring__shm_wait_all(cring__shm_t *shm, uint64_t seq);
 /* Mark the segment aborted so every waiter on every rank fails fast with the
