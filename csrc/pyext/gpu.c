@@ -10,7 +10,7 @@
 
 #include "../gpu/gpu.h"
 #include "cring/cring.h"
-#include "dlpack_abi.h"
+#include "dlpack_ingest.h"
 
 /* ---- state -------------------------------------------------------------------- */
 typedef struct {
@@ -49,194 +49,16 @@ static PyObject *raise_gpu(GpuState *s, cring_status_t st, const char *context, 
     return NULL;
 }
 
-static int dtype_from_name(const char *name, cring_dtype_t *out) {
-    for (int d = 0; d < CRING_DTYPE_COUNT; d++)
-        if (!strcmp(name, cring_dtype_name((cring_dtype_t)d))) {
-            *out = (cring_dtype_t)d;
-            return 1;
-        }
-    PyErr_Format(PyExc_TypeError, "unknown dtype '%s'", name);
-    return 0;
-}
+/* ---- DLPack views of CUDA tensors (dlpack_ingest.c) ---------------------------- */
+typedef cring__dl_ref_t gpu_view;
 
-static int dtype_from_dl(cring_dl_dtype_t dt, cring_dtype_t *out) {
-    if (dt.lanes != 1) return 0;
-    switch (dt.code) {
-    case CRING_DL_FLOAT:
-        if (dt.bits == 16) *out = CRING_FLOAT16;
-        else if (dt.bits == 32) *out = CRING_FLOAT32;
-        else if (dt.bits == 64) *out = CRING_FLOAT64;
-        else return 0;
-        return 1;
-    case CRING_DL_BFLOAT: *out = CRING_BFLOAT16; return dt.bits == 16;
-    case CRING_DL_INT:
-        if (dt.bits == 8) *out = CRING_INT8;
-        else if (dt.bits == 32) *out = CRING_INT32;
-        else if (dt.bits == 64) *out = CRING_INT64;
-        else return 0;
-        return 1;
-    case CRING_DL_UINT: *out = CRING_UINT8; return dt.bits == 8;
-    case CRING_DL_BOOL: *out = CRING_BOOL; return dt.bits == 8;
-    default: return 0;
-    }
-}
-
-static cring_dl_dtype_t dl_from_dtype(cring_dtype_t d) {
-    cring_dl_dtype_t dt = {.lanes = 1, .bits = (uint8_t)(8 * cring_dtype_size(d))};
-    switch (d) {
-    case CRING_FLOAT16:
-    case CRING_FLOAT32:
-    case CRING_FLOAT64: dt.code = CRING_DL_FLOAT; break;
-    case CRING_BFLOAT16: dt.code = CRING_DL_BFLOAT; break;
-    case CRING_UINT8: dt.code = CRING_DL_UINT; break;
-    case CRING_BOOL: dt.code = CRING_DL_BOOL; break;
-    default: dt.code = CRING_DL_INT; break;
-    }
-    return dt;
-}
-
-/* ---- DLPack views of CUDA tensors ---------------------------------------------- */
-typedef struct {
-    PyObject *capsule;
-    void *managed;
-    int versioned;
-    cring_dl_tensor_t *t;
-    void *data;
-    size_t numel;
-    cring_dtype_t dtype;
-} gpu_view;
-
-static void view_release(gpu_view *v) {
-    if (v->managed) {
-        if (v->versioned) {
-            cring_dl_managed_versioned_t *m = v->managed;
-            if (m->deleter) m->deleter(m);
-        } else {
-            cring_dl_managed_t *m = v->managed;
-            if (m->deleter) m->deleter(m);
-        }
-    }
-    Py_XDECREF(v->capsule);
-    memset(v, 0, sizeof *v);
-}
-
-/* obj.__dlpack__(stream=stream, max_version=(1, 0)), falling back to older
- * signatures for producers that predate them. */
-static PyObject *export_dlpack(PyObject *obj, PyObject *stream) {
-    PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
-    if (!method) return NULL;
-    PyObject *kwargs = Py_BuildValue("{s:O,s:(ii)}", "stream", stream, "max_version", 1, 0);
-    PyObject *empty = PyTuple_New(0);
-    PyObject *cap = kwargs && empty ? PyObject_Call(method, empty, kwargs) : NULL;
-    if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
-        PyErr_Clear();
-        PyDict_DelItemString(kwargs, "max_version");
-        cap = PyObject_Call(method, empty, kwargs);
-    }
-    Py_XDECREF(kwargs);
-    Py_XDECREF(empty);
-    Py_DECREF(method);
-    return cap;
-}
-
-/* A DLPack view of a CUDA tensor exported on `stream`; contiguous, of a
- * supported dtype, writable when asked. Sets a Python error naming the tensor. */
+/* A DLPack view of a CUDA tensor exported on `stream`; see cring__dl_acquire. */
 static int view_acquire(PyObject *obj, PyObject *stream, const char *name, int writable,
                         gpu_view *v) {
-    memset(v, 0, sizeof *v);
-    if (!PyObject_HasAttrString(obj, "__dlpack__")) {
-        PyErr_Format(PyExc_TypeError, "tensor '%s' must support DLPack, got %.200s", name,
-                     Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    PyObject *cap = export_dlpack(obj, stream);
-    if (!cap) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyObject *msg = value ? PyObject_Str(value) : NULL;
-        PyErr_Format(PyExc_ValueError, "tensor '%s' cannot be exported through DLPack: %S", name,
-                     msg ? msg : Py_None);
-        Py_XDECREF(msg);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        return -1;
-    }
-    v->capsule = cap;
-    uint64_t flags = 0;
-    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
-        cring_dl_managed_versioned_t *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
-        if (m->version.major != 1) {
-            PyErr_Format(PyExc_TypeError, "tensor '%s' uses DLPack %u.%u; cring reads 1.x", name,
-                         m->version.major, m->version.minor);
-            Py_CLEAR(v->capsule);
-            return -1;
-        }
-        PyCapsule_SetName(cap, "used_dltensor_versioned");
-        v->managed = m;
-        v->versioned = 1;
-        v->t = &m->dl_tensor;
-        flags = m->flags;
-    } else if (PyCapsule_IsValid(cap, "dltensor")) {
-        cring_dl_managed_t *m = PyCapsule_GetPointer(cap, "dltensor");
-        PyCapsule_SetName(cap, "used_dltensor");
-        v->managed = m;
-        v->t = &m->dl_tensor;
-    } else {
-        PyErr_Format(PyExc_TypeError, "tensor '%s': __dlpack__ did not return a DLPack capsule",
-                     name);
-        Py_CLEAR(v->capsule);
-        return -1;
-    }
-    cring_dl_tensor_t *t = v->t;
-    int device = t->device.device_type;
-    if (device != CRING_DL_CUDA && device != CRING_DL_CUDA_MANAGED) {
-        PyErr_Format(PyExc_ValueError,
-                     "tensor '%s' is not a CUDA tensor (DLPack device type %d), but the other "
-                     "tensors of this call are: pass every tensor of one call on the same device",
-                     name, device);
-        goto fail;
-    }
-    if (!dtype_from_dl(t->dtype, &v->dtype)) {
-        PyErr_Format(PyExc_TypeError,
-                     "tensor '%s' has a dtype cring does not support (supported: float16, "
-                     "bfloat16, float32, float64, int8, uint8, int32, int64, bool)",
-                     name);
-        goto fail;
-    }
-    if (writable && (flags & CRING_DL_FLAG_READ_ONLY)) {
-        PyErr_Format(PyExc_ValueError, "tensor '%s' is read-only, but this operation writes it",
-                     name);
-        goto fail;
-    }
-    size_t numel = 1;
-    for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "tensor '%s' has a negative dimension", name);
-            goto fail;
-        }
-        numel *= (size_t)t->shape[i];
-    }
-    if (t->strides && numel > 1) {
-        int64_t expect = 1;
-        for (int i = t->ndim - 1; i >= 0; i--) {
-            if (t->shape[i] != 1 && t->strides[i] != expect) {
-                PyErr_Format(PyExc_ValueError,
-                             "tensor '%s' is not contiguous; pass a contiguous copy "
-                             "(x.contiguous())",
-                             name);
-                goto fail;
-            }
-            expect *= t->shape[i];
-        }
-    }
-    v->numel = numel;
-    v->data = (char *)t->data + t->byte_offset;
-    return 0;
-fail:
-    view_release(v);
-    return -1;
+    return cring__dl_acquire(obj, stream, name, writable, CRING__DL_CUDA, v);
 }
+
+static void view_release(gpu_view *v) { cring__dl_release(v); }
 
 static void view_capsule_destructor(PyObject *cap) {
     gpu_view *v = PyCapsule_GetPointer(cap, "cring.gpu_view");
@@ -479,7 +301,7 @@ static PyObject *Gpu_collective(GpuState *self, PyObject *args) {
         ts[i].send = (const void *)(uintptr_t)send;
         ts[i].recv = (void *)(uintptr_t)recv;
         ts[i].count = (size_t)count;
-        if (!dtype_from_name(dtype, &ts[i].dtype)) goto done;
+        if (!cring__dtype_from_name(dtype, &ts[i].dtype)) goto done;
         if (rank_counts != Py_None) {
             if (!PyList_Check(rank_counts) || PyList_GET_SIZE(rank_counts) != size) {
                 PyErr_Format(PyExc_ValueError, "rank_counts must be a list of %d counts", size);
@@ -581,7 +403,7 @@ static PyObject *Gpu_pinned(GpuState *self, PyObject *args) {
     const char *dtype_name;
     if (!PyArg_ParseTuple(args, "Os", &shape_obj, &dtype_name)) return NULL;
     cring_dtype_t dtype;
-    if (!dtype_from_name(dtype_name, &dtype)) return NULL;
+    if (!cring__dtype_from_name(dtype_name, &dtype)) return NULL;
     int64_t *shape;
     int ndim;
     if (parse_shape(shape_obj, &shape, &ndim) < 0) return NULL;
@@ -697,7 +519,7 @@ static PyObject *Pinned_dlpack(PinnedObject *self, PyObject *args, PyObject *kwa
     t->device.device_type = CRING_DL_CUDA_HOST;
     t->device.device_id = 0;
     t->ndim = self->ndim;
-    t->dtype = dl_from_dtype(self->dtype);
+    t->dtype = cring__dl_from_dtype(self->dtype);
     t->shape = e->shape;
     t->strides = NULL;
     t->byte_offset = 0;

@@ -11,7 +11,7 @@
 #include "../core/comm_internal.h"
 #include "../reduce/reduce.h"
 #include "cring/cring.h"
-#include "dlpack_abi.h"
+#include "dlpack_ingest.h"
 
 /* ---- module state --------------------------------------------------------- */
 typedef struct {
@@ -55,208 +55,15 @@ static PyObject *raise_not_initialized(module_state *s) {
     return NULL;
 }
 
-/* ---- DLPack ingest -------------------------------------------------------- */
-typedef struct {
-    PyObject *capsule;
-    void *managed;
-    int versioned;
-    cring_dl_tensor_t *t;
-    uint64_t flags;
-    void *data;
-    size_t numel;
-    cring_dtype_t dtype;
-} tensor_ref;
+/* ---- DLPack ingest (dlpack_ingest.c) ------------------------------------------ */
+typedef cring__dl_ref_t tensor_ref;
 
-static void tensor_release(tensor_ref *ref) {
-    if (ref->managed) {
-        if (ref->versioned) {
-            cring_dl_managed_versioned_t *m = ref->managed;
-            if (m->deleter) m->deleter(m);
-        } else {
-            cring_dl_managed_t *m = ref->managed;
-            if (m->deleter) m->deleter(m);
-        }
-    }
-    Py_XDECREF(ref->capsule);
-    memset(ref, 0, sizeof *ref);
-}
-
-static int dtype_from_dl(cring_dl_dtype_t dt, cring_dtype_t *out) {
-    if (dt.lanes != 1) return 0;
-    switch (dt.code) {
-    case CRING_DL_FLOAT:
-        if (dt.bits == 16) *out = CRING_FLOAT16;
-        else if (dt.bits == 32) *out = CRING_FLOAT32;
-        else if (dt.bits == 64) *out = CRING_FLOAT64;
-        else return 0;
-        return 1;
-    case CRING_DL_BFLOAT:
-        if (dt.bits != 16) return 0;
-        *out = CRING_BFLOAT16;
-        return 1;
-    case CRING_DL_INT:
-        if (dt.bits == 8) *out = CRING_INT8;
-        else if (dt.bits == 32) *out = CRING_INT32;
-        else if (dt.bits == 64) *out = CRING_INT64;
-        else return 0;
-        return 1;
-    case CRING_DL_UINT:
-        if (dt.bits != 8) return 0;
-        *out = CRING_UINT8;
-        return 1;
-    case CRING_DL_BOOL:
-        if (dt.bits != 8) return 0;
-        *out = CRING_BOOL;
-        return 1;
-    default:
-        return 0;
-    }
-}
-
-static void dl_dtype_name(cring_dl_dtype_t dt, char *out, size_t n) {
-    static const char *const codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
-    const char *c = dt.code < 7 ? codes[dt.code] : "code";
-    if (dt.lanes != 1)
-        snprintf(out, n, "%s%dx%d", c, dt.bits, dt.lanes);
-    else
-        snprintf(out, n, "%s%d", c, dt.bits);
-}
-
-static const char *device_name(int device_type) {
-    switch (device_type) {
-    case CRING_DL_CUDA: return "cuda";
-    case CRING_DL_CUDA_MANAGED: return "cuda (managed)";
-    case CRING_DL_ROCM: return "rocm";
-    default: return "a non-CPU device";
-    }
-}
-
-/* Get a DLPack view of obj. `writable` requires a writable tensor. Sets a
- * TypeError/ValueError naming the tensor on failure. */
+/* A DLPack view of a CPU (or pinned host) tensor; see cring__dl_acquire. */
 static int tensor_acquire(PyObject *obj, const char *name, int writable, tensor_ref *ref) {
-    memset(ref, 0, sizeof *ref);
-    PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
-    if (!method) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError,
-                     "tensor '%s' must support DLPack (a NumPy array, torch tensor, ...), "
-                     "got %.200s",
-                     name, Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    /* __dlpack__(max_version=(1, 0)) by vectorcall with a cached kwnames */
-    static PyObject *kwnames = NULL, *version = NULL;
-    if (!kwnames) {
-        kwnames = Py_BuildValue("(s)", "max_version");
-        version = Py_BuildValue("(ii)", 1, 0);
-        if (!kwnames || !version) {
-            Py_DECREF(method);
-            return -1;
-        }
-    }
-    PyObject *vargs[2] = {NULL, version};
-    PyObject *cap = PyObject_Vectorcall(method, vargs + 1, 0 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                        kwnames);
-    if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
-        PyErr_Clear(); /* a producer that predates DLPack 1.0 */
-        cap = PyObject_CallNoArgs(method);
-    }
-    Py_DECREF(method);
-    if (!cap) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyObject *msg = value ? PyObject_Str(value) : NULL;
-        PyErr_Format(PyExc_ValueError, "tensor '%s' cannot be exported through DLPack: %S",
-                     name, msg ? msg : Py_None);
-        Py_XDECREF(msg);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        return -1;
-    }
-    ref->capsule = cap;
-    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
-        cring_dl_managed_versioned_t *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
-        if (m->version.major != 1) {
-            PyErr_Format(PyExc_TypeError, "tensor '%s' uses DLPack %u.%u; cring reads 1.x", name,
-                         m->version.major, m->version.minor);
-            Py_CLEAR(ref->capsule);
-            return -1;
-        }
-        PyCapsule_SetName(cap, "used_dltensor_versioned");
-        ref->managed = m;
-        ref->versioned = 1;
-        ref->t = &m->dl_tensor;
-        ref->flags = m->flags;
-    } else if (PyCapsule_IsValid(cap, "dltensor")) {
-        cring_dl_managed_t *m = PyCapsule_GetPointer(cap, "dltensor");
-        PyCapsule_SetName(cap, "used_dltensor");
-        ref->managed = m;
-        ref->t = &m->dl_tensor;
-    } else {
-        PyErr_Format(PyExc_TypeError, "tensor '%s': __dlpack__ did not return a DLPack capsule",
-                     name);
-        Py_CLEAR(ref->capsule);
-        return -1;
-    }
-
-    cring_dl_tensor_t *t = ref->t;
-    if (t->device.device_type != CRING_DL_CPU && t->device.device_type != CRING_DL_CUDA_HOST) {
-        /* CUDA tensors take the GPU path (python/cring/_gpu.py, gpu.c) before
-         * reaching here; one that arrives was mixed with CPU tensors. */
-        int cuda = t->device.device_type == CRING_DL_CUDA ||
-                   t->device.device_type == CRING_DL_CUDA_MANAGED;
-        PyErr_Format(PyExc_ValueError,
-                     cuda ? "tensor '%s' is on %s:%d, but this call takes CPU tensors: pass "
-                            "every tensor of one call on the same device"
-                          : "tensor '%s' is on %s:%d; cring takes CPU and CUDA tensors: move it "
-                            "to the CPU first (for torch: tensor.cpu())",
-                     name, device_name(t->device.device_type), t->device.device_id);
-        goto fail;
-    }
-    if (!dtype_from_dl(t->dtype, &ref->dtype)) {
-        char dn[32];
-        dl_dtype_name(t->dtype, dn, sizeof dn);
-        PyErr_Format(PyExc_TypeError,
-                     "tensor '%s' has dtype %s, which cring does not support (supported: "
-                     "float16, bfloat16, float32, float64, int8, uint8, int32, int64, bool)",
-                     name, dn);
-        goto fail;
-    }
-    if (writable && (ref->flags & CRING_DL_FLAG_READ_ONLY)) {
-        PyErr_Format(PyExc_ValueError, "tensor '%s' is read-only, but this operation writes it",
-                     name);
-        goto fail;
-    }
-    size_t numel = 1;
-    for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "tensor '%s' has a negative dimension", name);
-            goto fail;
-        }
-        numel *= (size_t)t->shape[i];
-    }
-    if (t->strides && numel > 1) {
-        int64_t expect = 1;
-        for (int i = t->ndim - 1; i >= 0; i--) {
-            if (t->shape[i] != 1 && t->strides[i] != expect) {
-                PyErr_Format(PyExc_ValueError,
-                             "tensor '%s' is not contiguous (dimension %d has stride %lld "
-                             "elements, expected %lld); pass a contiguous copy "
-                             "(numpy.ascontiguousarray(x) or x.contiguous())",
-                             name, i, (long long)t->strides[i], (long long)expect);
-                goto fail;
-            }
-            expect *= t->shape[i];
-        }
-    }
-    ref->numel = numel;
-    ref->data = (char *)t->data + t->byte_offset;
-    return 0;
-fail:
-    tensor_release(ref);
-    return -1;
+    return cring__dl_acquire(obj, NULL, name, writable, CRING__DL_HOST, ref);
 }
+
+static void tensor_release(tensor_ref *ref) { cring__dl_release(ref); }
 
 /* ---- init / shutdown / queries -------------------------------------------- */
 static PyObject *py_init(PyObject *module, PyObject *args, PyObject *kwargs) {

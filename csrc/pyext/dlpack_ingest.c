@@ -1,0 +1,265 @@
+/* dlpack_ingest.c: see dlpack_ingest.h. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "dlpack_ingest.h"
+
+void cring__dl_release(cring__dl_ref_t *ref) {
+    if (ref->managed) {
+        if (ref->versioned) {
+            cring_dl_managed_versioned_t *m = ref->managed;
+            if (m->deleter) m->deleter(m);
+        } else {
+            cring_dl_managed_t *m = ref->managed;
+            if (m->deleter) m->deleter(m);
+        }
+    }
+    Py_XDECREF(ref->capsule);
+    memset(ref, 0, sizeof *ref);
+}
+
+int cring__dl_to_dtype(cring_dl_dtype_t dt, cring_dtype_t *out) {
+    if (dt.lanes != 1) return 0;
+    switch (dt.code) {
+    case CRING_DL_FLOAT:
+        if (dt.bits == 16) *out = CRING_FLOAT16;
+        else if (dt.bits == 32) *out = CRING_FLOAT32;
+        else if (dt.bits == 64) *out = CRING_FLOAT64;
+        else return 0;
+        return 1;
+    case CRING_DL_BFLOAT:
+        if (dt.bits != 16) return 0;
+        *out = CRING_BFLOAT16;
+        return 1;
+    case CRING_DL_INT:
+        if (dt.bits == 8) *out = CRING_INT8;
+        else if (dt.bits == 32) *out = CRING_INT32;
+        else if (dt.bits == 64) *out = CRING_INT64;
+        else return 0;
+        return 1;
+    case CRING_DL_UINT:
+        if (dt.bits != 8) return 0;
+        *out = CRING_UINT8;
+        return 1;
+    case CRING_DL_BOOL:
+        if (dt.bits != 8) return 0;
+        *out = CRING_BOOL;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+cring_dl_dtype_t cring__dl_from_dtype(cring_dtype_t d) {
+    cring_dl_dtype_t dt = {.lanes = 1, .bits = (uint8_t)(8 * cring_dtype_size(d))};
+    switch (d) {
+    case CRING_FLOAT16:
+    case CRING_FLOAT32:
+    case CRING_FLOAT64: dt.code = CRING_DL_FLOAT; break;
+    case CRING_BFLOAT16: dt.code = CRING_DL_BFLOAT; break;
+    case CRING_UINT8: dt.code = CRING_DL_UINT; break;
+    case CRING_BOOL: dt.code = CRING_DL_BOOL; break;
+    default: dt.code = CRING_DL_INT; break;
+    }
+    return dt;
+}
+
+int cring__dtype_from_name(const char *name, cring_dtype_t *out) {
+    for (int d = 0; d < CRING_DTYPE_COUNT; d++)
+        if (!strcmp(name, cring_dtype_name((cring_dtype_t)d))) {
+            *out = (cring_dtype_t)d;
+            return 1;
+        }
+    PyErr_Format(PyExc_TypeError, "unknown dtype '%s'", name);
+    return 0;
+}
+
+static void dl_dtype_name(cring_dl_dtype_t dt, char *out, size_t n) {
+    static const char *const codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+    const char *c = dt.code < 7 ? codes[dt.code] : "code";
+    if (dt.lanes != 1)
+        snprintf(out, n, "%s%dx%d", c, dt.bits, dt.lanes);
+    else
+        snprintf(out, n, "%s%d", c, dt.bits);
+}
+
+static const char *device_name(int device_type) {
+    switch (device_type) {
+    case CRING_DL_CUDA: return "cuda";
+    case CRING_DL_CUDA_MANAGED: return "cuda (managed)";
+    case CRING_DL_ROCM: return "rocm";
+    default: return "a non-CPU device";
+    }
+}
+
+/* obj.__dlpack__([stream=stream,] max_version=(1, 0)) by vectorcall, falling
+ * back to the call without max_version for producers that predate DLPack 1.0.
+ * The kwnames and version tuples are immutable and cached once. */
+static PyObject *export_dlpack(PyObject *method, PyObject *stream) {
+    static PyObject *kw_version = NULL, *kw_stream_version = NULL, *kw_stream = NULL,
+                    *version = NULL;
+    if (!version) {
+        kw_version = Py_BuildValue("(s)", "max_version");
+        kw_stream_version = Py_BuildValue("(ss)", "stream", "max_version");
+        kw_stream = Py_BuildValue("(s)", "stream");
+        version = Py_BuildValue("(ii)", 1, 0);
+        if (!kw_version || !kw_stream_version || !kw_stream || !version) {
+            Py_CLEAR(kw_version);
+            Py_CLEAR(kw_stream_version);
+            Py_CLEAR(kw_stream);
+            Py_CLEAR(version);
+            return NULL;
+        }
+    }
+    PyObject *vargs[3];
+    PyObject *cap;
+    vargs[0] = NULL;
+    if (stream) {
+        vargs[1] = stream;
+        vargs[2] = version;
+        cap = PyObject_Vectorcall(method, vargs + 1, PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                  kw_stream_version);
+    } else {
+        vargs[1] = version;
+        cap = PyObject_Vectorcall(method, vargs + 1, PY_VECTORCALL_ARGUMENTS_OFFSET, kw_version);
+    }
+    if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        if (stream) {
+            vargs[1] = stream;
+            cap = PyObject_Vectorcall(method, vargs + 1, PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                      kw_stream);
+        } else {
+            cap = PyObject_CallNoArgs(method);
+        }
+    }
+    return cap;
+}
+
+/* Take the capsule: the view moves into *ref, the capsule is marked used. */
+static int take_capsule(PyObject *cap, const char *name, cring__dl_ref_t *ref) {
+    ref->capsule = cap;
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        cring_dl_managed_versioned_t *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m->version.major != 1) {
+            PyErr_Format(PyExc_TypeError, "tensor '%s' uses DLPack %u.%u; cring reads 1.x", name,
+                         m->version.major, m->version.minor);
+            Py_CLEAR(ref->capsule);
+            return -1;
+        }
+        PyCapsule_SetName(cap, "used_dltensor_versioned");
+        ref->managed = m;
+        ref->versioned = 1;
+        ref->t = &m->dl_tensor;
+        ref->flags = m->flags;
+    } else if (PyCapsule_IsValid(cap, "dltensor")) {
+        cring_dl_managed_t *m = PyCapsule_GetPointer(cap, "dltensor");
+        PyCapsule_SetName(cap, "used_dltensor");
+        ref->managed = m;
+        ref->t = &m->dl_tensor;
+    } else {
+        PyErr_Format(PyExc_TypeError, "tensor '%s': __dlpack__ did not return a DLPack capsule",
+                     name);
+        Py_CLEAR(ref->capsule);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_device(const cring_dl_tensor_t *t, const char *name, cring__dl_device_t device) {
+    int type = t->device.device_type;
+    int cuda = type == CRING_DL_CUDA || type == CRING_DL_CUDA_MANAGED;
+    if (device == CRING__DL_CUDA) {
+        if (cuda) return 0;
+        PyErr_Format(PyExc_ValueError,
+                     "tensor '%s' is not a CUDA tensor (DLPack device type %d), but the other "
+                     "tensors of this call are: pass every tensor of one call on the same device",
+                     name, type);
+        return -1;
+    }
+    if (type == CRING_DL_CPU || type == CRING_DL_CUDA_HOST) return 0;
+    /* CUDA tensors take the GPU path (python/cring/_gpu.py, gpu.c) before
+     * reaching the CPU path; one that arrives was mixed with CPU tensors. */
+    PyErr_Format(PyExc_ValueError,
+                 cuda ? "tensor '%s' is on %s:%d, but this call takes CPU tensors: pass "
+                        "every tensor of one call on the same device"
+                      : "tensor '%s' is on %s:%d; cring takes CPU and CUDA tensors: move it "
+                        "to the CPU first (for torch: tensor.cpu())",
+                 name, device_name(type), t->device.device_id);
+    return -1;
+}
+
+int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int writable,
+                      cring__dl_device_t device, cring__dl_ref_t *ref) {
+    memset(ref, 0, sizeof *ref);
+    PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
+    if (!method) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "tensor '%s' must support DLPack (a NumPy array, torch tensor, ...), "
+                     "got %.200s",
+                     name, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *cap = export_dlpack(method, stream);
+    Py_DECREF(method);
+    if (!cap) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *msg = value ? PyObject_Str(value) : NULL;
+        PyErr_Format(PyExc_ValueError, "tensor '%s' cannot be exported through DLPack: %S",
+                     name, msg ? msg : Py_None);
+        Py_XDECREF(msg);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    if (take_capsule(cap, name, ref) < 0) return -1;
+
+    cring_dl_tensor_t *t = ref->t;
+    if (check_device(t, name, device) < 0) goto fail;
+    if (!cring__dl_to_dtype(t->dtype, &ref->dtype)) {
+        char dn[32];
+        dl_dtype_name(t->dtype, dn, sizeof dn);
+        PyErr_Format(PyExc_TypeError,
+                     "tensor '%s' has dtype %s, which cring does not support (supported: "
+                     "float16, bfloat16, float32, float64, int8, uint8, int32, int64, bool)",
+                     name, dn);
+        goto fail;
+    }
+    if (writable && (ref->flags & CRING_DL_FLAG_READ_ONLY)) {
+        PyErr_Format(PyExc_ValueError, "tensor '%s' is read-only, but this operation writes it",
+                     name);
+        goto fail;
+    }
+    size_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "tensor '%s' has a negative dimension", name);
+            goto fail;
+        }
+        numel *= (size_t)t->shape[i];
+    }
+    if (t->strides && numel > 1) {
+        int64_t expect = 1;
+        for (int i = t->ndim - 1; i >= 0; i--) {
+            if (t->shape[i] != 1 && t->strides[i] != expect) {
+                PyErr_Format(PyExc_ValueError,
+                             "tensor '%s' is not contiguous (dimension %d has stride %lld "
+                             "elements, expected %lld); pass a contiguous copy "
+                             "(numpy.ascontiguousarray(x) or x.contiguous())",
+                             name, i, (long long)t->strides[i], (long long)expect);
+                goto fail;
+            }
+            expect *= t->shape[i];
+        }
+    }
+    ref->numel = numel;
+    ref->data = (char *)t->data + t->byte_offset;
+    return 0;
+fail:
+    cring__dl_release(ref);
+    return -1;
+}

@@ -1,0 +1,51 @@
+/* dlpack_ingest.h: reading tensors through DLPack, shared by the CPU face
+ * (module.c) and the GPU face (gpu.c) of cring._C: exporting __dlpack__
+ * (optionally on a stream), taking the versioned or unversioned capsule,
+ * checking device, dtype, writability, shape and contiguity, and mapping
+ * dtypes between DLPack and cring. Needs Python.h before it. */
+#ifndef CRING_PYEXT_DLPACK_INGEST_H
+#define CRING_PYEXT_DLPACK_INGEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cring/cring.h"
+#include "dlpack_abi.h"
+
+/* A DLPack view of one tensor; its memory stays valid until cring__dl_release. */
+typedef struct {
+    PyObject *capsule;
+    void *managed;
+    int versioned;
+    cring_dl_tensor_t *t;
+    uint64_t flags; /* DLPack 1.x flags; 0 for an unversioned capsule */
+    void *data;     /* t->data + t->byte_offset */
+    size_t numel;
+    cring_dtype_t dtype;
+} cring__dl_ref_t;
+
+/* Which devices a caller takes. */
+typedef enum {
+    CRING__DL_HOST, /* CPU and CUDA pinned host memory */
+    CRING__DL_CUDA, /* CUDA device and CUDA managed memory */
+} cring__dl_device_t;
+
+/* Get a DLPack view of obj, exported with stream=stream unless stream is
+ * NULL. `writable` requires a writable tensor. On failure returns -1 with a
+ * TypeError/ValueError naming the tensor set and *ref cleared. */
+int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int writable,
+                      cring__dl_device_t device, cring__dl_ref_t *ref);
+
+/* Give the view back (calls the producer's deleter); safe on a cleared ref. */
+void cring__dl_release(cring__dl_ref_t *ref);
+
+/* DLPack dtype -> cring dtype; 0 when cring does not support it. */
+int cring__dl_to_dtype(cring_dl_dtype_t dt, cring_dtype_t *out);
+
+/* cring dtype -> DLPack dtype. */
+cring_dl_dtype_t cring__dl_from_dtype(cring_dtype_t d);
+
+/* cring dtype name ("float32", ...) -> dtype; 0 with a TypeError set if unknown. */
+int cring__dtype_from_name(const char *name, cring_dtype_t *out);
+
+#endif
