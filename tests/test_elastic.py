@@ -71,6 +71,36 @@ def results(out: Path) -> dict:
     }
 
 
+def worker_args(steps: int, commit_every: int, out: Path, *extra: str) -> list:
+    """The command line of an elastic worker (tests/workers/elastic_common.py)."""
+    return ["--steps", str(steps), "--commit-every", str(commit_every), *extra, "--out", str(out)]
+
+
+def discovery(tmp_path: Path, slots_text: str, more: str = "") -> tuple[Path, list, Path]:
+    """A slots file holding `slots_text`; cringrun's arguments for 2 to 3 workers
+    with a host-discovery script that prints it (and then the shell lines
+    `more`) every 0.1 s; an empty output folder."""
+    slots = tmp_path / "slots"
+    slots.write_text(slots_text)
+    script = tmp_path / "discover.sh"
+    script.write_text(f'#!/bin/sh\ncat "{slots}"\n{more}')
+    script.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    launcher_args = [
+        "--elastic",
+        "-np",
+        "2",
+        "--max-np",
+        "3",
+        "--host-discovery-script",
+        str(script),
+        "--discovery-interval",
+        "0.1",
+    ]
+    return slots, launcher_args, out
+
+
 def failure_text(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-5000:]}\nstderr:\n{proc.stderr[-5000:]}"
 
@@ -96,16 +126,7 @@ def test_killed_worker_leaves_and_the_survivors_finish_from_the_last_commit(tmp_
     proc, _ = launch(
         ["--elastic", "-np", "3", "--min-np", "2"],
         "elastic_numbers.py",
-        [
-            "--steps",
-            str(steps),
-            "--commit-every",
-            str(commit_every),
-            "--kill",
-            f"2:{kill_step}",
-            "--out",
-            str(tmp_path),
-        ],
+        worker_args(steps, commit_every, tmp_path, "--kill", f"2:{kill_step}"),
         env={"CRING_TRANSPORT": transport},
     )
     assert proc.returncode == 0, failure_text(proc)
@@ -141,18 +162,7 @@ def test_worker_killed_inside_a_collective_leaves_a_consistent_state(tmp_path, t
     proc, _ = launch(
         ["--elastic", "-np", "3", "--min-np", "2"],
         "elastic_numbers.py",
-        [
-            "--steps",
-            str(steps),
-            "--commit-every",
-            "7",
-            "--kill-during",
-            "1:50",
-            "--step-payload",
-            "200000",
-            "--out",
-            str(tmp_path),
-        ],
+        worker_args(steps, 7, tmp_path, "--kill-during", "1:50", "--step-payload", "200000"),
         env={"CRING_TRANSPORT": transport},
     )
     assert proc.returncode == 0, failure_text(proc)
@@ -173,18 +183,7 @@ def test_fewer_than_min_np_workers_fail_the_job_clearly(tmp_path):
     proc, elapsed = launch(
         ["--elastic", "-np", "3", "--min-np", "2"],
         "elastic_numbers.py",
-        [
-            "--steps",
-            "1000",
-            "--commit-every",
-            "3",
-            "--kill",
-            "2:4",
-            "--kill",
-            "1:9",
-            "--out",
-            str(tmp_path),
-        ],
+        worker_args(1000, 3, tmp_path, "--kill", "2:4", "--kill", "1:9"),
     )
     assert proc.returncode == 128 + 9, failure_text(proc)
     assert "continuing with 2 workers as generation 1" in proc.stderr
@@ -201,7 +200,7 @@ def test_reset_limit_fails_the_job(tmp_path):
     proc, _ = launch(
         ["--elastic", "-np", "2", "--min-np", "1", "--reset-limit", "0"],
         "elastic_numbers.py",
-        ["--steps", "1000", "--commit-every", "3", "--kill", "1:2", "--out", str(tmp_path)],
+        worker_args(1000, 3, tmp_path, "--kill", "1:2"),
     )
     assert proc.returncode == 1, failure_text(proc)
     assert "--reset-limit 0" in proc.stderr
@@ -214,16 +213,7 @@ def test_worker_that_times_out_gets_a_new_generation_with_the_same_workers(tmp_p
     proc, _ = launch(
         ["--elastic", "-np", "3", "--min-np", "3"],
         "elastic_numbers.py",
-        [
-            "--steps",
-            str(steps),
-            "--commit-every",
-            str(commit_every),
-            "--fake-timeout",
-            str(fail_step),
-            "--out",
-            str(tmp_path),
-        ],
+        worker_args(steps, commit_every, tmp_path, "--fake-timeout", str(fail_step)),
     )
     assert proc.returncode == 0, failure_text(proc)
     assert "asked for a new generation (TimeoutError: simulated time-out)" in proc.stderr
@@ -240,41 +230,15 @@ def test_worker_that_times_out_gets_a_new_generation_with_the_same_workers(tmp_p
 
 def test_discovery_script_adds_a_worker_without_restoring(tmp_path):
     before = cring_shm_files()
-    slots = tmp_path / "slots"
-    slots.write_text("localhost:2\n# comment\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f'#!/bin/sh\ncat "{slots}"\necho other-host.example:8\n')
-    script.chmod(0o755)
-    out = tmp_path / "out"
-    out.mkdir()
+    slots, launcher_args, out = discovery(
+        tmp_path, "localhost:2\n# comment\n", "echo other-host.example:8\n"
+    )
     steps, commit_every, grow_step = 20, 3, 5
     # at step 5 the script starts reporting 4 slots here: --max-np 3 allows one more
     proc, _ = launch(
-        [
-            "--elastic",
-            "-np",
-            "2",
-            "--min-np",
-            "2",
-            "--max-np",
-            "3",
-            "--host-discovery-script",
-            str(script),
-            "--discovery-interval",
-            "0.1",
-        ],
+        [*launcher_args, "--min-np", "2"],
         "elastic_numbers.py",
-        [
-            "--steps",
-            str(steps),
-            "--commit-every",
-            str(commit_every),
-            "--grow-at",
-            str(grow_step),
-            str(slots),
-            "--out",
-            str(out),
-        ],
+        worker_args(steps, commit_every, out, "--grow-at", str(grow_step), str(slots)),
     )
     assert proc.returncode == 0, failure_text(proc)
     assert "host discovery: 4 slots on this host; adding 1 worker as generation 1" in proc.stderr
@@ -296,27 +260,11 @@ def test_workers_started_for_a_generation_nobody_joins_are_stopped(tmp_path):
     # Discovery adds a worker just as the others finish: they never join its
     # generation, so the launcher stops it and the job still succeeds.
     before = cring_shm_files()
-    slots = tmp_path / "slots"
-    slots.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f'#!/bin/sh\ncat "{slots}"\n')
-    script.chmod(0o755)
-    out = tmp_path / "out"
-    out.mkdir()
+    slots, launcher_args, out = discovery(tmp_path, "localhost:2\n")
     proc, _ = launch(
-        [
-            "--elastic",
-            "-np",
-            "2",
-            "--max-np",
-            "3",
-            "--host-discovery-script",
-            str(script),
-            "--discovery-interval",
-            "0.1",
-        ],
+        launcher_args,
         "elastic_numbers.py",
-        ["--steps", "10", "--commit-every", "3", "--grow-at-end", str(slots), "--out", str(out)],
+        worker_args(10, 3, out, "--grow-at-end", str(slots)),
     )
     assert proc.returncode == 0, failure_text(proc)
     assert "adding 1 worker as generation 1" in proc.stderr
@@ -374,16 +322,7 @@ def test_torch_state_survives_a_killed_worker(tmp_path):
     proc, _ = launch(
         ["--elastic", "-np", "3", "--min-np", "2"],
         "elastic_torch.py",
-        [
-            "--steps",
-            str(steps),
-            "--commit-every",
-            str(commit_every),
-            "--kill",
-            f"2:{kill_step}",
-            "--out",
-            str(tmp_path),
-        ],
+        worker_args(steps, commit_every, tmp_path, "--kill", f"2:{kill_step}"),
     )
     assert proc.returncode == 0, failure_text(proc)
     got = results(tmp_path)
@@ -406,16 +345,7 @@ def test_torch_state_survives_a_worker_killed_inside_a_collective(tmp_path):
     proc, _ = launch(
         ["--elastic", "-np", "3", "--min-np", "2"],
         "elastic_torch.py",
-        [
-            "--steps",
-            str(steps),
-            "--commit-every",
-            "7",
-            "--kill-during",
-            "1:40",
-            "--out",
-            str(tmp_path),
-        ],
+        worker_args(steps, 7, tmp_path, "--kill-during", "1:40"),
     )
     assert proc.returncode == 0, failure_text(proc)
     got = results(tmp_path)

@@ -6,9 +6,9 @@ contributions are averaged (cring.Average) and w <- 0.9 * w - 0.01 * average.
 The state (step, w and the world size each step ran with) is committed every
 --commit-every steps. Each worker writes <out>/worker<id>.json at the end.
 
-  --kill W:S        worker W SIGKILLs itself when it is about to run step S
-  --kill-during W:S worker W, on reaching step S, starts a thread that SIGKILLs it
-                    0-5 ms later, wherever it is then (inside a collective, most likely)
+  --steps, --commit-every, --kill, --kill-during, --out: see elastic_common.py
+  --step-payload N  also allreduce N float32 per step (kills then land inside a
+                    collective, most likely)
   --fake-timeout S  in generation 0 every rank raises cring.TimeoutError when
                     it is about to run step S (no one dies: workers must ask
                     cringrun for a new generation)
@@ -20,45 +20,29 @@ The state (step, w and the world size each step ran with) is committed every
                     finishes without joining it
 """
 
-import argparse
-import json
 import os
-import random
-import signal
-import threading
 import time
-
-import numpy as np
 
 import cring
 import cring.elastic
+import numpy as np
+from elastic_common import Killer, parser
 
 V = np.array([1.0, 0.5, 0.25, 0.125])
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, required=True)
-parser.add_argument("--commit-every", type=int, required=True)
-parser.add_argument("--kill", action="append", default=[])
-parser.add_argument("--kill-during")
-parser.add_argument(
+arguments = parser()
+arguments.add_argument(
     "--step-payload",
     type=int,
     default=0,
     help="also allreduce this many float32 per step (longer collectives)",
 )
-parser.add_argument("--fake-timeout", type=int)
-parser.add_argument("--grow-at", nargs=2)
-parser.add_argument("--grow-at-end")
-parser.add_argument("--out", required=True)
-args = parser.parse_args()
-
-worker_id = int(os.environ["CRING_ELASTIC_WORKER_ID"])
-kills = {int(w): int(s) for w, s in (item.split(":") for item in args.kill)}
+arguments.add_argument("--fake-timeout", type=int)
+arguments.add_argument("--grow-at", nargs=2)
+arguments.add_argument("--grow-at-end")
+args = arguments.parse_args()
+me = Killer(args)
 resets = []
-
-kill_during = None
-if args.kill_during and int(args.kill_during.split(":")[0]) == worker_id:
-    kill_during = int(args.kill_during.split(":")[1])
 payload = np.ones(args.step_payload, np.float32)
 
 cring.init()
@@ -70,12 +54,7 @@ state.register_reset_callbacks([lambda: resets.append((cring.rank(), cring.size(
 def train(state):
     while state.step < args.steps:
         s = state.step
-        if kills.get(worker_id) == s:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if kill_during == s:
-            threading.Timer(
-                random.uniform(0, 0.005), lambda: os.kill(os.getpid(), signal.SIGKILL)
-            ).start()
+        me.before_step(s)
         if s == args.fake_timeout and os.environ["CRING_ELASTIC_GENERATION"] == "0":
             raise cring.TimeoutError("simulated time-out")
         if args.grow_at and s == int(args.grow_at[0]) and cring.size() < 3:
@@ -110,17 +89,15 @@ if args.grow_at_end:
         if time.monotonic() > deadline:
             raise SystemExit("no generation was added within 60 s")
         time.sleep(0.05)
-with open(os.path.join(args.out, f"worker{worker_id}.json"), "w") as f:
-    json.dump(
-        {
-            "worker": worker_id,
-            "rank": cring.rank(),
-            "size": cring.size(),
-            "w": state.w.tolist(),
-            "sizes": state.sizes,
-            "resets": resets,
-            "generation": int(os.environ["CRING_ELASTIC_GENERATION"]),
-        },
-        f,
-    )
+me.write_result(
+    {
+        "worker": me.worker_id,
+        "rank": cring.rank(),
+        "size": cring.size(),
+        "w": state.w.tolist(),
+        "sizes": state.sizes,
+        "resets": resets,
+        "generation": int(os.environ["CRING_ELASTIC_GENERATION"]),
+    }
+)
 cring.shutdown()

@@ -3,22 +3,12 @@ with cring.torch.elastic.TorchState and DistributedOptimizer (SGD with
 momentum) under `cringrun --elastic`. The data of rank r at step s is
 elastic_torch_data(r, s); the test replays the run without cring.
 
-  --kill W:S          worker W SIGKILLs itself when it is about to run step S
-  --kill-during W:S   worker W, on reaching step S, starts a thread that
-                      SIGKILLs it 0-5 ms later, wherever it is then
+  --steps, --commit-every, --kill, --kill-during, --out: see elastic_common.py
 """
-
-import argparse
-import json
-import os
-import random
-import signal
-import threading
-
-import torch
 
 import cring.torch as hvd
 import cring.torch.elastic
+import torch
 
 
 def make_model():
@@ -45,19 +35,11 @@ def loss_of(model, rank, step):
 
 
 if __name__ == "__main__":
+    from elastic_common import Killer, parser  # the test imports this file for its model
+
     torch.set_num_threads(1)
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--commit-every", type=int, required=True)
-    parser.add_argument("--kill", action="append", default=[])
-    parser.add_argument("--kill-during")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    worker_id = int(os.environ["CRING_ELASTIC_WORKER_ID"])
-    kills = {int(w): int(s) for w, s in (item.split(":") for item in args.kill)}
-    kill_during = None
-    if args.kill_during and int(args.kill_during.split(":")[0]) == worker_id:
-        kill_during = int(args.kill_during.split(":")[1])
+    args = parser().parse_args()
+    me = Killer(args)
 
     hvd.init()
     model = make_model()
@@ -70,12 +52,7 @@ if __name__ == "__main__":
     def train(state):
         while state.step < args.steps:
             s = state.step
-            if kills.get(worker_id) == s:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if kill_during == s:
-                threading.Timer(
-                    random.uniform(0, 0.005), lambda: os.kill(os.getpid(), signal.SIGKILL)
-                ).start()
+            me.before_step(s)
             state.optimizer.zero_grad()
             loss_of(state.model, hvd.rank(), s).backward()
             state.optimizer.step()
@@ -86,16 +63,14 @@ if __name__ == "__main__":
 
     train(state)
     momentum = [optimizer.state[p]["momentum_buffer"].tolist() for p in model.parameters()]
-    with open(os.path.join(args.out, f"worker{worker_id}.json"), "w") as f:
-        json.dump(
-            {
-                "worker": worker_id,
-                "rank": hvd.rank(),
-                "size": hvd.size(),
-                "params": [p.detach().tolist() for p in model.parameters()],
-                "momentum": momentum,
-                "sizes": state.sizes,
-            },
-            f,
-        )
+    me.write_result(
+        {
+            "worker": me.worker_id,
+            "rank": hvd.rank(),
+            "size": hvd.size(),
+            "params": [p.detach().tolist() for p in model.parameters()],
+            "momentum": momentum,
+            "sizes": state.sizes,
+        }
+    )
     hvd.shutdown()

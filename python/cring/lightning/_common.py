@@ -1,13 +1,16 @@
 # What the Lightning and Fabric strategies share, written against torch and cring
-# only: launcher detection, reduce-op names, the gradient averager and the
-# collectives in Lightning's conventions. Nothing here imports Lightning.
+# only: launcher detection, reduce-op names, the gradient averager, the
+# collectives in Lightning's conventions and the strategy code both classes
+# have in common (StrategyMixin). Nothing here imports Lightning.
 """Shared machinery of cring's Lightning and Fabric strategies."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import torch
@@ -397,3 +400,178 @@ class GradientAverager:
                 cring.synchronize(handle)
             except BaseException:
                 pass
+
+
+@contextmanager
+def sync_paused(averager: Optional[GradientAverager]) -> Iterator[None]:
+    """Within this context backward does not communicate: gradients only
+    accumulate locally (no-op without an enabled averager)."""
+    if averager is None or not averager.enabled:
+        yield
+        return
+    averager.enabled = False
+    try:
+        yield
+    finally:
+        averager.enabled = True
+
+
+# ---- what the Trainer and Fabric strategies share ---------------------------------------------
+
+
+class StrategyMixin:
+    """The parts of CRingStrategy and CRingFabricStrategy that are the same:
+    environment, devices and ranks, joining cring, collectives, teardown and
+    registration. A strategy class lists it before Lightning's base class and
+    sets the attributes below."""
+
+    strategy_name = "cring"
+    _lib: SimpleNamespace  # set by build_strategy_class
+    _environment_class: type
+    _launcher_class: type
+    _api = ""  # "Trainer" or "Fabric", for messages
+    _rank_zero_only_names: tuple = ()  # the rank_zero_only objects in _lib that get the rank
+
+    def _init_cring_state(self, timeout_s: Optional[float]) -> None:
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self._timeout_s = timeout_s
+        self._num_nodes = 1
+        self._owns_cring = False
+
+    # ---- environment, devices, ranks -----------------------------------------------------------
+
+    @property
+    def cluster_environment(self) -> Any:
+        return self._cluster_environment
+
+    @cluster_environment.setter
+    def cluster_environment(self, env: Any) -> None:
+        # Lightning offers the environment it detected by itself; cring's understands
+        # those launchers (and mpirun without mpi4py), so it takes their place. Any
+        # other environment (Kubeflow, LSF, your own) is used as given.
+        if env is not None and type(env) in self._lib.auto_environments:
+            env = self._environment_class()
+        self._cluster_environment = env
+
+    @property
+    def root_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = int(num_nodes)
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def _external(self) -> bool:
+        from ._environment import _CRingEnvironmentBase  # it imports this module
+
+        env = self.cluster_environment
+        return isinstance(env, _CRingEnvironmentBase) and env.launch is not None
+
+    def _assign_world_ranks(self) -> None:
+        env = self.cluster_environment
+        if env is not None and not self._external():
+            env.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+            env.set_world_size(self.num_nodes * self.num_processes)
+        rank = self.global_rank
+        for name in self._rank_zero_only_names:
+            getattr(self._lib, name).rank = rank
+
+    def _check_cpu_devices(self) -> None:
+        if self.parallel_devices and {torch.device(d).type for d in self.parallel_devices} != {
+            "cpu"
+        }:
+            raise ValueError(
+                f"strategy 'cring' supports CPU devices only for now (its use of cring's CUDA "
+                f"path is not validated yet); got devices "
+                f"{self.parallel_devices}. Use {self._api}(accelerator='cpu', strategy='cring')"
+            )
+
+    # ---- joining the job -----------------------------------------------------------------------
+
+    def _init_cring(self, expected_by: str, hint: str = "") -> None:
+        if cring.is_initialized():  # the user (or cring.ray) joined already: theirs to shut down
+            self._owns_cring = False
+        else:
+            if self._external():
+                cring.init(timeout_s=self._timeout_s)
+            else:
+                env = self.cluster_environment
+                cring.init(
+                    rank=self.global_rank,
+                    size=self.world_size,
+                    addr=env.main_address,
+                    port=env.main_port,
+                    timeout_s=self._timeout_s,
+                )
+            self._owns_cring = True
+        if cring.rank() != self.global_rank or cring.size() != self.world_size:
+            raise RuntimeError(
+                f"cring is rank {cring.rank()} of {cring.size()}, but {expected_by} expects rank "
+                f"{self.global_rank} of {self.world_size}{hint}"
+            )
+
+    # ---- collectives ---------------------------------------------------------------------------
+
+    def all_gather(
+        self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False
+    ) -> torch.Tensor:
+        return all_gather(tensor, group=group, sync_grads=sync_grads)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return broadcast(obj, src)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        return reduce_boolean_decision(decision, all=all)
+
+    # ---- the end -------------------------------------------------------------------------------
+
+    def _close_averagers(self) -> None:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        self._close_averagers()
+        try:
+            super().teardown()  # type: ignore[misc]
+        finally:
+            if self._owns_cring and cring.is_initialized():
+                cring.shutdown()
+            self._owns_cring = False
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        strategy_registry.register(
+            cls.strategy_name,
+            cls,
+            override=True,
+            description="Data-parallel training over cring (Horovod-style)",
+        )
+
+
+def build_strategy_class(
+    name: str, mixin: type, base: type, lib: SimpleNamespace, environment: type, launcher: type
+) -> type:
+    """The strategy class `name` for one Lightning distribution: `mixin` on `base`."""
+    return type(
+        name,
+        (mixin, base),
+        {
+            "_lib": lib,
+            "_environment_class": environment,
+            "_launcher_class": launcher,
+            "__module__": "cring.lightning",
+            "__doc__": mixin.__doc__,
+        },
+    )

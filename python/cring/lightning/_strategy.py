@@ -12,13 +12,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-import cring
-
 from . import _common
-from ._environment import _CRingEnvironmentBase, mark_failed
+from ._environment import mark_failed
 
 
-class _CRingStrategyBase:
+class _CRingStrategyBase(_common.StrategyMixin):
     """Data-parallel training over cring, Horovod-style, for Lightning's Trainer.
 
         trainer = Trainer(strategy="cring", accelerator="cpu", devices=2)
@@ -45,10 +43,8 @@ class _CRingStrategyBase:
             every Lightning strategy (CPU devices only for now).
     """
 
-    strategy_name = "cring"
-    _lib: SimpleNamespace  # set by build_strategy
-    _environment_class: type
-    _launcher_class: type
+    _api = "Trainer"
+    _rank_zero_only_names = ("rank_zero_only", "utils_rank_zero_only", "fabric_rank_zero_only")
 
     def __init__(
         self,
@@ -67,43 +63,10 @@ class _CRingStrategyBase:
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self._timeout_s = timeout_s
-        self._num_nodes = 1
+        self._init_cring_state(timeout_s)
         self._averager: Optional[_common.GradientAverager] = None
-        self._owns_cring = False
 
-    # ---- environment, devices, ranks -----------------------------------------------------------
-
-    @property
-    def cluster_environment(self) -> Any:
-        return self._cluster_environment
-
-    @cluster_environment.setter
-    def cluster_environment(self, env: Any) -> None:
-        # Lightning offers the environment it detected by itself; cring's understands
-        # those launchers (and mpirun without mpi4py), so it takes their place. Any
-        # other environment (Kubeflow, LSF, your own) is used as given.
-        if env is not None and type(env) in self._lib.auto_environments:
-            env = self._environment_class()
-        self._cluster_environment = env
-
-    @property
-    def root_device(self) -> torch.device:
-        return torch.device("cpu")
-
-    @property
-    def num_nodes(self) -> int:
-        return self._num_nodes
-
-    @num_nodes.setter
-    def num_nodes(self, num_nodes: int) -> None:
-        self._num_nodes = int(num_nodes)
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+    # ---- environment, devices, ranks (the rest is in _common.StrategyMixin) --------------------
 
     @property
     def is_distributed(self) -> bool:
@@ -111,32 +74,12 @@ class _CRingStrategyBase:
         and gives every rank its own shard of the data."""
         return self.world_size > 1
 
-    @property
-    def distributed_sampler_kwargs(self) -> dict:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
-
-    def _external(self) -> bool:
-        env = self.cluster_environment
-        return isinstance(env, _CRingEnvironmentBase) and env.launch is not None
-
     def set_world_ranks(self) -> None:
-        env = self.cluster_environment
-        if env is not None and not self._external():
-            env.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            env.set_world_size(self.num_nodes * self.num_processes)
-        rank = self.global_rank
-        self._lib.rank_zero_only.rank = self._lib.utils_rank_zero_only.rank = rank
-        self._lib.fabric_rank_zero_only.rank = rank
+        self._assign_world_ranks()
 
     def _check_configuration(self) -> None:
-        if self.accelerator is not None and self.parallel_devices:
-            kinds = {torch.device(d).type for d in self.parallel_devices}
-            if kinds != {"cpu"}:
-                raise ValueError(
-                    f"strategy 'cring' supports CPU devices only for now (its use of cring's CUDA "
-                    f"path is not validated yet); got devices "
-                    f"{self.parallel_devices}. Use Trainer(accelerator='cpu', strategy='cring')"
-                )
+        if self.accelerator is not None:
+            self._check_cpu_devices()
         if getattr(self, "_layer_sync", None) is not None:
             raise ValueError(
                 "strategy 'cring' does not support sync_batchnorm=True (torch's "
@@ -158,30 +101,10 @@ class _CRingStrategyBase:
         super().setup_environment()
         self._lib.reset_seed()
         self.set_world_ranks()
-        self._init_cring()
-
-    def _init_cring(self) -> None:
-        if cring.is_initialized():  # the user (or cring.ray) joined already: theirs to shut down
-            self._owns_cring = False
-        else:
-            if self._external():
-                cring.init(timeout_s=self._timeout_s)
-            else:
-                env = self.cluster_environment
-                cring.init(
-                    rank=self.global_rank,
-                    size=self.world_size,
-                    addr=env.main_address,
-                    port=env.main_port,
-                    timeout_s=self._timeout_s,
-                )
-            self._owns_cring = True
-        if cring.rank() != self.global_rank or cring.size() != self.world_size:
-            raise RuntimeError(
-                f"cring is rank {cring.rank()} of {cring.size()}, but Lightning expects rank "
-                f"{self.global_rank} of {self.world_size}; if you call cring.init() yourself, "
-                "launch with the same launcher Lightning sees"
-            )
+        self._init_cring(
+            "Lightning",
+            "; if you call cring.init() yourself, launch with the same launcher Lightning sees",
+        )
 
     def setup(self, trainer: Any) -> None:
         self.accelerator.setup(trainer)
@@ -226,15 +149,8 @@ class _CRingStrategyBase:
     def block_backward_sync(self) -> Iterator[None]:
         """Within this context backward does not communicate: gradients only
         accumulate locally (Lightning uses it for accumulate_grad_batches)."""
-        averager = self._averager
-        if averager is None or not averager.enabled:
+        with _common.sync_paused(self._averager):
             yield
-            return
-        averager.enabled = False
-        try:
-            yield
-        finally:
-            averager.enabled = True
 
     def optimizer_step(
         self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
@@ -252,19 +168,8 @@ class _CRingStrategyBase:
         that is not a tensor is returned unchanged."""
         return _common.reduce(tensor, group=group, reduce_op=reduce_op)
 
-    def all_gather(
-        self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False
-    ) -> torch.Tensor:
-        return _common.all_gather(tensor, group=group, sync_grads=sync_grads)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return _common.broadcast(obj, src)
-
     def barrier(self, name: Optional[str] = None) -> None:
         _common.barrier()
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        return _common.reduce_boolean_decision(decision, all=all)
 
     # ---- the end -------------------------------------------------------------------------------
 
@@ -272,36 +177,13 @@ class _CRingStrategyBase:
         mark_failed()
         super().on_exception(exception)
 
-    def teardown(self) -> None:
+    def _close_averagers(self) -> None:
         if self._averager is not None:
             self._averager.close()
             self._averager = None
-        try:
-            super().teardown()
-        finally:
-            if self._owns_cring and cring.is_initialized():
-                cring.shutdown()
-            self._owns_cring = False
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        strategy_registry.register(
-            cls.strategy_name,
-            cls,
-            override=True,
-            description="Data-parallel training over cring (Horovod-style)",
-        )
 
 
 def build_strategy(lib: SimpleNamespace, environment: type, launcher: type) -> type:
-    return type(
-        "CRingStrategy",
-        (_CRingStrategyBase, lib.ParallelStrategy),
-        {
-            "_lib": lib,
-            "_environment_class": environment,
-            "_launcher_class": launcher,
-            "__module__": "cring.lightning",
-            "__doc__": _CRingStrategyBase.__doc__,
-        },
+    return _common.build_strategy_class(
+        "CRingStrategy", _CRingStrategyBase, lib.ParallelStrategy, lib, environment, launcher
     )
