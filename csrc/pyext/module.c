@@ -217,19 +217,28 @@ static PyObject *Handle_wait(HandleObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* Result `index` of a completed allgather or alltoall (its bytes and, with
+ * dims non-NULL, the first dimension from every rank), or NULL with
+ * ValueError set. */
+static const void *handle_result(HandleObject *self, int index, size_t *bytes,
+                                 const int64_t **dims) {
+    const void *src = cring_handle_done(self->handle)
+                          ? cring_handle_output(self->handle, index, bytes, dims)
+                          : NULL;
+    if (!src)
+        PyErr_SetString(PyExc_ValueError,
+                        "no result to read (not complete, or not an allgather or alltoall)");
+    return src;
+}
+
 /* copy_output(i, dst): copy allgather result i into tensor dst. */
 static PyObject *Handle_copy_output(HandleObject *self, PyObject *args) {
     int index;
     PyObject *dst_obj;
     if (!PyArg_ParseTuple(args, "iO", &index, &dst_obj)) return NULL;
     size_t bytes;
-    const void *src = cring_handle_done(self->handle)
-                          ? cring_handle_output(self->handle, index, &bytes, NULL)
-                          : NULL;
-    if (!src) {
-        PyErr_SetString(PyExc_ValueError, "no result to read (not complete, or not an allgather or alltoall)");
-        return NULL;
-    }
+    const void *src = handle_result(self, index, &bytes, NULL);
+    if (!src) return NULL;
     tensor_ref dst;
     if (tensor_acquire(dst_obj, self->name, 1, &dst) < 0) return NULL;
     size_t have = dst.numel * cring_dtype_size(dst.dtype);
@@ -288,14 +297,8 @@ static PyObject *Handle_output_buffer(HandleObject *self, PyObject *args) {
     int index;
     if (!PyArg_ParseTuple(args, "i", &index)) return NULL;
     size_t bytes;
-    const void *src = cring_handle_done(self->handle)
-                          ? cring_handle_output(self->handle, index, &bytes, NULL)
-                          : NULL;
-    if (!src) {
-        PyErr_SetString(PyExc_ValueError,
-                        "no result to read (not complete, or not an allgather or alltoall)");
-        return NULL;
-    }
+    const void *src = handle_result(self, index, &bytes, NULL);
+    if (!src) return NULL;
     module_state *s = PyType_GetModuleState(Py_TYPE(self));
     OutputBufferObject *out = PyObject_New(OutputBufferObject, s->OutputBufferType);
     if (!out) return NULL;
@@ -351,11 +354,7 @@ static PyObject *py_first_dims(PyObject *module, PyObject *args) {
     HandleObject *self = (HandleObject *)hobj;
     const int64_t *dims;
     size_t bytes;
-    if (!cring_handle_done(self->handle) ||
-        !cring_handle_output(self->handle, index, &bytes, &dims)) {
-        PyErr_SetString(PyExc_ValueError, "no result to read (not complete, or not an allgather or alltoall)");
-        return NULL;
-    }
+    if (!handle_result(self, index, &bytes, &dims)) return NULL;
     PyObject *list = PyList_New(size);
     for (int r = 0; list && r < size; r++) PyList_SET_ITEM(list, r, PyLong_FromLongLong(dims[r]));
     return list;
