@@ -2,6 +2,8 @@
 hang (issue: core, item 6). Single-process cases run in this process; the
 cross-rank ones on real processes with a hard timeout."""
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -81,6 +83,45 @@ def test_unknown_op_and_adasum(single):
         cring.allreduce(np.ones(2), op=42)
     with pytest.raises(NotImplementedError, match="Adasum"):
         cring.allreduce(np.ones(2), op=cring.Adasum)
+
+
+def test_named_numpy_allreduce_in_place_checks_like_the_general_path(single):
+    """cring.allreduce_ on a NumPy array with a name is bound and run in C
+    (no Python frame); it must refuse what the general path refuses, with the
+    same messages, and hand every other call to the general path."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert cring.allreduce_(x, cring.Sum, "pos") is x  # positional arguments
+    assert x.tolist() == [[0, 1, 2], [3, 4, 5]]
+    scalar = np.array(2.5)
+    assert cring.allreduce_(scalar, name="scalar") is scalar and float(scalar) == 2.5
+    assert cring.allreduce_(np.zeros(0, np.int64), op=cring.Max, name="empty").shape == (0,)
+    with pytest.raises(ValueError, match=r"'strided' is not contiguous"):
+        cring.allreduce_(np.ones((4, 4), np.float32)[:, ::2], name="strided")
+    ro = np.ones(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match=r"'ro' is read-only"):
+        cring.allreduce_(ro, name="ro")
+    with pytest.raises(ValueError, match="'swapped'"):  # non-native byte order
+        cring.allreduce_(np.ones(3, dtype=">f4"), name="swapped")
+    with pytest.raises((TypeError, ValueError), match=r"'c'.*dtype|'c'.*DLPack"):
+        cring.allreduce_(np.ones(3, np.complex64), name="c")
+    with pytest.raises(TypeError, match=r"'mask'.*bool"):
+        cring.allreduce_(np.zeros(3, bool), op=cring.Sum, name="mask")
+    for bad in (42, -1, "sum", 1.5):
+        with pytest.raises(ValueError, match="unknown reduction op"):
+            cring.allreduce_(np.ones(2), op=bad, name="op")
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        cring.allreduce_(np.ones(2), op=cring.Adasum, name="op")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nmae'"):
+        cring.allreduce_(np.ones(2), nmae="typo")
+    with pytest.raises(TypeError, match="multiple values for argument 'op'"):
+        cring.allreduce_(np.ones(2), cring.Sum, op=cring.Sum, name="twice")
+    # the general path: generated names, scaling, compression
+    y = np.ones(4, np.float32)
+    assert cring.allreduce_(y, op=cring.Sum, prescale_factor=2.0, name="scaled") is y
+    assert y.tolist() == [2.0] * 4
+    assert cring.allreduce_(y, compression=cring.Compression.fp16).tolist() == [2.0] * 4
+    assert "tensor" in str(inspect.signature(cring.allreduce_))
 
 
 def test_mismatches_raise_on_every_rank(tmp_path):

@@ -6,6 +6,7 @@
 #include "dlpack_ingest.h"
 
 void cring__dl_release(cring__dl_ref_t *ref) {
+    if (ref->view.obj) PyBuffer_Release(&ref->view);
     if (ref->managed) {
         if (ref->versioned) {
             cring_dl_managed_versioned_t *m = ref->managed;
@@ -190,9 +191,73 @@ static int check_device(const cring_dl_tensor_t *t, const char *name, cring__dl_
     return -1;
 }
 
+_Static_assert(sizeof(Py_ssize_t) == sizeof(int64_t), "buffer shapes are read as int64");
+
+/* The dtype a NumPy buffer format names (native byte order only); 0 if none. */
+static int format_dtype(const char *f, Py_ssize_t itemsize, cring_dtype_t *out) {
+    if (f[0] == '@' || f[0] == '=') f++;
+    if (!f[0] || f[1]) return 0;
+    switch (f[0]) {
+    case 'e': *out = CRING_FLOAT16; break;
+    case 'f': *out = CRING_FLOAT32; break;
+    case 'd': *out = CRING_FLOAT64; break;
+    case 'b': *out = CRING_INT8; break;
+    case 'B': *out = CRING_UINT8; break;
+    case '?': *out = CRING_BOOL; break;
+    case 'i': case 'l': case 'q':
+        if (itemsize == 4) *out = CRING_INT32;
+        else if (itemsize == 8) *out = CRING_INT64;
+        else return 0;
+        break;
+    default: return 0;
+    }
+    return (size_t)itemsize == cring_dtype_size(*out);
+}
+
+/* A C-contiguous numpy.ndarray of a supported dtype, through the buffer
+ * protocol: about a tenth of a microsecond less per tensor than exporting
+ * and freeing a DLPack capsule, which small synchronous calls notice.
+ * Returns 1 when taken; 0 (no error set) to go the DLPack way, which also
+ * words the errors for what this declines (read-only, strided, odd dtypes). */
+int cring__dl_is_ndarray(PyObject *obj) {
+    static PyTypeObject *ndarray_type = NULL; /* learnt from the first one seen */
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type == ndarray_type) return 1;
+    if (ndarray_type || strcmp(type->tp_name, "numpy.ndarray") != 0) return 0;
+    ndarray_type = type;
+    return 1;
+}
+
+static int acquire_ndarray(PyObject *obj, int writable, cring__dl_ref_t *ref) {
+    if (!cring__dl_is_ndarray(obj)) return 0;
+    int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &ref->view, flags) != 0) {
+        PyErr_Clear();
+        memset(&ref->view, 0, sizeof ref->view);
+        return 0;
+    }
+    cring_dtype_t dtype;
+    if (!ref->view.format || !format_dtype(ref->view.format, ref->view.itemsize, &dtype)) {
+        PyBuffer_Release(&ref->view);
+        return 0;
+    }
+    cring_dl_tensor_t *t = &ref->own;
+    t->data = ref->view.buf;
+    t->device.device_type = CRING_DL_CPU;
+    t->ndim = ref->view.ndim;
+    t->dtype = cring__dl_from_dtype(dtype);
+    t->shape = (int64_t *)ref->view.shape;
+    ref->t = t;
+    ref->dtype = dtype;
+    ref->data = ref->view.buf;
+    ref->numel = (size_t)(ref->view.len / ref->view.itemsize);
+    return 1;
+}
+
 int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int writable,
                       cring__dl_device_t device, cring__dl_ref_t *ref) {
     memset(ref, 0, sizeof *ref);
+    if (device == CRING__DL_HOST && acquire_ndarray(obj, writable, ref)) return 0;
     PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
     if (!method) {
         PyErr_Clear();

@@ -12,9 +12,14 @@
 #include "cring/cring.h"
 #include "dlpack_abi.h"
 
-/* A DLPack view of one tensor; its memory stays valid until cring__dl_release. */
+/* A view of one tensor; its memory stays valid until cring__dl_release.
+ * NumPy arrays are read through the buffer protocol (no capsule to build
+ * and free on every call), described by `own` in DLPack terms: the ref must
+ * stay where it was acquired (t may point into it). */
 typedef struct {
     PyObject *capsule;
+    Py_buffer view; /* view.obj is set while a buffer is held */
+    cring_dl_tensor_t own;
     void *managed;
     int versioned;
     cring_dl_tensor_t *t;
@@ -35,6 +40,10 @@ typedef enum {
  * TypeError/ValueError naming the tensor set and *ref cleared. */
 int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int writable,
                       cring__dl_device_t device, cring__dl_ref_t *ref);
+
+/* Is obj exactly a numpy.ndarray (which cring__dl_acquire reads through the
+ * buffer protocol)? */
+int cring__dl_is_ndarray(PyObject *obj);
 
 /* Give the view back (calls the producer's deleter); safe on a cleared ref. */
 void cring__dl_release(cring__dl_ref_t *ref);

@@ -25,6 +25,7 @@ typedef struct {
     PyTypeObject *StoreClientType;
     PyTypeObject *OutputBufferType;
     PyTypeObject *HandleType;
+    PyObject *allreduce_fallback; /* cring._api's allreduce_ for what allreduce_ hands back */
 } module_state;
 
 static module_state *get_state(PyObject *module) { return (module_state *)PyModule_GetState(module); }
@@ -377,6 +378,126 @@ static PyObject *raise_handle_error(module_state *s, cring_handle_t *h, cring_st
 
 #define STACK_TENSORS 4
 
+static void raise_submit_error(module_state *s, cring_status_t st, int coll, const char *name) {
+    char context[512];
+    snprintf(context, sizeof context, "%s of tensor '%s'", collective_label(coll), name);
+    raise_status(s, st, context, cring_engine_error_message());
+}
+
+/* Submit and wait with the GIL released; None, or NULL with the error set. */
+static PyObject *submit_wait_here(module_state *s, cring_engine_t *engine,
+                                  const cring_request_t *req) {
+    cring_handle_t *handle;
+    cring_status_t st = cring_engine_submit(engine, req, &handle);
+    if (st != CRING_OK) {
+        raise_submit_error(s, st, req->collective, req->name);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    st = cring_handle_wait(handle);
+    Py_END_ALLOW_THREADS
+    PyObject *result = st == CRING_OK ? Py_NewRef(Py_None)
+                                      : raise_handle_error(s, handle, st, req->collective, req->name);
+    cring_handle_free(handle);
+    return result;
+}
+
+/* An op code for a reduction, or -1 with ValueError/NotImplementedError set. */
+static int reduction_op(long op) {
+    if (op == CRING_ADASUM) {
+        PyErr_SetString(PyExc_NotImplementedError,
+                        "cring does not implement Adasum; use cring.Average or Sum");
+        return -1;
+    }
+    if (op < 0 || op >= CRING_OP_COUNT) {
+        PyErr_Format(PyExc_ValueError,
+                     "unknown reduction op %ld; use cring.Sum, Average, Min, Max or Product", op);
+        return -1;
+    }
+    return (int)op;
+}
+
+/* The synchronous in-place allreduce of one NumPy array under a name, the
+ * call a training loop or a small-message benchmark makes most: same checks
+ * and errors as submit(), without a list, tuple or handle object. */
+static PyObject *allreduce_ndarray(module_state *s, PyObject *tensor, PyObject *op_obj,
+                                   const char *name) {
+    long op_arg = op_obj ? PyLong_AsLong(op_obj) : CRING_AVERAGE;
+    if (op_arg == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError,
+                     "unknown reduction op %R; use cring.Sum, Average, Min, Max or Product", op_obj);
+        return NULL;
+    }
+    if (!s->engine) return raise_not_initialized(s);
+    int op = reduction_op(op_arg);
+    if (op < 0) return NULL;
+    tensor_ref ref;
+    if (tensor_acquire(tensor, name, 1, &ref) < 0) return NULL;
+    PyObject *result = NULL;
+    if (!cring__reduce_supported(ref.dtype, (cring_op_t)op)) {
+        PyErr_Format(PyExc_TypeError, "tensor '%s': op %s cannot reduce dtype %s", name,
+                     cring_op_name((cring_op_t)op), cring_dtype_name(ref.dtype));
+        goto done;
+    }
+    int64_t one = 1;
+    cring_tensor_t t = {.send = ref.data, .recv = ref.data, .dtype = ref.dtype,
+                        .ndim = ref.t->ndim, .shape = ref.t->ndim ? ref.t->shape : &one};
+    cring_request_t req = {.name = name, .collective = CRING_COLL_ALLREDUCE, .op = (cring_op_t)op,
+                           .prescale = 1.0, .postscale = 1.0, .compression = CRING_DTYPE_COUNT,
+                           .ntensors = 1, .tensors = &t, .flags = CRING_REQUEST_CALLER_WAITS};
+    result = submit_wait_here(s, s->engine, &req);
+done:
+    tensor_release(&ref);
+    return result ? Py_NewRef(tensor) : NULL;
+}
+
+static int is_one(PyObject *x) {
+    return !x || (PyFloat_CheckExact(x) && PyFloat_AS_DOUBLE(x) == 1.0) ||
+           (PyLong_CheckExact(x) && PyLong_AsLong(x) == 1);
+}
+
+/* cring.allreduce_ itself. A NumPy array with a name and no compression or
+ * scaling is reduced here; everything else (torch and CUDA tensors, names
+ * to generate, compression) goes to the Python implementation, which
+ * cring._api registers with set_allreduce_fallback. Binding the arguments
+ * here rather than in a Python frame is a tenth of a small call. */
+static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static const char *const names[] = {"tensor", "op", "name", "compression",
+                                        "prescale_factor", "postscale_factor"};
+    enum { NPARAMS = 6 };
+    module_state *s = get_state(module);
+    PyObject *v[NPARAMS] = {0};
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int fast = nargs <= NPARAMS;
+    for (Py_ssize_t i = 0; fast && i < nargs; i++) v[i] = args[i];
+    for (Py_ssize_t k = 0; fast && k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int j = 0;
+        while (j < NPARAMS && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) j++;
+        if (j == NPARAMS || v[j]) fast = 0; /* the fallback raises the TypeError */
+        else v[j] = args[nargs + k];
+    }
+    fast = fast && v[0] && cring__dl_is_ndarray(v[0]) && v[2] && PyUnicode_CheckExact(v[2]) &&
+           (!v[3] || v[3] == Py_None) && is_one(v[4]) && is_one(v[5]);
+    if (fast) {
+        const char *name = PyUnicode_AsUTF8(v[2]);
+        return name ? allreduce_ndarray(s, v[0], v[1], name) : NULL;
+    }
+    if (!s->allreduce_fallback) {
+        PyErr_SetString(PyExc_RuntimeError, "cring._api did not register allreduce_'s fallback");
+        return NULL;
+    }
+    return PyObject_Vectorcall(s->allreduce_fallback, args, (size_t)nargs, kwnames);
+}
+
+static PyObject *py_set_allreduce_fallback(PyObject *module, PyObject *fn) {
+    module_state *s = get_state(module);
+    Py_XSETREF(s->allreduce_fallback, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
 /* submit(collective, name, tensors, op, root, prescale, postscale, compression,
  *        caller_waits[, splits]) -> Handle, or None once done when caller_waits is 2
  * tensors: list of (send, recv) pairs; recv None for allgather and alltoall
@@ -399,14 +520,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
     int rank = cring_comm_rank(cring_engine_comm(engine));
     Py_ssize_t n = PyList_GET_SIZE(list);
     int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
-    if (reduces && op == CRING_ADASUM) {
-        PyErr_SetString(PyExc_NotImplementedError, "cring does not implement Adasum");
-        return NULL;
-    }
-    if (reduces && (op < 0 || op >= CRING_OP_COUNT)) {
-        PyErr_Format(PyExc_ValueError, "unknown reduction op %d", op);
-        return NULL;
-    }
+    if (reduces && reduction_op(op) < 0) return NULL;
     if (coll == CRING_COLL_BROADCAST && (root < 0 || root >= size)) {
         PyErr_Format(PyExc_ValueError, "tensor '%s': root_rank %d is out of range for size %d",
                      name, root, size);
@@ -513,21 +627,14 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                            .postscale = postscale, .compression = comp, .ntensors = (int)n,
                            .tensors = ts, .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0,
                            .splits = splits};
+    if (caller_waits == 2) {
+        result = submit_wait_here(s, engine, &req);
+        goto done; /* the views are released below, after the engine is done */
+    }
     cring_status_t st = cring_engine_submit(engine, &req, &handle);
     if (st != CRING_OK) {
-        char context[512];
-        snprintf(context, sizeof context, "%s of tensor '%s'", collective_label(coll), name);
-        raise_status(s, st, context, cring_engine_error_message());
+        raise_submit_error(s, st, coll, name);
         goto done;
-    }
-    if (caller_waits == 2) {
-        Py_BEGIN_ALLOW_THREADS
-        st = cring_handle_wait(handle);
-        Py_END_ALLOW_THREADS
-        if (st != CRING_OK) raise_handle_error(s, handle, st, coll, name);
-        else result = Py_NewRef(Py_None);
-        cring_handle_free(handle);
-        goto done; /* the views are released below, after the engine is done */
     }
     self = PyObject_New(HandleObject, s->HandleType);
     char *name_copy = PyMem_Malloc(strlen(name) + 1);
@@ -970,6 +1077,13 @@ static PyMethodDef module_methods[] = {
     {"is_initialized", py_is_initialized, METH_NOARGS, NULL},
     {"topology", py_topology, METH_NOARGS, "dict of rank, size, local_*, cross_*, transport"},
     {"tensor_info", py_tensor_info, METH_VARARGS, "(shape, dtype name, read_only) via DLPack"},
+    {"allreduce_", (PyCFunction)(void (*)(void))py_allreduce_, METH_FASTCALL | METH_KEYWORDS,
+     "allreduce_($module, /, tensor, op=0, name=None, compression=None, prescale_factor=1.0,\n"
+     "           postscale_factor=1.0)\n--\n\n"
+     "Reduce `tensor` over all ranks in place and return the same object.\n"
+     "op: cring.Average (0, the default, as in Horovod), Sum, Min, Max or Product."},
+    {"set_allreduce_fallback", py_set_allreduce_fallback, METH_O,
+     "set_allreduce_fallback(fn): where allreduce_ sends what it does not handle itself"},
     {"submit", py_submit, METH_VARARGS,
      "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
      "compression, caller_waits) -> Handle"},
@@ -1047,6 +1161,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(s->StoreClientType);
     Py_VISIT(s->OutputBufferType);
     Py_VISIT(s->HandleType);
+    Py_VISIT(s->allreduce_fallback);
     return 0;
 }
 
@@ -1061,6 +1176,7 @@ static int module_clear(PyObject *m) {
     Py_CLEAR(s->StoreClientType);
     Py_CLEAR(s->OutputBufferType);
     Py_CLEAR(s->HandleType);
+    Py_CLEAR(s->allreduce_fallback);
     return 0;
 }
 

@@ -6,6 +6,8 @@ import json
 import sys
 import traceback
 
+from functools import partial
+
 import numpy as np
 
 import cring
@@ -115,9 +117,10 @@ def main():
                         return "input was modified"
                     return compare(y, ref, dtype)
 
-                def in_place():
+                def in_place(name=None):
                     x = make(dtype, per_rank[rank])
-                    y = cring.allreduce_(x, op=op)
+                    # with a name, NumPy arrays take _C.allreduce_'s direct path
+                    y = cring.allreduce_(x, op=op, name=name)
                     if y is not x:
                         return "allreduce_ did not return its argument"
                     return compare(x, ref, dtype)
@@ -130,6 +133,8 @@ def main():
 
                 check(f"allreduce {dtype} {opname} n={count}", out_of_place)
                 check(f"allreduce_ {dtype} {opname} n={count}", in_place)
+                check(f"allreduce_ named {dtype} {opname} n={count}",
+                      partial(in_place, f"ip.{dtype}.{opname}.{count}"))
                 check(f"reducescatter {dtype} {opname} n={count}", scatter)
 
     for dtype in MOVE_DTYPES:
