@@ -163,6 +163,8 @@ struct cring_engine {
     uint8_t *vec;
     size_t vec_cap;
     uint8_t *block; /* this rank's negotiation block, when gathering */
+    response_t *resp; /* run_round's responses, kept between rounds (no malloc per round) */
+    int cap_resp;
     size_t block_cap;
     const void **peer_blocks;
     size_t *peer_lens;
@@ -381,9 +383,13 @@ static void record_first_dims(const parsed_t *p, int r, int size, int64_t *dims)
 
 /* ---- completion -------------------------------------------------------------------------- */
 
+/* Only the driver (progress_mu held) counts, so a plain load and store
+ * suffice: a locked add costs more than some whole steps of a small
+ * allreduce. Readers load the fields atomically. */
 static void stats_add(cring_engine_t *e, _Atomic uint64_t *field, uint64_t n) {
     (void)e; /* counters live in e; the pointer is passed for symmetry with callers */
-    atomic_fetch_add_explicit(field, n, memory_order_relaxed);
+    atomic_store_explicit(field, atomic_load_explicit(field, memory_order_relaxed) + n,
+                          memory_order_relaxed);
 }
 
 /* Complete a request: record the status, drop the name from the in-flight set,
@@ -1513,7 +1519,9 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
                           (uint32_t)nslots};
     memcpy(e->block, header, sizeof header);
     size_t len = BLOCK_HEADER_BYTES + 8 + 4 * (size_t)(npend + ninval);
-    if (spec) memcpy(e->block + len, spec->t[0].send, payload);
+    /* memmove: gcc inlines a memcpy of unknown length here as `rep movsq`,
+     * whose start-up costs more than copying a few bytes */
+    if (spec) memmove(e->block + len, spec->t[0].send, payload);
     len += payload;
     CRING_CHECK(cring__comm_gather_small(e->comm, e->block, len, e->peer_blocks, e->peer_lens));
 
@@ -1644,8 +1652,8 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
     /* Slots whose byte is not 1: ready (2) in slot order, or evicted (0).
      * Most bytes are 1 in steady state: skip them eight at a time. Once
      * every rank has joined, a 2 is only the joined ranks' stand-in. */
-    response_t *resp = NULL;
-    int nresp = 0, cap = 0;
+    response_t *resp = e->resp;
+    int nresp = 0, cap = e->cap_resp;
     const uint8_t *sv = v + e->vhdr;
     const int nslots = e->cache_slots;
     for (int i = 0; i < nslots; i++) {
@@ -1672,7 +1680,8 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
         if (!out && (r || !conflict)) {
             if (r && !s->local) req_free(r);
             for (int k = 0; k < nresp; k++) free(resp[k].error);
-            free(resp);
+            e->resp = resp;
+            e->cap_resp = cap;
             return transport_failed(e, CRING_ERR_NO_MEMORY);
         }
         if (out) {
@@ -1698,7 +1707,8 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
                 free(resp[i].error);
                 free(resp[i].owned_dims);
             }
-            free(resp);
+            e->resp = resp;
+            e->cap_resp = cap;
             return transport_failed(e, st);
         }
     }
@@ -1733,7 +1743,8 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
         free(resp[i].error);
         free(resp[i].owned_dims);
     }
-    free(resp);
+    e->resp = resp;
+    e->cap_resp = cap;
     *progress = *progress || nresp > 0;
     if (st != CRING_OK) return transport_failed(e, st);
     stall_check(e);
@@ -2085,6 +2096,7 @@ void cring_engine_stop(cring_engine_t *e) {
     e->join_round = NULL;
     free(e->vec);
     free(e->block);
+    free(e->resp);
     free(e->peer_blocks);
     free(e->peer_lens);
     free(e->slot_hits);
