@@ -148,6 +148,7 @@ struct cring_engine {
     /* Large allgather/alltoall results handed back by freed handles, kept for
      * the next result of the same size: fresh memory costs a page fault per
      * page, which dominated large allgathers. */
+    _Atomic(cring_handle_t *) spare_handle; /* the last freed handle, for the next submit */
     pthread_mutex_t spare_mu;
     void *spare[4];
     size_t spare_bytes[4];
@@ -246,7 +247,10 @@ static void handle_release(cring_handle_t *h) {
     free(h->output_bytes);
     free(h->first_dims);
     free(h->error);
-    free(h);
+    /* keep one for the next submission: a synchronous loop then allocates
+     * no handle (the engine frees the spare when it goes) */
+    if (e) free(atomic_exchange(&e->spare_handle, h));
+    else free(h);
     if (e) engine_release(e);
 }
 
@@ -557,7 +561,9 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
         return submit_fail(CRING_ERR_BROKEN, "the engine failed earlier: %s", e->broken_msg);
     CRING_CHECK(validate(e, q));
     req_t *r = make_req(q, e->size);
-    cring_handle_t *h = calloc(1, sizeof *h);
+    cring_handle_t *h = atomic_exchange(&e->spare_handle, NULL);
+    if (h) memset(h, 0, sizeof *h);
+    else h = calloc(1, sizeof *h);
     if (!r || !h) {
         req_free(r);
         free(h);
@@ -1797,6 +1803,7 @@ static void drive(cring_engine_t *e, cring_handle_t *until) {
             return;
         }
         if (atomic_load(&e->stop)) return;
+        if (until && atomic_load(&until->done)) return; /* before drain: it takes queue_mu */
         if (!until && atomic_load(&e->callers_waiting)) return; /* let them drive */
         uint64_t token = cring__comm_wake_token(e->comm);
         drain(e);
@@ -1985,6 +1992,7 @@ static void output_free(cring_engine_t *e, void *p, size_t bytes) {
 static void engine_release(cring_engine_t *e) {
     if (atomic_fetch_sub(&e->refs, 1) != 1) return;
     for (int k = 0; k < 4; k++) free(e->spare[k]);
+    free(atomic_load(&e->spare_handle));
     pthread_mutex_destroy(&e->spare_mu);
     pthread_mutex_destroy(&e->queue_mu);
     pthread_mutex_destroy(&e->done_mu);
