@@ -58,7 +58,14 @@ test: all
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; timeout 300 $$t; done; \
 	echo "C tests: $(words $(TEST_BINS)) programs passed"
 
+# The shared-memory collectives' microbenchmark (benchmarks/shm_bench.c).
+bench: $(BUILD)/bench/shm_bench
+
+$(BUILD)/bench/shm_bench: benchmarks/shm_bench.c csrc/tests/testutil.h $(BUILD)/libcring.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/libcring.a $(LDFLAGS) $(LDLIBS)
+
 clean:
 	rm -rf build build-asan
 
-.PHONY: all test clean
+.PHONY: all test bench clean

@@ -40,4 +40,14 @@ void cring__convert(cring_dtype_t dst_dtype, void *dst, cring_dtype_t src_dtype,
  * CRING_REDUCE_ISA=scalar|avx2|avx512 caps the choice (for tests). */
 const char *cring__reduce_isa(void);
 
+/* memcpy(dst, src, n) with non-temporal stores: the written lines bypass the
+ * caches, so use it for large outputs nobody reads soon. Below
+ * CRING__COPY_STREAM_MIN_BYTES it is a plain memcpy. Any alignment; dst and
+ * src must not overlap. Ends with a store fence, so a release store after it
+ * publishes the data. Thread-safe. */
+#define CRING__COPY_STREAM_MIN_BYTES 1024
+void cring__copy_stream(void *dst, const void *src, size_t n);
+/* The variant in use: "avx2", "sse2" (CRING_REDUCE_ISA=scalar) or "memcpy". */
+const char *cring__copy_stream_isa(void);
+
 #endif /* CRING_REDUCE_H */

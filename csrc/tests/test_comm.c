@@ -173,8 +173,131 @@ static void run_rank(int rank, int size, int port, int transport) {
     exit(0);
 }
 
+/* ---- shared-memory data paths -------------------------------------------------
+ * The shm collectives move data in rounds of 256 KiB (less than a window
+ * half) and use streaming stores for outputs of 1 MiB and more: check counts
+ * on both sides of every round boundary and of those thresholds, in place and
+ * out of place, with buffers off cache-line (and vector) alignment. */
+#define SHM_ROUND_BYTES (256u << 10)
+
+static int64_t shm_value(int rank, size_t i) { return (int64_t)(rank + 1) * (int64_t)(i % 7 + 1); }
+
+static void put(cring_dtype_t dt, void *buf, size_t i, int64_t v) {
+    switch (dt) {
+    case CRING_FLOAT32: ((float *)buf)[i] = (float)v; break;
+    case CRING_FLOAT64: ((double *)buf)[i] = (double)v; break;
+    case CRING_INT8: ((int8_t *)buf)[i] = (int8_t)v; break;
+    default: ((int64_t *)buf)[i] = v; break;
+    }
+}
+
+static int64_t get(cring_dtype_t dt, const void *buf, size_t i) {
+    switch (dt) {
+    case CRING_FLOAT32: return (int64_t)((const float *)buf)[i];
+    case CRING_FLOAT64: return (int64_t)((const double *)buf)[i];
+    case CRING_INT8: return ((const int8_t *)buf)[i];
+    default: return ((const int64_t *)buf)[i];
+    }
+}
+
+static void run_shm_paths(int rank, int size, int port, int unused) {
+    alarm(300);
+    cring_config_t cfg;
+    cring_config_init(&cfg);
+    cfg.rank = rank;
+    cfg.size = size;
+    cfg.store_addr = "127.0.0.1";
+    cfg.store_port = port;
+    cfg.serve_store = rank == 0;
+    cfg.secret = "test-secret";
+    cfg.transport = CRING_TRANSPORT_SHM;
+    cfg.timeout_s = 60;
+    cring_comm_t *comm = NULL;
+    CHECK_OK(cring_comm_init(&cfg, &comm));
+    const size_t max_bytes = (3u << 20) + 4096;
+    unsigned char *a = malloc(max_bytes + 128), *b = malloc(max_bytes + 128);
+    CHECK(a && b);
+
+    static const cring_dtype_t dtypes[] = {CRING_FLOAT32, CRING_FLOAT64, CRING_INT8, CRING_INT64};
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
+        cring_dtype_t dt = dtypes[d];
+        size_t es = cring_dtype_size(dt), r = SHM_ROUND_BYTES / es;
+        size_t counts[] = {(16u << 10) / es + 1, r - 1, r, r + 1, 2 * r + 17, (1u << 20) / es - 1,
+                           (1u << 20) / es + 13, 5 * r + 3};
+        for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+            size_t n = counts[c];
+            for (int mode = 0; mode < 3; mode++) {
+                /* 0: in place, aligned; 1: out of place, both one element
+                 * off alignment; 2: out of place, MAX, send aligned */
+                cring_op_t op = mode == 2 ? CRING_MAX : CRING_SUM;
+                void *send = mode == 1 ? a + es : a, *recv = mode == 0 ? send : b + es;
+                for (size_t i = 0; i < n; i++) put(dt, send, i, shm_value(rank, i));
+                if (mode) memset(b, 0x5a, n * es + 2 * es);
+                CHECK_OK(cring_allreduce(comm, send, recv, n, dt, op));
+                for (size_t i = 0; i < n; i++) {
+                    int64_t want = op == CRING_MAX ? shm_value(size - 1, i)
+                                                   : (int64_t)size * (size + 1) / 2 * (int64_t)(i % 7 + 1);
+                    if (get(dt, recv, i) != want) {
+                        fprintf(stderr, "allreduce %s n=%zu mode %d: element %zu is %lld, want %lld\n",
+                                cring_dtype_name(dt), n, mode, i, (long long)get(dt, recv, i),
+                                (long long)want);
+                        exit(1);
+                    }
+                }
+                if (mode) CHECK(b[0] == 0x5a && b[es + n * es] == 0x5a); /* nothing outside */
+            }
+        }
+    }
+
+    size_t bcast[] = {SHM_ROUND_BYTES - 1, SHM_ROUND_BYTES + 1, (1u << 20) - 3, (1u << 20) + 5,
+                      (3u << 20) + 7};
+    for (size_t c = 0; c < sizeof bcast / sizeof bcast[0]; c++) {
+        for (int root = 0; root < size; root += size - 1) {
+            unsigned char *buf = a + 3;
+            size_t n = bcast[c];
+            for (size_t i = 0; i < n; i++) buf[i] = rank == root ? (unsigned char)(i * 13 + root) : 0;
+            buf[n] = 0x77;
+            CHECK_OK(cring_broadcast(comm, buf, n, root));
+            for (size_t i = 0; i < n; i++) CHECK(buf[i] == (unsigned char)(i * 13 + root));
+            CHECK(buf[n] == 0x77);
+            if (root == size - 1) break;
+        }
+    }
+
+    /* allgatherv: rank q sends base + 13q bytes; out of place (output one
+     * byte off alignment) and in place */
+    size_t bases[] = {100, SHM_ROUND_BYTES - 5, (600u << 10) + 1};
+    size_t table[64];
+    for (size_t c = 0; c < sizeof bases / sizeof bases[0]; c++) {
+        size_t total = 0, mine_off = 0;
+        for (int q = 0; q < size; q++) {
+            table[q] = bases[c] + 13 * (size_t)q;
+            if (q == rank) mine_off = total;
+            total += table[q];
+        }
+        CHECK(total + 2 <= max_bytes);
+        for (int in_place = 0; in_place < 2; in_place++) {
+            unsigned char *out = b + 1;
+            memset(b, 0, total + 2);
+            unsigned char *send = in_place ? out + mine_off : a;
+            for (size_t i = 0; i < table[rank]; i++) send[i] = (unsigned char)(i * 3 + rank * 101);
+            CHECK_OK(cring_allgatherv(comm, send, table[rank], out, table));
+            size_t o = 0;
+            for (int q = 0; q < size; q++)
+                for (size_t i = 0; i < table[q]; i++) CHECK(out[o++] == (unsigned char)(i * 3 + q * 101));
+            CHECK(b[0] == 0 && out[total] == 0);
+        }
+    }
+    cring_comm_destroy(comm);
+    free(a);
+    free(b);
+    exit(0);
+}
+
 int main(void) {
     alarm(600);
+    for (int size = 2; size <= 4; size++)
+        testutil_run_world(size, run_shm_paths, 0, "shm rounds, thresholds, alignment");
     for (int size = 1; size <= 8; size++) {
         testutil_run_world(size, run_rank, CRING_TRANSPORT_AUTO, "comm over shm");
         testutil_run_world(size, run_rank, CRING_TRANSPORT_TCP, "comm over tcp");
