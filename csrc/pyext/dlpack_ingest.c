@@ -7,6 +7,7 @@
 
 void cring__dl_release(cring__dl_ref_t *ref) {
     if (ref->view.obj) PyBuffer_Release(&ref->view);
+    Py_XDECREF(ref->owner);
     if (ref->managed) {
         if (ref->versioned) {
             cring_dl_managed_versioned_t *m = ref->managed;
@@ -228,8 +229,100 @@ int cring__dl_is_ndarray(PyObject *obj) {
     return 1;
 }
 
+/* The leading fields of NumPy's array and dtype objects, whose layout NumPy
+ * keeps stable across 1.x and 2.x (its PyArray_DATA, PyArray_NDIM, ...
+ * macros compile to them in every extension built against it). */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} np_array_head;
+
+typedef struct {
+    PyObject_HEAD
+    PyTypeObject *typeobj;
+    char kind, type, byteorder, former_flags;
+    int type_num;
+} np_descr_head;
+
+#define NP_C_CONTIGUOUS 0x0001
+#define NP_WRITEABLE 0x0400
+
+/* NumPy type numbers (NPY_BOOL ... NPY_HALF) -> cring dtype, by size where
+ * C types differ by platform; 0 for the rest. */
+static int type_num_dtype(int type_num, cring_dtype_t *out) {
+    switch (type_num) {
+    case 0: *out = CRING_BOOL; return 1;
+    case 1: *out = CRING_INT8; return 1;
+    case 2: *out = CRING_UINT8; return 1;
+    case 5: *out = sizeof(int) == 4 ? CRING_INT32 : CRING_DTYPE_COUNT; break;         /* int */
+    case 7: *out = sizeof(long) == 8 ? CRING_INT64 : CRING_INT32; break;               /* long */
+    case 9: *out = sizeof(long long) == 8 ? CRING_INT64 : CRING_DTYPE_COUNT; break;    /* long long */
+    case 11: *out = CRING_FLOAT32; return 1;
+    case 12: *out = CRING_FLOAT64; return 1;
+    case 23: *out = CRING_FLOAT16; return 1;
+    default: return 0;
+    }
+    return *out != CRING_DTYPE_COUNT;
+}
+
+/* Read a NumPy array from its fields: 1 when taken (a reference held in
+ * ref->owner keeps it alive and unresizable), 0 to try the buffer protocol. */
+static int acquire_fields(PyObject *obj, int writable, cring__dl_ref_t *ref) {
+    const np_array_head *a = (const np_array_head *)obj;
+    const np_descr_head *d = (const np_descr_head *)a->descr;
+    cring_dtype_t dtype;
+    if (!(a->flags & NP_C_CONTIGUOUS) || (writable && !(a->flags & NP_WRITEABLE)) || !d ||
+        !(d->byteorder == '=' || d->byteorder == '|') || !type_num_dtype(d->type_num, &dtype))
+        return 0;
+    size_t numel = 1;
+    for (int i = 0; i < a->nd; i++) numel *= (size_t)a->dimensions[i];
+    cring_dl_tensor_t *t = &ref->own;
+    t->data = a->data;
+    t->device.device_type = CRING_DL_CPU;
+    t->ndim = a->nd;
+    t->dtype = cring__dl_from_dtype(dtype);
+    t->shape = (int64_t *)a->dimensions;
+    ref->t = t;
+    ref->dtype = dtype;
+    ref->data = a->data;
+    ref->numel = numel;
+    ref->owner = Py_NewRef(obj);
+    return 1;
+}
+
+/* Is reading the fields safe with the NumPy loaded here? Checked once
+ * against the buffer protocol on the first contiguous array seen. */
+static int fields_agree(PyObject *obj) {
+    static int verdict = -1;
+    if (verdict >= 0) return verdict;
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        return 0; /* decide on another array */
+    }
+    cring__dl_ref_t probe;
+    memset(&probe, 0, sizeof probe);
+    cring_dtype_t dtype;
+    int ok = acquire_fields(obj, 0, &probe) && v.format &&
+             format_dtype(v.format, v.itemsize, &dtype) && dtype == probe.dtype &&
+             v.buf == probe.data && v.ndim == probe.t->ndim &&
+             (size_t)v.len == probe.numel * (size_t)v.itemsize;
+    for (int i = 0; ok && i < v.ndim; i++) ok = v.shape[i] == probe.t->shape[i];
+    if (ok || probe.owner) verdict = ok; /* the fields were readable: a firm answer */
+    Py_XDECREF(probe.owner);
+    PyBuffer_Release(&v);
+    return ok;
+}
+
 static int acquire_ndarray(PyObject *obj, int writable, cring__dl_ref_t *ref) {
     if (!cring__dl_is_ndarray(obj)) return 0;
+    if (fields_agree(obj) && acquire_fields(obj, writable, ref)) return 1;
     int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, &ref->view, flags) != 0) {
         PyErr_Clear();

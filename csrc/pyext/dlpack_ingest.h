@@ -13,12 +13,14 @@
 #include "dlpack_abi.h"
 
 /* A view of one tensor; its memory stays valid until cring__dl_release.
- * NumPy arrays are read through the buffer protocol (no capsule to build
- * and free on every call), described by `own` in DLPack terms: the ref must
- * stay where it was acquired (t may point into it). */
+ * NumPy arrays are read without DLPack (no capsule to build and free on
+ * every call): from the array's own fields, or through the buffer protocol,
+ * described by `own` in DLPack terms; the ref must stay where it was
+ * acquired (t may point into it). */
 typedef struct {
     PyObject *capsule;
-    Py_buffer view; /* view.obj is set while a buffer is held */
+    PyObject *owner; /* a NumPy array read in place, referenced while the view lives */
+    Py_buffer view;  /* view.obj is set while a buffer is held */
     cring_dl_tensor_t own;
     void *managed;
     int versioned;

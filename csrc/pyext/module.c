@@ -467,16 +467,21 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
     static const char *const names[] = {"tensor", "op", "name", "compression",
                                         "prescale_factor", "postscale_factor"};
     enum { NPARAMS = 6 };
+    static PyObject *interned[NPARAMS]; /* call sites' keywords are interned: compare pointers */
     module_state *s = get_state(module);
     PyObject *v[NPARAMS] = {0};
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     int fast = nargs <= NPARAMS;
+    for (int j = 0; j < NPARAMS && !interned[j]; j++)
+        if (!(interned[j] = PyUnicode_InternFromString(names[j]))) return NULL;
     for (Py_ssize_t i = 0; fast && i < nargs; i++) v[i] = args[i];
     for (Py_ssize_t k = 0; fast && k < nkw; k++) {
         PyObject *key = PyTuple_GET_ITEM(kwnames, k);
         int j = 0;
-        while (j < NPARAMS && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) j++;
-        if (j == NPARAMS || v[j]) fast = 0; /* the fallback raises the TypeError */
+        while (j < NPARAMS && key != interned[j]) j++;
+        if (j == NPARAMS) /* not interned: compare the text */
+            while (--j >= 0 && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) {}
+        if (j < 0 || v[j]) fast = 0; /* the fallback raises the TypeError */
         else v[j] = args[nargs + k];
     }
     fast = fast && v[0] && cring__dl_is_ndarray(v[0]) && v[2] && PyUnicode_CheckExact(v[2]) &&

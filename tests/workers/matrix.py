@@ -101,6 +101,18 @@ def main():
         if problem:
             failures.append(f"{label}: {problem}")
 
+    def in_view(dtype, data, ref):
+        """A view that starts inside a larger array: the result lands in
+        the view, and the elements around it are untouched."""
+        base = np.full(len(data) + 5, 7, dtype=dtype)
+        x = base[3:3 + len(data)]
+        x[...] = data
+        cring.allreduce_(x, op=cring.Sum, name=f"view.{dtype}.{len(data)}")
+        around = base[[0, 1, 2, -2, -1]].astype(np.float64)
+        if not (around == 7).all():
+            return f"wrote outside the view: {around}"
+        return compare(x, ref, dtype)
+
     for dtype in REDUCE_DTYPES:
         for opname, op in OPS.items():
             for count in COUNTS:
@@ -135,6 +147,9 @@ def main():
                 check(f"allreduce_ {dtype} {opname} n={count}", in_place)
                 check(f"allreduce_ named {dtype} {opname} n={count}",
                       partial(in_place, f"ip.{dtype}.{opname}.{count}"))
+                if dtype != "bfloat16" and opname == "sum":
+                    check(f"allreduce_ named view {dtype} n={count}",
+                          partial(in_view, dtype, per_rank[rank], ref))
                 check(f"reducescatter {dtype} {opname} n={count}", scatter)
 
     for dtype in MOVE_DTYPES:
