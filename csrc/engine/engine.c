@@ -76,6 +76,7 @@ typedef struct req {
     int wants_resend;
     double submit_s, ready_s;
     struct req *next;
+    size_t alloc_bytes; /* of this allocation, so a spare can be reused */
 } req_t;
 
 struct cring_handle {
@@ -149,6 +150,7 @@ struct cring_engine {
      * the next result of the same size: fresh memory costs a page fault per
      * page, which dominated large allgathers. */
     _Atomic(cring_handle_t *) spare_handle; /* the last freed handle, for the next submit */
+    _Atomic(req_t *) spare_req;             /* the last request run, likewise */
     pthread_mutex_t spare_mu;
     void *spare[4];
     size_t spare_bytes[4];
@@ -502,16 +504,35 @@ static cring_status_t validate(cring_engine_t *e, const cring_request_t *q) {
     return CRING_OK;
 }
 
-static req_t *make_req(const cring_request_t *q, int size) {
+/* Free a request that has run, keeping it as the engine's spare if it is
+ * the biggest seen lately: a loop of synchronous calls then allocates none. */
+static void req_recycle(cring_engine_t *e, req_t *r) {
+    if (!r || r->ghost) {
+        req_free(r);
+        return;
+    }
+    req_t *old = atomic_exchange(&e->spare_req, r);
+    if (old && old->alloc_bytes > r->alloc_bytes) old = atomic_exchange(&e->spare_req, old);
+    free(old);
+}
+
+static req_t *make_req(cring_engine_t *e, const cring_request_t *q, int size) {
     size_t ndims = 0, name_len = strlen(q->name);
     for (int i = 0; i < q->ntensors; i++) ndims += (size_t)q->tensors[i].ndim;
     size_t nsplits = q->collective == CRING_COLL_ALLTOALL ? (size_t)size : 0;
     ndims += nsplits;
     size_t bytes = sizeof(req_t) + sizeof(tensor_spec_t) * (size_t)q->ntensors +
                    sizeof(int64_t) * ndims + name_len + 1 + record_bytes(q);
-    req_t *r = malloc(bytes);
+    req_t *r = e ? atomic_exchange(&e->spare_req, NULL) : NULL;
+    if (r && r->alloc_bytes < bytes) {
+        free(r);
+        r = NULL;
+    }
+    size_t alloc_bytes = r ? r->alloc_bytes : bytes;
+    if (!r) r = malloc(bytes);
     if (!r) return NULL;
     memset(r, 0, sizeof *r);
+    r->alloc_bytes = alloc_bytes;
     r->t = (tensor_spec_t *)(r + 1);
     int64_t *dims = (int64_t *)(r->t + q->ntensors);
     r->name = (char *)(dims + ndims);
@@ -560,7 +581,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     if (atomic_load(&e->broken) != CRING_OK)
         return submit_fail(CRING_ERR_BROKEN, "the engine failed earlier: %s", e->broken_msg);
     CRING_CHECK(validate(e, q));
-    req_t *r = make_req(q, e->size);
+    req_t *r = make_req(e, q, e->size);
     cring_handle_t *h = atomic_exchange(&e->spare_handle, NULL);
     if (h) memset(h, 0, sizeof *h);
     else h = calloc(1, sizeof *h);
@@ -1160,7 +1181,7 @@ static req_t *make_ghost(cring_engine_t *e, const uint8_t *rec, size_t len) {
                          .op = (cring_op_t)p.op, .root = p.root, .prescale = 1.0,
                          .postscale = 1.0, .compression = (cring_dtype_t)p.compression,
                          .ntensors = p.ntensors, .tensors = ts};
-    r = make_req(&q, e->size);
+    r = make_req(e, &q, e->size);
     if (r) {
         r->ghost = zeros;
         zeros = NULL;
@@ -1745,7 +1766,7 @@ static cring_status_t run_round(cring_engine_t *e, int *progress) {
     }
     st = execute(e, resp, nresp);
     for (int i = 0; i < nresp; i++) {
-        req_free(resp[i].req);
+        req_recycle(e, resp[i].req);
         free(resp[i].error);
         free(resp[i].owned_dims);
     }
@@ -1993,6 +2014,7 @@ static void engine_release(cring_engine_t *e) {
     if (atomic_fetch_sub(&e->refs, 1) != 1) return;
     for (int k = 0; k < 4; k++) free(e->spare[k]);
     free(atomic_load(&e->spare_handle));
+    free(atomic_load(&e->spare_req));
     pthread_mutex_destroy(&e->spare_mu);
     pthread_mutex_destroy(&e->queue_mu);
     pthread_mutex_destroy(&e->done_mu);
