@@ -49,11 +49,12 @@ cring_status_t cring__shm_barrier(cring__shm_t *shm);
 /* Alltoallv with the matrix convention of cring__p2p_alltoallv. */
 cring_status_t cring__shm_alltoallv(cring__shm_t *shm, int rank, int size, const void *send,
                                     void *recv, const size_t *matrix);
-/* Every rank contributes `bytes` (each rank its own length, up to half a
- * window) and gets a pointer to every rank's bytes, valid until this rank's
- * next collective: one exchange, no copying out. ptrs_out[rank] points to
- * this rank's copy. lens_out (may be NULL) receives every rank's length. */
+/* Every rank contributes `bytes` (each rank its own length, up to
+ * cring__shm_gather_small_max) and gets a pointer to every rank's bytes,
+ * valid until this rank's next collective: one exchange. ptrs_out[rank] is
+ * `mine` itself. lens_out (may be NULL) receives every rank's length. */
 cring_status_t cring__shm_gather_small(cring__shm_t *shm, int rank, int size, const void *mine,
                                        size_t bytes, const void **ptrs_out, size_t *lens_out);
+size_t cring__shm_gather_small_max(const cring__shm_t *shm, int size);
 
 #endif /* CRING_ALGO_H */

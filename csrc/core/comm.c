@@ -404,7 +404,7 @@ cring_status_t cring__comm_alltoallv(cring_comm_t *c, const void *send, void *re
 int cring__comm_can_gather_small(const cring_comm_t *c) { return c->shm != NULL || c->size == 1; }
 
 size_t cring__comm_gather_small_max(const cring_comm_t *c) {
-    return c->shm ? cring__shm_window_bytes(c->shm) / 2 - 8 : (size_t)-1;
+    return c->shm ? cring__shm_gather_small_max(c->shm, c->size) : (size_t)-1;
 }
 
 cring_status_t cring__comm_gather_small(cring_comm_t *c, const void *mine, size_t bytes,

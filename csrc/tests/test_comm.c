@@ -2,14 +2,17 @@
  * 1..8, rendezvous through a store served by the parent, and run every
  * collective over shared memory and over TCP with element counts 0, 1, 7, 33
  * and 1000003, checked against references computed here. Also: a mismatch is
- * reported on every rank and the communicator keeps working. */
+ * reported on every rank and the communicator keeps working; and the
+ * shared-memory paths around their thresholds, and the small gather. */
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/comm_internal.h"
 #include "cring/cring.h"
 #include "testutil.h"
 
@@ -294,10 +297,69 @@ static void run_shm_paths(int rank, int size, int port, int unused) {
     exit(0);
 }
 
+/* Small gathers (the engine's negotiation): blocks of every length around
+ * the flagged-line boundaries (56 bytes per line, 2048 bytes in lines, more
+ * in bulk), different on every rank and every call, alternating with
+ * allreduces that leave data in the window halves. Every rank must see
+ * every block exactly, and its own block as `mine`. */
+static unsigned char gather_byte(int rank, size_t i, int call) {
+    return (unsigned char)(rank * 59 + i * 7 + call * 31 + 1);
+}
+
+static void run_gather_small(int rank, int size, int port, int unused) {
+    alarm(300);
+    cring_config_t cfg;
+    cring_config_init(&cfg);
+    cfg.rank = rank;
+    cfg.size = size;
+    cfg.store_addr = "127.0.0.1";
+    cfg.store_port = port;
+    cfg.serve_store = rank == 0;
+    cfg.secret = "test-secret";
+    cfg.transport = CRING_TRANSPORT_SHM;
+    cfg.timeout_s = 60;
+    cring_comm_t *comm = NULL;
+    CHECK_OK(cring_comm_init(&cfg, &comm));
+    static const size_t lens[] = {0, 1, 7, 47, 48, 49, 55, 56, 57, 104, 105, 1000,
+                                  2039, 2040, 2041, 2047, 2048, 2049, 4096, 70000};
+    const int nlens = (int)(sizeof lens / sizeof lens[0]);
+    CHECK(cring__comm_can_gather_small(comm));
+    CHECK(cring__comm_gather_small_max(comm) >= 70000);
+    unsigned char *mine = malloc(70000);
+    int64_t *junk = malloc(4096 * sizeof *junk);
+    CHECK(mine && junk);
+    const void *ptrs[8];
+    size_t got[8];
+    for (int call = 0; call < 3 * nlens; call++) {
+        size_t len = lens[(call + 3 * rank) % nlens];
+        for (size_t i = 0; i < len; i++) mine[i] = gather_byte(rank, i, call);
+        CHECK_OK(cring__comm_gather_small(comm, mine, len, ptrs, got));
+        CHECK(ptrs[rank] == mine && got[rank] == len);
+        for (int q = 0; q < size; q++) {
+            size_t want = lens[(call + 3 * q) % nlens];
+            CHECK(got[q] == want);
+            const unsigned char *p = ptrs[q];
+            for (size_t i = 0; i < want; i++)
+                if (p[i] != gather_byte(q, i, call)) CHECK(p[i] == gather_byte(q, i, call));
+        }
+        if (call % 3 == 2) { /* stale data in the halves: large values, which a flag
+                              * compared with >= instead of == would take for set */
+            for (int i = 0; i < 4096; i++) junk[i] = INT64_MAX - 4096 * call - i;
+            CHECK_OK(cring_allreduce(comm, junk, junk, 4096, CRING_INT64, CRING_MAX));
+        }
+    }
+    cring_comm_destroy(comm);
+    free(mine);
+    free(junk);
+    exit(0);
+}
+
 int main(void) {
     alarm(600);
-    for (int size = 2; size <= 4; size++)
+    for (int size = 2; size <= 4; size++) {
         testutil_run_world(size, run_shm_paths, 0, "shm rounds, thresholds, alignment");
+        testutil_run_world(size, run_gather_small, 0, "small gathers in lines and bulk");
+    }
     for (int size = 1; size <= 8; size++) {
         testutil_run_world(size, run_rank, CRING_TRANSPORT_AUTO, "comm over shm");
         testutil_run_world(size, run_rank, CRING_TRANSPORT_TCP, "comm over tcp");

@@ -61,6 +61,10 @@ struct cring__shm {
     shm_ctrl_t *ctrl; /* size entries */
     unsigned char *windows;
     uint64_t my_seq;
+    /* the highest counter value seen per peer (they only grow): a wait it
+     * already covers needs no load of the peer's line, which the peer has
+     * usually written again since (a cross-core miss per small collective) */
+    _Atomic uint64_t *seen;
     long spin_iters;
     long yield_iters;
 };
@@ -193,7 +197,11 @@ cring_status_t cring__shm_create(const cring__transport_init_t *init, size_t win
     size_t len = 0;
     *out = NULL;
     cring__shm_t *shm = calloc(1, sizeof *shm);
-    if (!shm) return cring__fail(init->err, CRING_ERR_NO_MEMORY, "shm: out of memory");
+    if (shm) shm->seen = calloc((size_t)init->size, sizeof *shm->seen);
+    if (!shm || !shm->seen) {
+        free(shm);
+        return cring__fail(init->err, CRING_ERR_NO_MEMORY, "shm: out of memory");
+    }
     shm->rank = init->rank;
     shm->size = init->size;
     shm->timeout_s = init->timeout_s;
@@ -280,6 +288,7 @@ cleanup:
 void cring__shm_destroy(cring__shm_t *shm) {
     if (!shm) return;
     if (shm->base) munmap(shm->base, shm->map_bytes);
+    free(shm->seen);
     free(shm);
 }
 
@@ -369,6 +378,14 @@ static int reached(const shm_ctrl_t *c, uint64_t seq) {
     return atomic_load_explicit(&c->seq, memory_order_acquire) >= seq;
 }
 
+/* reached(), remembering what it saw in shm->seen[peer]. */
+static int reached_peer(cring__shm_t *shm, int peer, uint64_t seq) {
+    uint64_t v = atomic_load_explicit(&shm->ctrl[peer].seq, memory_order_acquire);
+    if (v > atomic_load_explicit(&shm->seen[peer], memory_order_relaxed))
+        atomic_store_explicit(&shm->seen[peer], v, memory_order_relaxed);
+    return v >= seq;
+}
+
 /* Another rank aborted: report its reason, so every survivor raises the
  * same kind of error (a dead peer is a peer failure everywhere). */
 static cring_status_t aborted_status(cring__shm_t *shm) {
@@ -400,12 +417,14 @@ void cring__shm_cap_thread_spin(long iters) { thread_spin_cap = iters; }
 
 cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq) {
     shm_ctrl_t *c = &shm->ctrl[peer];
-    if (reached(c, seq)) return CRING_OK;
+    /* the acquire load that saw the value synchronised already */
+    if (atomic_load_explicit(&shm->seen[peer], memory_order_relaxed) >= seq) return CRING_OK;
+    if (reached_peer(shm, peer, seq)) return CRING_OK;
     long spin = shm->spin_iters;
     if (thread_spin_cap >= 0 && thread_spin_cap < spin) spin = thread_spin_cap;
     for (long i = 0; i < spin; i++) {
         cpu_relax();
-        if (reached(c, seq)) return CRING_OK;
+        if (reached_peer(shm, peer, seq)) return CRING_OK;
     }
     poke_if_idle(shm, peer);
     for (long i = 0; i < shm->yield_iters; i++) {
@@ -444,6 +463,22 @@ cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq) {
                                shm->rank, now - start, peer, shm->timeout_s);
         }
     }
+}
+
+void cring__shm_saw(cring__shm_t *shm, int peer, uint64_t seq) {
+    if (seq > atomic_load_explicit(&shm->seen[peer], memory_order_relaxed))
+        atomic_store_explicit(&shm->seen[peer], seq, memory_order_relaxed);
+}
+
+uint64_t cring__shm_flag_key(const cring__shm_t *shm) {
+    uint64_t key;
+    memcpy(&key, shm->hdr->nonce, sizeof key);
+    return key;
+}
+
+long cring__shm_spin_limit(const cring__shm_t *shm) {
+    return thread_spin_cap >= 0 && thread_spin_cap < shm->spin_iters ? thread_spin_cap
+                                                                      : shm->spin_iters;
 }
 
 cring_status_t cring__shm_wait_all(cring__shm_t *shm, uint64_t seq) {

@@ -99,6 +99,16 @@ cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq);
 void cring__shm_cap_thread_spin(long iters);
 /* cring__shm_wait on every rank except this one. */
 cring_status_t cring__shm_wait_all(cring__shm_t *shm, uint64_t seq);
+/* Record that peer is known to have reached seq (seen through a release
+ * store of its own, such as a flag next to data), so a later wait for it
+ * needs no load of its counter. */
+void cring__shm_saw(cring__shm_t *shm, int peer, uint64_t seq);
+/* A random value shared by every rank of the segment, to mix into flags
+ * written into windows, so that stale data of another collective never
+ * reads as a flag. */
+uint64_t cring__shm_flag_key(const cring__shm_t *shm);
+/* How many pause iterations a wait of this thread may spin before it yields. */
+long cring__shm_spin_limit(const cring__shm_t *shm);
 /* Mark the segment aborted so every waiter on every rank fails fast with the
  * same kind of error: `why` and `peer` (-1 if none) say what happened. The
  * first abort's reason wins. */
