@@ -56,7 +56,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from functools import partial
 from typing import Any, Callable, Optional
 
 HERE = Path(__file__).resolve()
@@ -132,9 +131,12 @@ def machine() -> dict:
 # --------------------------------------------------------------------------- workers
 
 class Backend:
-    """One library's calls on its own kind of buffer. bind() returns the
-    library's own function with its arguments bound (functools.partial), so
-    a timed call costs what a user's call costs and nothing more."""
+    """One library's calls on its own kind of buffer. bind() returns a
+    lambda that makes the call as user code writes it (keywords included),
+    so every library pays the same one Python frame on top of its own
+    call. (A functools.partial with keywords would copy a dict per call and
+    hand it to callees that take keywords by vectorcall as a dict to unpack,
+    a cost user code does not pay and that differs between libraries.)"""
 
     rank: int
     size: int
@@ -172,11 +174,12 @@ class CringBackend(Backend):
 
     def bind(self, collective: str, inp: Any, out: Any, name: str) -> Callable[[], Any]:
         c = self.cring
+        op = c.Sum
         if collective == "allreduce":
-            return partial(c.allreduce_, inp, op=c.Sum, name=name)
+            return lambda: c.allreduce_(inp, op=op, name=name)
         if collective == "broadcast":
-            return partial(c.broadcast_, inp, 0, name=name)
-        return partial(c.allgather, inp, name=name)  # cring allocates the result
+            return lambda: c.broadcast_(inp, 0, name=name)
+        return lambda: c.allgather(inp, name=name)  # cring allocates the result
 
     def max_of(self, value: float) -> float:
         x = self.np.array([value], self.np.float64)
@@ -210,11 +213,12 @@ class GlooBackend(Backend):
         self.dist.barrier()
 
     def bind(self, collective: str, inp: Any, out: Any, name: str) -> Callable[[], Any]:
+        dist, all_gather = self.dist, self.all_gather
         if collective == "allreduce":
-            return partial(self.dist.all_reduce, inp)
+            return lambda: dist.all_reduce(inp)
         if collective == "broadcast":
-            return partial(self.dist.broadcast, inp, 0)
-        return partial(self.all_gather, out, inp)
+            return lambda: dist.broadcast(inp, 0)
+        return lambda: all_gather(out, inp)
 
     def max_of(self, value: float) -> float:
         x = self.torch.tensor([value], dtype=self.torch.float64)
@@ -245,11 +249,12 @@ class MpiBackend(Backend):
         self.comm.Barrier()
 
     def bind(self, collective: str, inp: Any, out: Any, name: str) -> Callable[[], Any]:
+        comm, in_place, op = self.comm, self.MPI.IN_PLACE, self.MPI.SUM
         if collective == "allreduce":
-            return partial(self.comm.Allreduce, self.MPI.IN_PLACE, inp, op=self.MPI.SUM)
+            return lambda: comm.Allreduce(in_place, inp, op=op)
         if collective == "broadcast":
-            return partial(self.comm.Bcast, inp, root=0)
-        return partial(self.comm.Allgather, inp, out)
+            return lambda: comm.Bcast(inp, root=0)
+        return lambda: comm.Allgather(inp, out)
 
     def max_of(self, value: float) -> float:
         return float(self.comm.allreduce(value, op=self.MPI.MAX))
