@@ -359,11 +359,9 @@ size_t cring__shm_gather_small_max(const cring__shm_t *shm, int size) {
 static int lines_ready(const unsigned char *lines, size_t n, uint64_t flag, long spin) {
     for (size_t i = 0; i < n; i++) {
         const uint64_t *f = (const uint64_t *)(const void *)(lines + i * CRING_CACHE_LINE);
-        while (__atomic_load_n(f, __ATOMIC_ACQUIRE) != flag) {
+        for (long k = 0; __atomic_load_n(f, __ATOMIC_ACQUIRE) != flag; k++) {
             if (spin-- <= 0) return 0;
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
+            cring__shm_relax(k);
         }
     }
     return 1;

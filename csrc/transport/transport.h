@@ -107,6 +107,9 @@ void cring__shm_saw(cring__shm_t *shm, int peer, uint64_t seq);
  * written into windows, so that stale data of another collective never
  * reads as a flag. */
 uint64_t cring__shm_flag_key(const cring__shm_t *shm);
+/* One step of a spin-wait, i counting from 0: a pause, and now and then a
+ * sched_yield so a runnable task on this core gets it. */
+void cring__shm_relax(long i);
 /* How many pause iterations a wait of this thread may spin before it yields. */
 long cring__shm_spin_limit(const cring__shm_t *shm);
 /* Mark the segment aborted so every waiter on every rank fails fast with the
