@@ -139,16 +139,8 @@ static void bench_one(cring_comm_t *comm, int c, size_t bytes) {
 }
 
 static void run_rank(int rank, int size, int port, int unused) {
-    cring_config_t cfg;
-    cring_config_init(&cfg);
-    cfg.rank = rank;
-    cfg.size = size;
-    cfg.store_addr = "127.0.0.1";
-    cfg.store_port = port;
-    cfg.serve_store = rank == 0;
+    cring_config_t cfg = testutil_config(rank, size, port, CRING_TRANSPORT_SHM, 120);
     cfg.secret = "bench";
-    cfg.transport = CRING_TRANSPORT_SHM;
-    cfg.timeout_s = 120;
     cring_comm_t *comm = NULL;
     if (cring_comm_init(&cfg, &comm) != CRING_OK) {
         fprintf(stderr, "rank %d: init failed: %s\n", rank, cring_last_init_error());

@@ -42,16 +42,8 @@ static int ref_reduce(cring_op_t op, int size, size_t i, int salt) {
 
 static void run_rank(int rank, int size, int port, int transport) {
     alarm(120);
-    cring_config_t cfg;
-    cring_config_init(&cfg);
-    cfg.rank = rank;
-    cfg.size = size;
-    cfg.store_addr = "127.0.0.1";
-    cfg.store_port = port;
-    cfg.serve_store = rank == 0;
+    cring_config_t cfg = testutil_config(rank, size, port, (cring_transport_kind_t)transport, 60);
     cfg.secret = "test-secret";
-    cfg.transport = (cring_transport_kind_t)transport;
-    cfg.timeout_s = 60;
     char job[64];
     snprintf(job, sizeof job, "job-%d-%d", size, (int)transport);
     cfg.job_key = job;
@@ -205,16 +197,8 @@ static int64_t get(cring_dtype_t dt, const void *buf, size_t i) {
 
 static void run_shm_paths(int rank, int size, int port, int unused) {
     alarm(300);
-    cring_config_t cfg;
-    cring_config_init(&cfg);
-    cfg.rank = rank;
-    cfg.size = size;
-    cfg.store_addr = "127.0.0.1";
-    cfg.store_port = port;
-    cfg.serve_store = rank == 0;
+    cring_config_t cfg = testutil_config(rank, size, port, CRING_TRANSPORT_SHM, 60);
     cfg.secret = "test-secret";
-    cfg.transport = CRING_TRANSPORT_SHM;
-    cfg.timeout_s = 60;
     cring_comm_t *comm = NULL;
     CHECK_OK(cring_comm_init(&cfg, &comm));
     const size_t max_bytes = (3u << 20) + 4096;
@@ -308,16 +292,8 @@ static unsigned char gather_byte(int rank, size_t i, int call) {
 
 static void run_gather_small(int rank, int size, int port, int unused) {
     alarm(300);
-    cring_config_t cfg;
-    cring_config_init(&cfg);
-    cfg.rank = rank;
-    cfg.size = size;
-    cfg.store_addr = "127.0.0.1";
-    cfg.store_port = port;
-    cfg.serve_store = rank == 0;
+    cring_config_t cfg = testutil_config(rank, size, port, CRING_TRANSPORT_SHM, 60);
     cfg.secret = "test-secret";
-    cfg.transport = CRING_TRANSPORT_SHM;
-    cfg.timeout_s = 60;
     cring_comm_t *comm = NULL;
     CHECK_OK(cring_comm_init(&cfg, &comm));
     static const size_t lens[] = {0, 1, 7, 47, 48, 49, 55, 56, 57, 104, 105, 1000,

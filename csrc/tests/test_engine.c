@@ -33,14 +33,7 @@ static cring_handle_t *submit1(cring_engine_t *e, const char *name, cring_collec
 
 static void run_rank(int rank, int size, int port, int transport) {
     alarm(120);
-    cring_config_t cfg;
-    cring_config_init(&cfg);
-    cfg.rank = rank;
-    cfg.size = size;
-    cfg.store_port = port;
-    cfg.serve_store = rank == 0;
-    cfg.transport = (cring_transport_kind_t)transport;
-    cfg.timeout_s = 30;
+    cring_config_t cfg = testutil_config(rank, size, port, (cring_transport_kind_t)transport, 30);
     char job[32];
     snprintf(job, sizeof job, "eng-%d-%d", size, (int)transport);
     cfg.job_key = job;

@@ -133,14 +133,8 @@ static void check_float(const float *got, float expect, const char *what, size_t
 
 static void run_rank(int rank, int size, int port, int unused) {
     alarm(120);
-    cring_config_t cfg;
-    cring_config_init(&cfg);
-    cfg.rank = rank;
-    cfg.size = size;
-    cfg.store_port = port;
-    cfg.serve_store = rank == 0;
+    cring_config_t cfg = testutil_config(rank, size, port, CRING_TRANSPORT_AUTO, 60);
     cfg.job_key = "gpu-test";
-    cfg.timeout_s = 60;
     cring_comm_t *comm = NULL;
     CHECK_OK(cring_comm_init(&cfg, &comm));
     cring__gpu_t *g = fresh();

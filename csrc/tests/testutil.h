@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cring/cring.h"
+
 static int testutil_checks = 0;
 
 #define CHECK(cond)                                                                      \
@@ -32,6 +34,22 @@ static int testutil_checks = 0;
             exit(1);                                                                     \
         }                                                                                \
     } while (0)
+
+/* The config of rank `rank` of a `size`-rank world whose rank 0 serves the
+ * store on loopback `port` (what testutil_run_world's ranks receive). */
+static __attribute__((unused)) cring_config_t testutil_config(int rank, int size, int port,
+                                                              cring_transport_kind_t transport,
+                                                              double timeout_s) {
+    cring_config_t cfg;
+    cring_config_init(&cfg);
+    cfg.rank = rank;
+    cfg.size = size;
+    cfg.store_port = port;
+    cfg.serve_store = rank == 0;
+    cfg.transport = transport;
+    cfg.timeout_s = timeout_s;
+    return cfg;
+}
 
 /* A free loopback port for rank 0 to serve the store on. */
 static __attribute__((unused)) int testutil_free_port(void) {
