@@ -13,14 +13,13 @@
 #include "dlpack_abi.h"
 
 /* A view of one tensor; its memory stays valid until cring__dl_release.
- * NumPy arrays are read without DLPack (no capsule to build and free on
- * every call): from the array's own fields, or through the buffer protocol,
- * described by `own` in DLPack terms; the ref must stay where it was
- * acquired (t may point into it). */
+ * Contiguous native NumPy arrays are read without DLPack (no capsule to
+ * build and free on every call), from the array's own fields, described by
+ * `own` in DLPack terms; the ref must stay where it was acquired (t may
+ * point into it). */
 typedef struct {
     PyObject *capsule;
     PyObject *owner; /* a NumPy array read in place, referenced while the view lives */
-    Py_buffer view;  /* view.obj is set while a buffer is held */
     cring_dl_tensor_t own;
     void *managed;
     int versioned;
@@ -43,8 +42,8 @@ typedef enum {
 int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int writable,
                       cring__dl_device_t device, cring__dl_ref_t *ref);
 
-/* Is obj exactly a numpy.ndarray (which cring__dl_acquire reads through the
- * buffer protocol)? */
+/* Is obj exactly a numpy.ndarray (which cring__dl_acquire may read from its
+ * fields)? */
 int cring__dl_is_ndarray(PyObject *obj);
 
 /* Give the view back (calls the producer's deleter); safe on a cleared ref. */

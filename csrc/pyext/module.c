@@ -402,6 +402,14 @@ static PyObject *submit_wait_here(module_state *s, cring_engine_t *engine,
     return result;
 }
 
+/* 0 if op can reduce dtype, else -1 with a TypeError naming the tensor. */
+static int check_reducible(const char *name, cring_dtype_t dtype, int op) {
+    if (cring__reduce_supported(dtype, (cring_op_t)op)) return 0;
+    PyErr_Format(PyExc_TypeError, "tensor '%s': op %s cannot reduce dtype %s", name,
+                 cring_op_name((cring_op_t)op), cring_dtype_name(dtype));
+    return -1;
+}
+
 /* An op code for a reduction, or -1 with ValueError/NotImplementedError set. */
 static int reduction_op(long op) {
     if (op == CRING_ADASUM) {
@@ -435,11 +443,7 @@ static PyObject *allreduce_ndarray(module_state *s, PyObject *tensor, PyObject *
     tensor_ref ref;
     if (tensor_acquire(tensor, name, 1, &ref) < 0) return NULL;
     PyObject *result = NULL;
-    if (!cring__reduce_supported(ref.dtype, (cring_op_t)op)) {
-        PyErr_Format(PyExc_TypeError, "tensor '%s': op %s cannot reduce dtype %s", name,
-                     cring_op_name((cring_op_t)op), cring_dtype_name(ref.dtype));
-        goto done;
-    }
+    if (check_reducible(name, ref.dtype, op) < 0) goto done;
     int64_t one = 1;
     cring_tensor_t t = {.send = ref.data, .recv = ref.data, .dtype = ref.dtype,
                         .ndim = ref.t->ndim, .shape = ref.t->ndim ? ref.t->shape : &one};
@@ -581,11 +585,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                 goto done;
             }
         }
-        if (reduces && !cring__reduce_supported(in->dtype, (cring_op_t)op)) {
-            PyErr_Format(PyExc_TypeError, "tensor '%s': op %s cannot reduce dtype %s", name,
-                         cring_op_name((cring_op_t)op), cring_dtype_name(in->dtype));
-            goto done;
-        }
+        if (reduces && check_reducible(name, in->dtype, op) < 0) goto done;
         if (comp != CRING_DTYPE_COUNT && in->dtype != CRING_FLOAT32) {
             PyErr_Format(PyExc_TypeError,
                          "tensor '%s': compression applies to float32 tensors, not %s", name,
