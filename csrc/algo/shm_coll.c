@@ -379,20 +379,17 @@ cring_status_t cring__shm_gather_small(cring__shm_t *shm, int rank, int size, co
     const uint64_t flag = want ^ cring__shm_flag_key(shm);
     CRING_CHECK(cring__shm_wait_all(shm, base));
     unsigned char *w = half_of(shm, rank, base);
-    const int in_lines = bytes <= l.lines_max;
+    /* [length | block] cut into lines; a bulk block goes first, and its
+     * line carries only the length */
+    const size_t staged = bytes <= l.lines_max ? bytes + 8 : 8;
+    unsigned char stage[LINES_MAX_BYTES + 8];
     uint64_t len = bytes;
-    /* [length | block] cut into lines; a bulk block is written first */
-    if (!in_lines) memcpy(w + l.bulk, mine, bytes);
-    size_t nmine = in_lines ? line_count(bytes) : 1;
-    for (size_t i = 0; i < nmine; i++) {
+    memcpy(stage, &len, 8);
+    if (staged > 8) memcpy(stage + 8, mine, bytes);
+    else memcpy(w + l.bulk, mine, bytes);
+    for (size_t i = 0, lo = 0; lo < staged; i++, lo += LINE_DATA) {
         unsigned char *line = w + i * CRING_CACHE_LINE;
-        size_t lo = i * LINE_DATA, hi = CRING_MIN(lo + LINE_DATA, in_lines ? bytes + 8 : 8);
-        for (size_t b = lo; b < hi;) { /* the bytes of [length | block] in [lo, hi) */
-            size_t n = b < 8 ? CRING_MIN(8, hi) - b : hi - b;
-            memcpy(line + 8 + (b - lo), b < 8 ? (const unsigned char *)&len + b
-                                              : (const unsigned char *)mine + (b - 8), n);
-            b += n;
-        }
+        memcpy(line + 8, stage + lo, CRING_MIN(LINE_DATA, staged - lo));
         __atomic_store_n((uint64_t *)(void *)line, flag, __ATOMIC_RELEASE);
     }
     cring__shm_publish(shm, want);
