@@ -1816,9 +1816,11 @@ static void stall_check(cring_engine_t *e) {
 /* ---- driving ------------------------------------------------------------------------------- */
 
 /* Run rounds while this rank has work or a peer waits for it. With `until`,
- * return as soon as that handle is done. Called with progress_mu held. */
-static void drive(cring_engine_t *e, cring_handle_t *until) {
+ * return as soon as that handle is done; with deadline_s > 0, once
+ * cring__now_s() passes it (between rounds). Called with progress_mu held. */
+static void drive(cring_engine_t *e, cring_handle_t *until, double deadline_s) {
     for (;;) {
+        if (deadline_s > 0 && cring__now_s() >= deadline_s) return;
         if (atomic_load(&e->broken) != CRING_OK) {
             fail_all(e, (cring_status_t)atomic_load(&e->broken), e->broken_msg);
             return;
@@ -1851,10 +1853,10 @@ static void drive(cring_engine_t *e, cring_handle_t *until) {
 }
 
 /* Run rounds as this rank's driver (progress_mu held). */
-static void drive_locked(cring_engine_t *e, cring_handle_t *until) {
+static void drive_locked(cring_engine_t *e, cring_handle_t *until, double deadline_s) {
     if (atomic_load(&e->stop)) return;
     cring__comm_set_driving(e->comm, 1);
-    drive(e, until);
+    drive(e, until, deadline_s);
     /* A peer that announced a round we did not serve rings our bell once its
      * spin runs out (see poke_if_idle in shm.c), so leaving never strands
      * it, and a fast peer does not make us hand rounds to the engine thread. */
@@ -1877,7 +1879,7 @@ static void park_while_busy(cring_engine_t *e, uint64_t token) {
 
 static int try_drive(cring_engine_t *e) {
     if (pthread_mutex_trylock(&e->progress_mu) != 0) return 0;
-    drive_locked(e, NULL);
+    drive_locked(e, NULL, 0);
     pthread_mutex_unlock(&e->progress_mu);
     return 1;
 }
@@ -1942,19 +1944,51 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
-cring_status_t cring_handle_wait(cring_handle_t *h) {
+/* Wait for h as its driver until it is done or deadline_s (0: none) passes;
+ * returns 1 once done. Taking progress_mu is itself bounded by the deadline,
+ * so a wait with one never blocks past it behind another driver. */
+static int wait_until(cring_handle_t *h, double deadline_s) {
     cring_engine_t *e = h->engine;
     while (!atomic_load(&h->done)) {
         atomic_fetch_add(&e->callers_waiting, 1);
-        pthread_mutex_lock(&e->progress_mu);
+        if (deadline_s > 0) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            double left = deadline_s - cring__now_s();
+            if (left <= 0) {
+                atomic_fetch_sub(&e->callers_waiting, 1);
+                return atomic_load(&h->done);
+            }
+            long ns = ts.tv_nsec + (long)((left - (double)(time_t)left) * 1e9);
+            ts.tv_sec += (time_t)left + ns / 1000000000L;
+            ts.tv_nsec = ns % 1000000000L;
+            if (pthread_mutex_timedlock(&e->progress_mu, &ts) != 0) {
+                atomic_fetch_sub(&e->callers_waiting, 1);
+                return atomic_load(&h->done);
+            }
+        } else {
+            pthread_mutex_lock(&e->progress_mu);
+        }
         atomic_fetch_sub(&e->callers_waiting, 1);
-        drive_locked(e, h);
+        drive_locked(e, h, deadline_s);
         int stopped = atomic_load(&e->stop);
         pthread_mutex_unlock(&e->progress_mu);
         if (atomic_load(&e->thread_parked)) cring__comm_wake(e->comm);
         if (stopped && !atomic_load(&h->done)) wait_done_cv(e, h, 10 * 1000 * 1000);
+        if (deadline_s > 0 && cring__now_s() >= deadline_s) return atomic_load(&h->done);
     }
+    return 1;
+}
+
+cring_status_t cring_handle_wait(cring_handle_t *h) {
+    wait_until(h, 0);
     return h->status;
+}
+
+int cring_handle_wait_for(cring_handle_t *h, double timeout_s) {
+    if (atomic_load(&h->done)) return 1;
+    if (timeout_s <= 0) return 0;
+    return wait_until(h, cring__now_s() + timeout_s);
 }
 
 int cring_handle_done(const cring_handle_t *h) { return atomic_load(&((cring_handle_t *)h)->done); }

@@ -310,6 +310,11 @@ CRING_API const char *cring_engine_error_message(void);
 CRING_API int cring_handle_done(const cring_handle_t *handle);
 /* Block until done; returns the handle's status. Thread-safe. */
 CRING_API cring_status_t cring_handle_wait(cring_handle_t *handle);
+/* Like cring_handle_wait, but give up after timeout_s seconds (driving the
+ * engine meanwhile, as cring_handle_wait does). Returns 1 once done, 0 if not
+ * yet (then the handle is untouched and may be waited on again). Bindings use
+ * it to wake every ~100 ms and run signal handlers. Thread-safe. */
+CRING_API int cring_handle_wait_for(cring_handle_t *handle, double timeout_s);
 /* After completion: the status and, on error, a message naming the tensor,
  * the ranks and what differed. */
 CRING_API cring_status_t cring_handle_status(const cring_handle_t *handle);
