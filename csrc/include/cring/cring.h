@@ -247,6 +247,21 @@ typedef struct cring_tensor {
     const int64_t *shape;  /* ndim entries; copied at submission */
 } cring_tensor_t;
 
+/* Where a request's tensors live. Every tensor of a request is on the same
+ * device. CPU is the zero value, so a zero-initialised request is a CPU one. */
+typedef enum cring_device_type {
+    CRING_DEVICE_CPU = 0,
+    CRING_DEVICE_CUDA = 1
+} cring_device_type_t;
+
+typedef struct cring_device {
+    cring_device_type_t type;
+    int id;       /* CUDA device ordinal; 0 for the CPU */
+    void *stream; /* CUDA: the cudaStream_t the inputs were produced on and the
+                     results must be ordered on (NULL: the legacy default
+                     stream). Unused for the CPU. */
+} cring_device_t;
+
 typedef struct cring_request {
     const char *name;               /* unique among this rank's requests in flight */
     cring_collective_t collective;
@@ -262,6 +277,8 @@ typedef struct cring_request {
     const int64_t *splits;          /* ALLTOALL (one tensor): size entries, the rows
                                        of shape[0] sent to each rank in rank order;
                                        NULL splits shape[0] evenly (it must divide) */
+    cring_device_t device;          /* where send/recv live; every rank must agree on
+                                       the type (ERR_MISMATCH otherwise) */
 } cring_request_t;
 
 /* JOIN (no tensors): this rank has no more work. Until every rank has joined,
