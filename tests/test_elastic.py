@@ -468,7 +468,7 @@ def test_run_needs_a_state():
 
 def test_store_client_speaks_the_store_protocol():
     from cring import _C
-    from cring.elastic import _StoreClient
+    from cring._elastic_protocol import StoreClient as _StoreClient
 
     server = _C.StoreServer("127.0.0.1", 0, "s3cret")
     try:
@@ -495,7 +495,7 @@ def test_store_client_speaks_the_store_protocol():
 
 
 def test_discovery_output_parsing():
-    from cring.run import _parse_discovery
+    from cring.launch.elastic_driver import parse_discovery as _parse_discovery
 
     hosts, problems = _parse_discovery("localhost:2\n\n# c\nnode7\nnode7:3\nbad:x\n:4\n")
     assert hosts == {"localhost": 2, "node7": 4}

@@ -632,7 +632,7 @@ def test_console_script(tmp_path: Path) -> None:
 
 
 def test_split_command_stops_at_the_first_non_option() -> None:
-    from cring.run import _split_command
+    from cring.launch.cli import split_command as _split_command
 
     assert _split_command(["-np", "2", "python", "-np", "3"]) == (
         ["-np", "2"],
@@ -648,7 +648,7 @@ def test_split_command_stops_at_the_first_non_option() -> None:
 
 
 def test_line_buffer_prefixes_whole_lines_only() -> None:
-    from cring.run import _LineBuffer
+    from cring.launch.output import LineBuffer as _LineBuffer
 
     lines = _LineBuffer(b"[7] ", max_pending_bytes=8)
     assert lines.feed(b"ab") == b""

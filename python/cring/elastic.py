@@ -16,10 +16,10 @@ function again.
 
     train(cring.elastic.ObjectState(step=0, weights=np.zeros(10)))
 
-This module holds the worker side and the protocol it shares with the
-launcher (python/cring/run.py): a small client of the rendezvous store, the
-store keys and the generation record. It never imports torch
-(cring.torch.elastic adds TorchState). See docs/elastic.md.
+This module holds the worker side: the state, the decorator and the
+worker's moves between generations. The protocol it shares with the launcher
+(cring/launch/elastic_driver.py) is cring._elastic_protocol. It never imports
+torch (cring.torch.elastic adds TorchState). See docs/elastic.md.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from . import _C, _api, _discovery
+from . import _api, _discovery
+from ._elastic_protocol import Keys, StoreClient
 
 __all__ = [
     "ElasticError",
@@ -80,113 +81,6 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 # ---------------------------------------------------------------------------
-# A client of the rendezvous store (cring._C.StoreClient: the C core's own
-# protocol and authentication); failures surface as ConnectionError
-# ---------------------------------------------------------------------------
-
-class _StoreClient:
-    """A blocking client of cring's rendezvous store (set/get/add/wait),
-    authenticated with the job secret; every failure is a ConnectionError."""
-
-    def __init__(self, addr: str, port: int, secret: str | None, timeout_s: float) -> None:
-        try:
-            self._c = _C.StoreClient(addr, int(port), secret, float(timeout_s))
-        except _api.CRingError as exc:
-            raise ConnectionError(str(exc)) from None
-
-    def close(self) -> None:
-        self._c.close()
-
-    def abort(self) -> None:
-        """From another thread: a call blocked in this client fails at once."""
-        self._c.interrupt()
-
-    def _do(self, method: str, *args: Any) -> Any:
-        try:
-            return getattr(self._c, method)(*args)
-        except _api.CRingError as exc:
-            raise ConnectionError(str(exc)) from None
-
-    def set(self, key: str, value: bytes) -> None:
-        self._do("set", key, value)
-
-    def get(self, key: str, timeout_s: float) -> bytes | None:
-        """The value of key once it exists; None if it did not appear in time."""
-        return self._do("get", key, float(timeout_s))
-
-    def add(self, key: str, delta: int) -> int:
-        return self._do("add", key, int(delta))
-
-    def wait(self, keys: Iterable[str], timeout_s: float) -> bool:
-        """True once every key exists; False if not all did within timeout_s."""
-        keys = list(keys)
-        return True if not keys else self._do("wait", keys, float(timeout_s))
-
-
-# ---------------------------------------------------------------------------
-# What the launcher and the workers agree on: keys and generation records
-# ---------------------------------------------------------------------------
-
-
-class _Keys:
-    """Store keys of one elastic job (all under '<job id>/elastic/')."""
-
-    def __init__(self, job_id: str) -> None:
-        self.prefix = f"{job_id}/elastic"
-
-    def generation(self, g: int) -> str:
-        """The record of generation g (JSON, see make_record)."""
-        return f"{self.prefix}/gen/{g}"
-
-    @property
-    def latest(self) -> str:
-        """The number of the newest generation formed (decimal text)."""
-        return f"{self.prefix}/latest"
-
-    def joined(self, g: int, worker: int) -> str:
-        """Set by a worker carried over into generation g once it has left the previous one."""
-        return f"{self.prefix}/joined/{g}/{worker}"
-
-    def formed(self, g: int) -> str:
-        """Set by the workers carried over into generation g once cring is initialised in it."""
-        return f"{self.prefix}/formed/{g}"
-
-    @property
-    def request_count(self) -> str:
-        return f"{self.prefix}/requests"
-
-    def request(self, n: int) -> str:
-        """The n-th request (from 1) of a worker for a new generation (JSON)."""
-        return f"{self.prefix}/request/{n}"
-
-
-def make_record(
-    generation: int, workers: list[int], added: Iterable[int] = (), reason: str = ""
-) -> bytes:
-    """A generation record: `workers` in rank order; `added` were started for it."""
-    return json.dumps(
-        {
-            "generation": generation,
-            "size": len(workers),
-            "ranks": {str(w): r for r, w in enumerate(workers)},
-            "added": sorted(added),
-            "reason": reason,
-        }
-    ).encode()
-
-
-def make_final_record(generation: int, reason: str) -> bytes:
-    """Stored where generation `generation` would go: no generation follows."""
-    return json.dumps({"generation": generation, "finished": True, "reason": reason}).encode()
-
-
-def _store_from_env(env: Mapping[str, str], timeout_s: float) -> _StoreClient:
-    return _StoreClient(
-        env["CRING_ADDR"], int(env["CRING_PORT"]), env.get("CRING_SECRET") or None, timeout_s
-    )
-
-
-# ---------------------------------------------------------------------------
 # The worker's side
 # ---------------------------------------------------------------------------
 
@@ -207,17 +101,17 @@ class _Worker:
                 "--elastic"
             ) from None
         self._secret = env.get("CRING_SECRET") or None
-        self.keys = _Keys(env.get("CRING_JOB_ID") or "cring")
+        self.keys = Keys(env.get("CRING_JOB_ID") or "cring")
         self.timeout_s = float(env.get("CRING_TIMEOUT_SECONDS") or _discovery.DEFAULT_TIMEOUT_S)
-        self._store: _StoreClient | None = None
+        self._store: StoreClient | None = None
         self._record: dict | None = None  # the record of self.generation, once read
 
     # -- store access ----------------------------------------------------------
 
-    def _client(self) -> _StoreClient:
+    def _client(self) -> StoreClient:
         if self._store is None:
             try:
-                self._store = _StoreClient(
+                self._store = StoreClient(
                     self._addr, self._port, self._secret, min(self.timeout_s, 30.0)
                 )
             except (OSError, ConnectionError) as exc:

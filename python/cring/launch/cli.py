@@ -1,0 +1,241 @@
+# cringrun's command line: the options, where the command starts, and the
+# checks of option combinations. Parses only; starts nothing.
+"""Command line of cringrun (see cring.launch for what the options do)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PROG = "cringrun"
+DEFAULT_GRACE_SECONDS = 5.0
+DEFAULT_DISCOVERY_INTERVAL_S = 1.0
+
+_HOSTS_UNSUPPORTED = (
+    "multi-host launch is not supported by cringrun yet; start one process per rank "
+    "with CRING_* variables (see README)"
+)
+_USAGE = f"{PROG} -np N [options] [--] command [args ...]"
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds >= 0, got {text!r}"
+        ) from None
+    if not value >= 0 or value == float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        usage=_USAGE,
+        description="Run N local processes of a command as the ranks of one cring job.",
+        epilog=(
+            "Everything from the first non-option argument on (or after '--') is the "
+            "command and its arguments. Each rank gets CRING_RANK, CRING_SIZE, "
+            "CRING_LOCAL_RANK, CRING_LOCAL_SIZE, CRING_ADDR, CRING_PORT, CRING_SECRET, "
+            "CRING_STORE_EXTERNAL and CRING_JOB_ID in its environment. Exit status: 0 when "
+            "every rank exits 0, else the first failing rank's code (128+N for signal N), "
+            "130/143 after SIGINT/SIGTERM, 2 for usage errors."
+        ),
+        # Abbreviations would make '--num 4' ambiguous with the start of the command.
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "-np",
+        "-n",
+        "--num-proc",
+        dest="num_proc",
+        type=_positive_int,
+        metavar="N",
+        help="number of processes (ranks) to start, >= 1 (required)",
+    )
+    parser.add_argument(
+        "--no-prefix",
+        action="store_true",
+        help="relay output unchanged instead of prefixing each line with '[rank] '",
+    )
+    parser.add_argument(
+        "--grace-seconds",
+        type=_non_negative_float,
+        default=DEFAULT_GRACE_SECONDS,
+        metavar="S",
+        help=(
+            "seconds ranks get to exit after SIGTERM (or a forwarded signal) before "
+            f"SIGKILL (default {DEFAULT_GRACE_SECONDS:g})"
+        ),
+    )
+    parser.add_argument(
+        "-H",
+        "--hosts",
+        metavar="HOSTS",
+        help="not supported yet: cringrun launches on this host only",
+    )
+    elastic = parser.add_argument_group(
+        "elastic training",
+        "With --elastic, a worker that fails does not end the job: the others form a new "
+        "generation (new ranks and size) through the launcher's store and carry on "
+        "(cring.elastic.run); see docs/elastic.md.",
+    )
+    elastic.add_argument(
+        "--elastic",
+        action="store_true",
+        help="keep the job running when workers fail, as long as --min-np remain",
+    )
+    elastic.add_argument(
+        "--min-np",
+        type=_positive_int,
+        metavar="M",
+        help="fail the job when fewer than M workers remain (default: -np)",
+    )
+    elastic.add_argument(
+        "--max-np",
+        type=_positive_int,
+        metavar="N",
+        help="never run more than N workers (default: no limit beyond the discovery script)",
+    )
+    elastic.add_argument(
+        "--host-discovery-script",
+        metavar="SCRIPT",
+        help=(
+            "executable printing one 'host[:slots]' line per host; workers are added "
+            "while this host has more slots than running workers (only this host is used)"
+        ),
+    )
+    elastic.add_argument(
+        "--discovery-interval",
+        type=_non_negative_float,
+        default=DEFAULT_DISCOVERY_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between runs of the discovery script (default {DEFAULT_DISCOVERY_INTERVAL_S:g})",
+    )
+    elastic.add_argument(
+        "--reset-limit",
+        type=_non_negative_int,
+        metavar="K",
+        help="fail the job instead of forming generation K+1 (default: no limit)",
+    )
+    return parser
+
+
+# Launcher options that take a value as the next argument; used to find where
+# the command starts without letting argparse look at the command's flags.
+_OPTIONS_WITH_VALUE = frozenset(
+    {
+        "-np",
+        "-n",
+        "--num-proc",
+        "--grace-seconds",
+        "-H",
+        "--hosts",
+        "--min-np",
+        "--max-np",
+        "--host-discovery-script",
+        "--discovery-interval",
+        "--reset-limit",
+    }
+)
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split argv into (launcher arguments, command and its arguments).
+
+    The command starts at '--' (which is dropped) or at the first argument that
+    is neither an option nor the value of an option that takes one.
+    """
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--":
+            return list(argv[:index]), list(argv[index + 1 :])
+        if arg.startswith("-") and arg != "-":
+            index += 2 if arg in _OPTIONS_WITH_VALUE else 1
+            continue
+        return list(argv[:index]), list(argv[index:])
+    return list(argv), []
+
+
+@dataclass(frozen=True)
+class Options:
+    num_proc: int
+    prefix_output: bool
+    grace_seconds: float
+    command: list[str]
+    elastic: bool = False
+    min_np: int = 1
+    max_np: int | None = None
+    discovery_script: str | None = None
+    discovery_interval_s: float = DEFAULT_DISCOVERY_INTERVAL_S
+    reset_limit: int | None = None
+
+
+def parse_args(argv: Sequence[str]) -> Options:
+    """Parse the command line; raises SystemExit for --help and usage errors."""
+    parser = build_parser()
+    launcher_args, command = split_command(argv)
+    namespace = parser.parse_args(launcher_args)
+    if namespace.hosts is not None:
+        parser.error(_HOSTS_UNSUPPORTED)
+    if namespace.num_proc is None:
+        parser.error("the number of processes is required: -np N")
+    if not command:
+        parser.error("missing the command to run after the options")
+    elastic_only = {
+        "--min-np": namespace.min_np,
+        "--max-np": namespace.max_np,
+        "--host-discovery-script": namespace.host_discovery_script,
+        "--reset-limit": namespace.reset_limit,
+    }
+    if namespace.discovery_interval != DEFAULT_DISCOVERY_INTERVAL_S:
+        elastic_only["--discovery-interval"] = namespace.discovery_interval
+    if not namespace.elastic:
+        for option, value in elastic_only.items():
+            if value is not None:
+                parser.error(f"{option} needs --elastic")
+    min_np = namespace.num_proc if namespace.min_np is None else namespace.min_np
+    if min_np > namespace.num_proc:
+        parser.error(f"--min-np {min_np} is more than -np {namespace.num_proc}")
+    if namespace.max_np is not None and namespace.max_np < namespace.num_proc:
+        parser.error(f"--max-np {namespace.max_np} is less than -np {namespace.num_proc}")
+    script = namespace.host_discovery_script
+    if script is not None and not (os.path.isfile(script) and os.access(script, os.X_OK)):
+        parser.error(f"--host-discovery-script {script!r} is not an executable file")
+    return Options(
+        num_proc=namespace.num_proc,
+        prefix_output=not namespace.no_prefix,
+        grace_seconds=namespace.grace_seconds,
+        command=command,
+        elastic=namespace.elastic,
+        min_np=min_np,
+        max_np=namespace.max_np,
+        discovery_script=script,
+        discovery_interval_s=namespace.discovery_interval,
+        reset_limit=namespace.reset_limit,
+    )
+

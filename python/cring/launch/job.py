@@ -1,0 +1,287 @@
+# The job of local processes: starts the ranks, supervises them, forwards
+# signals to their process groups, stops them and computes the exit status.
+# Elastic behaviour is in elastic_driver.py (a subclass); output in output.py.
+"""The ranks of one cringrun job and their supervision."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .cli import PROG, Options
+from .output import LineBuffer, OutputPump, Sink, Stream
+from .signals import SignalWatcher, signal_name, signals_blocked
+
+# After the last rank has exited, how long to wait for its pipes to close (a
+# child of a rank may still hold them) before killing what is left.
+_OUTPUT_DRAIN_TIMEOUT_S = 2.0
+# After a rank fails, how long to wait for its remaining output so that its
+# last words are printed before the launcher's summary line.
+FAILED_RANK_OUTPUT_TIMEOUT_S = 0.5
+# How long to wait for the output thread to finish writing at the very end.
+OUTPUT_THREAD_JOIN_TIMEOUT_S = 5.0
+
+def start_store(secret: str) -> tuple[Any, int]:
+    """Serve the job's rendezvous store on 127.0.0.1; return (server, port).
+
+    The server object has .stop(). Kept as one small function so that tests of
+    pure launcher behaviour can replace it.
+    """
+    from cring._C import StoreServer
+
+    server = StoreServer("127.0.0.1", 0, secret)
+    return server, int(server.port)
+
+
+def exit_code_of(status: int) -> int:
+    """Shell-style exit code for a Popen-style status (negative: killed by signal)."""
+    return status if status >= 0 else 128 - status
+
+
+def describe_status(status: int) -> str:
+    if status >= 0:
+        return f"exited with code {status}"
+    return f"was killed by signal {-status} ({signal_name(-status)})"
+
+
+def count_processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
+
+
+@dataclass
+class Rank:
+    rank: int
+    process: subprocess.Popen[bytes]
+    status: int | None = None  # Popen.returncode convention once it has exited
+
+
+def exit_status_nowait(process: subprocess.Popen[bytes]) -> int | None:
+    """The exit status of a child if it has exited, without reaping it.
+
+    The child stays a zombie until reaped at the very end, so its pid (which is
+    also its process group id) cannot be reused while the launcher may still
+    signal that group.
+    """
+    if process.returncode is not None:
+        return process.returncode
+    if not hasattr(os, "waitid"):  # pragma: no cover - platforms without waitid
+        return process.poll()
+    try:
+        info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # already reaped
+        return process.poll()
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return info.si_status
+    return -info.si_status  # CLD_KILLED or CLD_DUMPED
+
+
+class Job:
+    """Starts the ranks, watches them, stops them, and computes the exit status."""
+
+    def __init__(self, options: Options, env: dict[str, str]) -> None:
+        self._options = options
+        self._env = env
+        self._stdout = Sink(sys.stdout)
+        self._stderr = Sink(sys.stderr)
+        self._ranks: list[Rank] = []
+        self._exit_code: int | None = None  # set by the first cause of the job's end
+        self._kill_deadline: float | None = None  # when SIGTERM'd ranks get SIGKILL
+        self._stop_signal: int | None = None  # the signal the stop began with
+        self._killed = False
+        self._pump: OutputPump | None = None
+
+    def message(self, text: str) -> None:
+        self._stderr.write(f"{PROG}: {text}\n".encode("utf-8", errors="replace"))
+
+    def run(self) -> int:
+        with SignalWatcher() as watcher:
+            try:
+                self._spawn_all()
+                self._pump = OutputPump(self._streams())
+                with signals_blocked():  # the thread inherits the mask
+                    self._pump.start()
+                self._supervise(watcher)
+            finally:
+                self._finish()
+        return self._exit_code if self._exit_code is not None else 0
+
+    # -- start ---------------------------------------------------------------
+
+    def _spawn_all(self) -> None:
+        size = self._options.num_proc
+        for rank in range(size):
+            if self._spawn(rank, rank_environment(rank, size)) is None:
+                if self._ranks:
+                    self._begin_stop(signal.SIGTERM)
+                return
+
+    def _spawn(self, label: int, variables: dict[str, str]) -> Rank | None:
+        """Start one process of the command (label: its rank, or its worker id
+        under --elastic; label 0 reads stdin). On failure, print why, set the
+        exit code (127 not found, 126 not executable, else 1) and return None."""
+        env = dict(self._env)
+        env.update(variables)
+        try:
+            process = subprocess.Popen(
+                self._options.command,
+                env=env,
+                stdin=None if label == 0 else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except (OSError, ValueError) as exc:  # ValueError: e.g. a NUL byte in an argument
+            # The shell's codes: 127 not found, 126 found but not executable.
+            if isinstance(exc, FileNotFoundError):
+                self._exit_code = 127
+            elif isinstance(exc, PermissionError):
+                self._exit_code = 126
+            else:
+                self._exit_code = 1
+            detail = getattr(exc, "strerror", None) or str(exc)
+            what = "worker" if self._options.elastic else "rank"
+            self.message(f"cannot start {what} {label}: {self._options.command[0]}: {detail}")
+            return None
+        started = Rank(label, process)
+        self._ranks.append(started)
+        return started
+
+    def _streams(self, ranks: list[Rank] | None = None) -> list[Stream]:
+        streams = []
+        for rank in self._ranks if ranks is None else ranks:
+            prefix = f"[{rank.rank}] ".encode() if self._options.prefix_output else b""
+            assert rank.process.stdout is not None and rank.process.stderr is not None
+            streams.append(
+                Stream(rank.rank, rank.process.stdout, self._stdout, LineBuffer(prefix))
+            )
+            streams.append(
+                Stream(rank.rank, rank.process.stderr, self._stderr, LineBuffer(prefix))
+            )
+        return streams
+
+    # -- watch ---------------------------------------------------------------
+
+    def _supervise(self, watcher: SignalWatcher) -> None:
+        while True:
+            for signum in watcher.take_signals():
+                self._on_launcher_signal(signum)
+            self._collect_exits()
+            running = self._running()
+            if not running:
+                return
+            timeout_s = self._tick()
+            if self._kill_deadline is not None and not self._killed:
+                remaining_s = self._kill_deadline - time.monotonic()
+                if remaining_s <= 0:
+                    self.message(
+                        f"{count_processes(len(running))} still running "
+                        f"{self._options.grace_seconds:g} s after "
+                        f"{signal_name(self._stop_signal or signal.SIGTERM)}; killing them"
+                    )
+                    self._kill_all()
+                    continue
+                timeout_s = remaining_s if timeout_s is None else min(timeout_s, remaining_s)
+            watcher.wait(timeout_s)
+
+    def _tick(self) -> float | None:
+        """Periodic work of a subclass; returns how soon to call again (None: no need)."""
+        return None
+
+    def _running(self) -> list[Rank]:
+        return [rank for rank in self._ranks if rank.status is None]
+
+    def _on_launcher_signal(self, signum: int) -> None:
+        running = self._running()
+        if self._exit_code is None:
+            self._exit_code = 128 + signum
+        if self._stop_signal is None:
+            self.message(
+                f"received {signal_name(signum)}; forwarding it to {count_processes(len(running))}"
+            )
+            self._begin_stop(signum)
+        elif not self._killed:
+            self.message(
+                f"received {signal_name(signum)} while stopping; killing {count_processes(len(running))}"
+            )
+            self._kill_all()
+
+    def _collect_exits(self) -> None:
+        newly_failed: list[Rank] = []
+        for rank in self._running():
+            rank.status = exit_status_nowait(rank.process)
+            if rank.status is not None and rank.status != 0:
+                newly_failed.append(rank)
+        if newly_failed and self._exit_code is None:
+            first = newly_failed[0]
+            assert first.status is not None
+            self._exit_code = exit_code_of(first.status)
+            self._on_rank_failure(first, first.status)
+
+    def _on_rank_failure(self, failed: Rank, status: int) -> None:
+        # Let the failed rank's last output (e.g. a traceback) come out first.
+        if self._pump is not None:
+            self._pump.wait_closed(FAILED_RANK_OUTPUT_TIMEOUT_S, rank=failed.rank)
+        others = len(self._running())
+        summary = f"rank {failed.rank} {describe_status(status)}"
+        if others:
+            summary += f"; stopping the other {count_processes(others)}"
+        self.message(summary)
+        self._begin_stop(signal.SIGTERM)
+
+    # -- stop ----------------------------------------------------------------
+
+    def _signal_groups(self, signum: int) -> None:
+        # Leaders are not reaped before _finish, so every pid here is still
+        # ours and is the id of the rank's process group.
+        for rank in self._ranks:
+            try:
+                os.killpg(rank.process.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group is empty (or, for a zombie leader, only that)
+
+    def _begin_stop(self, signum: int) -> None:
+        self._stop_signal = signum
+        self._signal_groups(signum)
+        if self._kill_deadline is None:
+            self._kill_deadline = time.monotonic() + self._options.grace_seconds
+
+    def _kill_all(self) -> None:
+        self._killed = True
+        self._signal_groups(signal.SIGKILL)
+
+    def _finish(self) -> None:
+        """Kill what is left in the ranks' groups, reap the ranks, flush output."""
+        if self._running():  # only when supervision ended with an exception
+            self._signal_groups(signal.SIGKILL)
+        if self._pump is not None:
+            self._pump.wait_closed(_OUTPUT_DRAIN_TIMEOUT_S)
+        self._signal_groups(signal.SIGKILL)  # stragglers started by the ranks
+        for rank in self._ranks:
+            try:
+                rank.process.wait(timeout=self._options.grace_seconds + 10)
+            except subprocess.TimeoutExpired:
+                self.message(
+                    f"rank {rank.rank} (pid {rank.process.pid}) did not exit after SIGKILL"
+                )
+        if self._pump is not None:
+            self._pump.stop(OUTPUT_THREAD_JOIN_TIMEOUT_S)
+        else:
+            for rank in self._ranks:  # spawning failed before the pump started
+                for pipe in (rank.process.stdout, rank.process.stderr):
+                    if pipe is not None:
+                        pipe.close()
+
+def rank_environment(rank: int, size: int) -> dict[str, str]:
+    return {
+        "CRING_RANK": str(rank),
+        "CRING_SIZE": str(size),
+        "CRING_LOCAL_RANK": str(rank),
+        "CRING_LOCAL_SIZE": str(size),
+    }
