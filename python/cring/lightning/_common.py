@@ -1,110 +1,21 @@
 # What the Lightning and Fabric strategies share, written against torch and cring
-# only: launcher detection, reduce-op names, the gradient averager, the
-# collectives in Lightning's conventions and the strategy code both classes
-# have in common (StrategyMixin). Nothing here imports Lightning.
+# only: reduce-op names, the gradient averager, the collectives in Lightning's
+# conventions and the strategy code both classes have in common
+# (StrategyMixin). Launcher detection is _launch.py. Nothing here imports Lightning.
 """Shared machinery of cring's Lightning and Fabric strategies."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Optional
 
 import torch
 
 import cring
-from cring import _discovery
 
-# ---- which launcher started this process ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Launch:
-    """A process started by an external launcher: one rank per process."""
-
-    source: str  # "cring" (cringrun, Ray), "horovod", "torchrun", "openmpi", "pmi", "slurm"
-    rank: int
-    size: int
-    local_rank: int
-    local_size: Optional[int]  # None when the launcher does not say
-    node_rank: int
-
-
-def _int(env: Mapping[str, str], *names: str) -> Optional[int]:
-    for name in names:
-        value = env.get(name)
-        if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                raise ValueError(
-                    f"environment variable {name}={value!r} is not an integer"
-                ) from None
-    return None
-
-
-# launcher -> (local rank variables, local size variables, node rank variables)
-_LOCAL_VARIABLES = {
-    "cring": (("CRING_LOCAL_RANK",), ("CRING_LOCAL_SIZE",), ("CRING_NODE_RANK",)),
-    "horovod": (("HOROVOD_LOCAL_RANK",), ("HOROVOD_LOCAL_SIZE",), ("HOROVOD_CROSS_RANK",)),
-    "torchrun": (("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",), ("GROUP_RANK", "NODE_RANK")),
-    "openmpi": (("OMPI_COMM_WORLD_LOCAL_RANK",), ("OMPI_COMM_WORLD_LOCAL_SIZE",), ()),
-    "pmi": (
-        ("MPI_LOCALRANKID", "PMI_LOCAL_RANK", "PMIX_LOCAL_RANK"),
-        ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "PMIX_LOCAL_SIZE"),
-        (),
-    ),
-    "slurm": (("SLURM_LOCALID",), (), ("SLURM_NODEID",)),
-}
-
-
-def external_launch(env: Optional[Mapping[str, str]] = None) -> Optional[Launch]:
-    """The launch this process is part of, when a launcher started every rank
-    (CRING_RANK/CRING_SIZE from cringrun or Ray, HOROVOD_*, torchrun's RANK/
-    WORLD_SIZE, Open MPI, PMI, SLURM: the same order as cring.init()), else
-    None. Lightning's own child processes (LOCAL_RANK without RANK) are not
-    an external launch."""
-    env = os.environ if env is None else env
-    rank, size, source = _discovery._detect_rank_size(env)
-    if rank is None or size is None:
-        return None
-    if size < 1 or not 0 <= rank < size:
-        raise ValueError(f"{source} says this is rank {rank} of {size}, which is out of range")
-    local_rank_vars, local_size_vars, node_vars = _LOCAL_VARIABLES[source]
-    local_rank = _int(env, *local_rank_vars)
-    local_size = _int(env, *local_size_vars)
-    node_rank = _int(env, *node_vars)
-    if local_rank is None:
-        local_rank = 0 if size == 1 else rank % local_size if local_size else 0
-    if node_rank is None:
-        node_rank = rank // local_size if local_size else 0
-    return Launch(source, rank, size, local_rank, local_size, node_rank)
-
-
-def check_devices(launch: Launch, num_devices: int, num_nodes: int) -> None:
-    """With an external launcher, `devices` must be 1 (one rank per process)
-    or the number of processes the launcher started on this host."""
-    if num_devices == 1:
-        return
-    per_host = launch.local_size
-    if per_host is None or num_devices != per_host:
-        started = f"{per_host} processes on this host" if per_host else "one process per rank"
-        raise ValueError(
-            f"Trainer(devices={num_devices}) with strategy='cring': {launch.source} already "
-            f"started {started} ({launch.size} in all), and cring never starts more under an "
-            f"external launcher. Use devices=1 (one rank per process)"
-            + (f" or devices={per_host}" if per_host else "")
-        )
-    if num_devices * num_nodes != launch.size:
-        raise ValueError(
-            f"Trainer(devices={num_devices}, num_nodes={num_nodes}) with strategy='cring' makes "
-            f"{num_devices * num_nodes} ranks, but {launch.source} started {launch.size}; use "
-            f"devices=1, or num_nodes={launch.size // num_devices}"
-        )
-
+from ._environment import _CRingEnvironmentBase
 
 # ---- reduce operations --------------------------------------------------------------------------
 
@@ -475,8 +386,6 @@ class StrategyMixin:
         return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def _external(self) -> bool:
-        from ._environment import _CRingEnvironmentBase  # it imports this module
-
         env = self.cluster_environment
         return isinstance(env, _CRingEnvironmentBase) and env.launch is not None
 

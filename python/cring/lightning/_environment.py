@@ -16,7 +16,7 @@ import time
 from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
-from ._common import Launch, check_devices, external_launch
+from ._launch import Launch, check_devices, external_launch
 
 
 class _CRingEnvironmentBase:
