@@ -5,21 +5,20 @@
 # The GPU layer (csrc/gpu) loads CUDA and NCCL with dlopen at run time: nothing
 # here needs CUDA. Its tests use the test doubles libfake_nccl.so and
 # libfake_cudart.so, built next to the test programs.
+# The flags are in build_flags.mk, shared with setup.py.
+include build_flags.mk
 CC ?= cc
 SANITIZE ?= 0
 BUILD := $(if $(filter 1,$(SANITIZE)),build-asan,build)
-CFLAGS ?= -O2 -g
-CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -fPIC -pthread \
-          -Icsrc/include -Icsrc
+CFLAGS ?= $(CRING_TEST_CFLAGS)
+CFLAGS += $(CRING_CFLAGS) $(CRING_WARNINGS) $(addprefix -I,$(CRING_INCLUDE_DIRS))
 ifeq ($(SANITIZE),1)
 CFLAGS += -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=address,undefined
 endif
-LDLIBS += -pthread -lrt -lm -ldl
+LDLIBS += -pthread $(addprefix -l,$(CRING_LIBS))
 
-LIB_SRCS := $(sort $(wildcard csrc/common/*.c csrc/bootstrap/*.c csrc/transport/*.c \
-                              csrc/reduce/*.c csrc/algo/*.c csrc/core/*.c csrc/engine/*.c \
-                              csrc/gpu/*.c))
+LIB_SRCS := $(sort $(foreach layer,$(CRING_LAYERS),$(wildcard csrc/$(layer)/*.c)))
 LIB_OBJS := $(patsubst csrc/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
 TEST_SRCS := $(sort $(wildcard csrc/tests/test_*.c))
 TEST_BINS := $(patsubst csrc/tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
@@ -29,7 +28,7 @@ FAKE_LIBS := $(BUILD)/tests/libfake_nccl.so $(BUILD)/tests/libfake_nccl_no_allga
 
 all: $(BUILD)/libcring.a $(TEST_BINS) $(FAKE_LIBS)
 
-$(BUILD)/obj/%.o: csrc/%.c $(HEADERS)
+$(BUILD)/obj/%.o: csrc/%.c $(HEADERS) build_flags.mk
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 

@@ -3,26 +3,42 @@
 Needs only a C compiler and the Python headers: no framework, CUDA or MPI.
 Vector kernels are selected at run time by CPU feature, so no -march flags.
 The GPU layer (csrc/gpu) finds the CUDA runtime and NCCL with dlopen at run
-time: building needs neither.
+time: building needs neither. The compiler flags come from build_flags.mk,
+which the Makefile (C tests) reads too.
 """
 
+import re
 from glob import glob
+from pathlib import Path
 
 from setuptools import Extension, setup
 
-LIB_LAYERS = ["common", "bootstrap", "transport", "reduce", "algo", "core", "engine", "gpu",
-              "pyext"]
+
+def build_flags(path: Path = Path(__file__).resolve().parent / "build_flags.mk") -> dict:
+    """The `NAME := words` lines of build_flags.mk as {NAME: [words]}."""
+    flags = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"^([A-Z_]+)\s*:?=\s*(.*?)\s*$", line)
+        if match:
+            flags[match.group(1)] = match.group(2).split()
+    return flags
+
+
+FLAGS = build_flags()
+LIB_LAYERS = [*FLAGS["CRING_LAYERS"], "pyext"]
 sources = sorted(src for layer in LIB_LAYERS for src in glob(f"csrc/{layer}/*.c"))
 
 ext = Extension(
     "cring._C",
     sources=sources,
-    include_dirs=["csrc/include", "csrc"],
-    define_macros=[("_GNU_SOURCE", "1")],
-    extra_compile_args=["-std=c11", "-O3", "-fvisibility=hidden", "-pthread",
-                        "-Wno-unused-parameter"],
+    include_dirs=FLAGS["CRING_INCLUDE_DIRS"],
+    extra_compile_args=[
+        *FLAGS["CRING_CFLAGS"],
+        *FLAGS["CRING_WARNINGS"],
+        *FLAGS["CRING_SHIPPED_CFLAGS"],
+    ],
     extra_link_args=["-pthread"],
-    libraries=["rt", "m", "dl"],
+    libraries=FLAGS["CRING_LIBS"],
 )
 
 setup(ext_modules=[ext])

@@ -1,5 +1,5 @@
 /* net.c: socket helpers for the store and the TCP transport: listen, connect
- * with retry, accept and whole-buffer send/recv, all bounded by a deadline.
+ * with retry and whole-buffer send/recv, all bounded by a deadline.
  * Knows no protocol; never raises SIGPIPE and never leaks a socket into exec. */
 #include "net.h"
 
@@ -42,11 +42,6 @@ static int poll_one(int fd, short events, double deadline, short *revents) {
 static void set_nodelay(int fd) {
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-static void set_cloexec(int fd) {
-    int flags = fcntl(fd, F_GETFD);
-    if (flags >= 0 && !(flags & FD_CLOEXEC)) (void)fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
 }
 
 /* Port number as a string for getaddrinfo. */
@@ -233,31 +228,6 @@ cring_status_t cring__net_connect(const char *addr, int port, double deadline, i
         int wait_ms = CRING_MIN(backoff_ms, left);
         (void)poll(NULL, 0, wait_ms);
         backoff_ms = CRING_MIN(backoff_ms * 2, 200);
-    }
-}
-
-/* Contract: see net.h. The new socket is blocking, close-on-exec, TCP_NODELAY.
- * Errors: ERR_TIMEOUT, ERR_SYSTEM; detail in err. */
-cring_status_t cring__net_accept(int listen_fd, double deadline, int *fd_out,
-                                 cring__errmsg_t *err) {
-    *fd_out = -1;
-    for (;;) {
-        short rev = 0;
-        int r = poll_one(listen_fd, POLLIN, deadline, &rev);
-        if (r == 0)
-            return cring__fail(err, CRING_ERR_TIMEOUT, "timed out waiting for a connection");
-        if (r < 0) return cring__fail(err, CRING_ERR_SYSTEM, "poll failed: %s", strerror(errno));
-        int s = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (s < 0) {
-            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK ||
-                errno == ECONNABORTED || errno == EPROTO)
-                continue;
-            return cring__fail(err, CRING_ERR_SYSTEM, "accept failed: %s", strerror(errno));
-        }
-        set_cloexec(s);
-        set_nodelay(s);
-        *fd_out = s;
-        return CRING_OK;
     }
 }
 

@@ -16,9 +16,6 @@ cring_status_t cring__net_listen(const char *bind_addr, int port, int backlog, i
  * attempts until deadline (cring__now_s() clock). TCP_NODELAY is set. */
 cring_status_t cring__net_connect(const char *addr, int port, double deadline, int *fd_out,
                                   cring__errmsg_t *err);
-/* accept() with a deadline; TCP_NODELAY is set on the new socket. */
-cring_status_t cring__net_accept(int listen_fd, double deadline, int *fd_out,
-                                 cring__errmsg_t *err);
 /* Send / receive exactly n bytes before deadline (blocking or non-blocking fd).
  * A closed connection is ERR_PEER_FAILURE, an expired deadline ERR_TIMEOUT. */
 cring_status_t cring__net_send_all(int fd, const void *buf, size_t n, double deadline,

@@ -17,6 +17,7 @@
 
 #include "../common/auth.h"
 #include "../common/net.h"
+#include "../common/wire.h"
 #include "transport.h"
 
 /* ---- Mesh handshake -----------------------------------------------------------
@@ -47,13 +48,6 @@ typedef struct tcp_p2p {
     cring_status_t fail_status; /* the first failure: what cancel tells the peers */
     uint8_t *reasons;      /* reasons[peer]: why it stopped (urgent byte), 0 if unknown */
 } tcp_p2p_t;
-
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 static int poll_ms_until(double deadline, double now) {
     double left = deadline - now;
@@ -383,9 +377,9 @@ static cring_status_t connect_peer(tcp_p2p_t *t, const cring__transport_init_t *
     }
     uint8_t answer[TCP_ANSWER_BYTES];
     memcpy(answer, TCP_MAGIC, TCP_MAGIC_BYTES);
-    put_u32(answer + 4, (uint32_t)init->rank);
-    put_u32(answer + 8, (uint32_t)peer);
-    put_u32(answer + 12, (uint32_t)init->size);
+    cring__wire_put_u32(answer + 4, (uint32_t)init->rank);
+    cring__wire_put_u32(answer + 8, (uint32_t)peer);
+    cring__wire_put_u32(answer + 12, (uint32_t)init->size);
     cring__auth_response(init->secret, hello + TCP_MAGIC_BYTES, answer + 16);
     CRING_CHECK_GOTO(cring__net_send_all(fd, answer, sizeof answer, deadline, &detail), st,
                      cleanup);
@@ -445,7 +439,7 @@ static int pending_judge(tcp_p2p_t *t, const cring__transport_init_t *init,
     uint8_t expect[CRING__AUTH_BYTES];
     cring__auth_response(init->secret, h->hello + TCP_MAGIC_BYTES, expect);
     const uint8_t *a = h->answer;
-    uint32_t from = get_u32(a + 4), to = get_u32(a + 8), size = get_u32(a + 12);
+    uint32_t from = cring__wire_get_u32(a + 4), to = cring__wire_get_u32(a + 8), size = cring__wire_get_u32(a + 12);
     int authed = memcmp(a, TCP_MAGIC, TCP_MAGIC_BYTES) == 0 && cring__auth_equal(a + 16, expect);
     int fits = authed && to == (uint32_t)init->rank && size == (uint32_t)init->size &&
                from < (uint32_t)init->rank && t->fds[from] < 0;
