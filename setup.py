@@ -13,8 +13,10 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
+FLAGS_FILE = Path(__file__).resolve().parent / "build_flags.mk"
 
-def build_flags(path: Path = Path(__file__).resolve().parent / "build_flags.mk") -> dict:
+
+def build_flags(path: Path = FLAGS_FILE) -> dict:
     """The `NAME := words` lines of build_flags.mk as {NAME: [words]}."""
     flags = {}
     for line in path.read_text().splitlines():

@@ -129,7 +129,9 @@ def _imports(tree: ast.AST) -> Iterator[tuple[ast.stmt, bool]]:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node, in_function
             continue
-        nested = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        nested = in_function or isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        )
         stack.extend((child, nested) for child in ast.iter_child_nodes(node))
 
 
@@ -218,7 +220,9 @@ def _loops(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def check_python(root: Path) -> list[str]:
     graph = import_graph(root / "python" / PACKAGE)
-    module_level = {m: {t for t, kinds in ts.items() if "module" in kinds} for m, ts in graph.items()}
+    module_level = {
+        m: {t for t, kinds in ts.items() if "module" in kinds} for m, ts in graph.items()
+    }
     every = {m: set(ts) for m, ts in graph.items()}
     problems = []
 

@@ -18,9 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 import pytest
-
 from conftest import WORKERS
 
 TIMEOUT_S = 120

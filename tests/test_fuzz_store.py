@@ -21,7 +21,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import WORKERS
 from test_bootstrap import clean_env
 from test_security import answer, handshake, recv_exact, store_get, store_set
@@ -43,8 +42,9 @@ class Fuzzer:
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
-                        for i in range(threads)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)
+        ]
         self.held: list[socket.socket] = []  # idle or half-sent connections left open
 
     def start(self) -> None:
@@ -69,8 +69,14 @@ class Fuzzer:
 
     def _run(self, index: int) -> None:
         rng = random.Random(self.seed * 1000 + index)
-        cases = [self.random_bytes, self.wrong_handshake, self.malformed_request,
-                 self.oversized_request, self.slow_or_idle, self.burst]
+        cases = [
+            self.random_bytes,
+            self.wrong_handshake,
+            self.malformed_request,
+            self.oversized_request,
+            self.slow_or_idle,
+            self.burst,
+        ]
         weights = [3, 3, 4, 1, 1, 1]
         while not self.stop_event.is_set():
             case = rng.choices(cases, weights)[0]
@@ -215,12 +221,24 @@ def test_job_completes_while_store_is_fuzzed():
         time.sleep(0.2)  # the fuzzers are already at it when the ranks arrive
         before = dict(fuzzer.counts)
         for r in range(2):
-            env = clean_env(CRING_RANK=str(r), CRING_SIZE="2", CRING_ADDR="127.0.0.1",
-                            CRING_PORT=str(server.port), CRING_SECRET=SECRET,
-                            CRING_STORE_EXTERNAL="1", CRING_JOB_ID=f"fuzzed-{seed}")
-            procs.append(subprocess.Popen(
-                [sys.executable, str(WORKERS / "rendezvous_rounds.py"), str(ROUNDS)], env=env,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            env = clean_env(
+                CRING_RANK=str(r),
+                CRING_SIZE="2",
+                CRING_ADDR="127.0.0.1",
+                CRING_PORT=str(server.port),
+                CRING_SECRET=SECRET,
+                CRING_STORE_EXTERNAL="1",
+                CRING_JOB_ID=f"fuzzed-{seed}",
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(WORKERS / "rendezvous_rounds.py"), str(ROUNDS)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         outs = []
         for p in procs:
             try:
@@ -241,10 +259,13 @@ def test_job_completes_while_store_is_fuzzed():
         assert f"ROUNDS OK {r} {ROUNDS}" in out
     assert not fuzzer.errors, f"the store misbehaved (seed {seed}): {fuzzer.errors[:5]}"
     total = sum(during.values())
-    print(f"fuzz cases during the job: {total} {during}; legitimate round trip {took:.3f} s "
-          f"(seed {seed})")
-    assert total >= 50 and all(during.get(k, 0) > 0 for k in
-                               ("random_bytes", "wrong_handshake", "malformed_request"))
+    print(
+        f"fuzz cases during the job: {total} {during}; legitimate round trip {took:.3f} s "
+        f"(seed {seed})"
+    )
+    assert total >= 50 and all(
+        during.get(k, 0) > 0 for k in ("random_bytes", "wrong_handshake", "malformed_request")
+    )
     assert took < 2.0
     assert legitimate_round_trip(server.port) < 2.0
     server.stop()

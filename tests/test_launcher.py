@@ -129,7 +129,8 @@ ENV_REPORTER = """
              "PYTHONUNBUFFERED", "CRING_TEST_INHERITED"]
     report = {name: os.environ.get(name) for name in names}
     # The launcher serves the store for the whole job: it must accept connections.
-    with socket.create_connection((os.environ["CRING_ADDR"], int(os.environ["CRING_PORT"])), timeout=10):
+    store = (os.environ["CRING_ADDR"], int(os.environ["CRING_PORT"]))
+    with socket.create_connection(store, timeout=10):
         report["store_reachable"] = True
     print(json.dumps(report))
 """

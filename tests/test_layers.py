@@ -57,7 +57,9 @@ def test_the_check_finds_internal_and_upward_includes(tmp_path):
             "csrc/include/cring/cring.h": "",
             "csrc/core/comm_internal.h": "",
             "csrc/reduce/reduce_impl.h": "",
-            "csrc/engine/engine.c": '#include "../core/comm_internal.h"\n#include "cring/cring.h"\n',
+            "csrc/engine/engine.c": (
+                '#include "../core/comm_internal.h"\n#include "cring/cring.h"\n'
+            ),
             "csrc/pyext/module.c": '#include "../core/comm_internal.h"\n',
             "csrc/algo/ring.c": '#include "reduce/reduce_impl.h"\n#include "../engine/x.h"\n',
             "csrc/engine/x.h": "",

@@ -359,8 +359,9 @@ def test_registration_and_import_costs():
 
 @pytest.fixture
 def pl():
-    import cring.lightning  # noqa: F401  (registers strategy "cring")
     import lightning.pytorch
+
+    import cring.lightning  # noqa: F401  (registers strategy "cring")
 
     return lightning.pytorch
 
@@ -378,8 +379,9 @@ def test_devices_must_match_an_external_launcher(pl, monkeypatch):
 
 
 def test_unsupported_settings_raise(pl):
-    import cring.lightning as cl
     import torch
+
+    import cring.lightning as cl
 
     with pytest.raises(ValueError, match="sync_batchnorm"):
         pl.Trainer(strategy="cring", accelerator="cpu", devices=2, sync_batchnorm=True)
@@ -395,9 +397,10 @@ def test_unsupported_settings_raise(pl):
 def test_one_process_fit_and_a_user_initialised_cring(pl, monkeypatch):
     """devices=1 with no launcher is a job of one rank; the strategy shuts cring
     down after the run unless the user had initialised it."""
-    import cring
     import torch
     from lightning.pytorch.demos.boring_classes import BoringModel
+
+    import cring
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # or Lightning sets it (and torch's threads)
 

@@ -33,6 +33,7 @@ RAY_CLEANUP_TIMEOUT_S = 30
 
 # -------------------------------------------------------------------------------------- helpers
 
+
 def _ray_processes() -> dict[int, str]:
     """pid -> description of every process that belongs to some Ray instance:
     gcs_server, raylet, Ray's Python agents and workers ("ray::..."), zombies
@@ -48,9 +49,13 @@ def _ray_processes() -> dict[int, str]:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if (comm in ("raylet", "gcs_server") or comm.startswith("ray::")
-                or cmd.startswith("ray::") or "/ray/core/src/ray/" in cmd
-                or ("/site-packages/ray/" in cmd and "pytest" not in cmd)):
+        if (
+            comm in ("raylet", "gcs_server")
+            or comm.startswith("ray::")
+            or cmd.startswith("ray::")
+            or "/ray/core/src/ray/" in cmd
+            or ("/site-packages/ray/" in cmd and "pytest" not in cmd)
+        ):
             found[int(entry)] = f"{comm}: {cmd[:120]}"
     return found
 
@@ -168,13 +173,22 @@ def _assert_params_close(got, want, tol=1e-5):
 
 # ------------------------------------------------------------------- tests without Ray running
 
+
 def test_import_cring_does_not_import_ray():
-    code = ("import sys, cring, cring.torch; "
-            "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')); "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, cring, cring.torch; "
+        "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     env = dict(os.environ, PYTHONPATH=str(CRING_PATH))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, f"import cring imported Ray: {proc.stdout} {proc.stderr}"
 
 
@@ -198,19 +212,35 @@ def test_bad_configuration_is_rejected():
 def test_local_ranks_count_workers_per_node():
     from cring.ray._backend import CRingConfig, worker_environments
 
-    envs = worker_environments(["a", "b", "a", "a", "b"], "10.0.0.1", 4242, "s3cret", "job7",
-                               CRingConfig(timeout_s=30, transport="tcp"))
+    envs = worker_environments(
+        ["a", "b", "a", "a", "b"],
+        "10.0.0.1",
+        4242,
+        "s3cret",
+        "job7",
+        CRingConfig(timeout_s=30, transport="tcp"),
+    )
     assert [e["CRING_RANK"] for e in envs] == ["0", "1", "2", "3", "4"]
     assert [e["CRING_LOCAL_RANK"] for e in envs] == ["0", "0", "1", "2", "1"]
     assert [e["CRING_LOCAL_SIZE"] for e in envs] == ["3", "2", "3", "3", "2"]
     assert [e["CRING_NODE_RANK"] for e in envs] == ["0", "1", "0", "0", "1"]
     assert {e["CRING_SIZE"] for e in envs} == {"5"}
-    assert {(e["CRING_ADDR"], e["CRING_PORT"], e["CRING_SECRET"], e["CRING_JOB_ID"],
-             e["CRING_STORE_EXTERNAL"], e["CRING_TIMEOUT_SECONDS"], e["CRING_TRANSPORT"])
-            for e in envs} == {("10.0.0.1", "4242", "s3cret", "job7", "1", "30.0", "tcp")}
+    assert {
+        (
+            e["CRING_ADDR"],
+            e["CRING_PORT"],
+            e["CRING_SECRET"],
+            e["CRING_JOB_ID"],
+            e["CRING_STORE_EXTERNAL"],
+            e["CRING_TIMEOUT_SECONDS"],
+            e["CRING_TRANSPORT"],
+        )
+        for e in envs
+    } == {("10.0.0.1", "4242", "s3cret", "job7", "1", "30.0", "tcp")}
 
 
 # ------------------------------------------------------------------------------- on the cluster
+
 
 def test_worker_shutdown_leaves_cring_and_stops_the_store(cluster):
     """What the backend runs in each worker when the group stops (here in the
@@ -237,23 +267,27 @@ def test_two_workers_get_ranks_and_allreduce(cluster, tmp_path):
     ray_loops = _loops()
     from cring.ray import CRingConfig, CRingTrainer
 
-    result = _fit(CRingTrainer(
-        ray_loops.ranks_and_allreduce, train_loop_config={"outdir": str(tmp_path)},
-        cring_config=CRingConfig(timeout_s=60),
-        scaling_config=ray.train.ScalingConfig(num_workers=2),
-        run_config=_run_config(tmp_path, "ranks")))
+    result = _fit(
+        CRingTrainer(
+            ray_loops.ranks_and_allreduce,
+            train_loop_config={"outdir": str(tmp_path)},
+            cring_config=CRingConfig(timeout_s=60),
+            scaling_config=ray.train.ScalingConfig(num_workers=2),
+            run_config=_run_config(tmp_path, "ranks"),
+        )
+    )
     assert result.error is None
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [s["rank"] for s in seen] == [0, 1]
     assert [s["ray_world_rank"] for s in seen] == [0, 1]  # cring's rank is Ray's world rank
     assert {s["size"] for s in seen} == {2}
-    assert [s["local_rank"] for s in seen] == [0, 1]      # both on this one node
+    assert [s["local_rank"] for s in seen] == [0, 1]  # both on this one node
     assert {s["local_size"] for s in seen} == {2}
     assert [s["env"]["CRING_LOCAL_RANK"] for s in seen] == ["0", "1"]
     assert {s["transport"] for s in seen} == {"shm"}
     assert seen[0]["pid"] != seen[1]["pid"]
     for s in seen:
-        assert s["sum"] == [3.0 * i for i in range(7)]    # i*1 + i*2
+        assert s["sum"] == [3.0 * i for i in range(7)]  # i*1 + i*2
         assert s["average"] == [0.5, 0.5, 0.5]
         assert s["gathered"] == [[0, 0], [1, 1], [1, 1]]
         assert s["env"]["CRING_TIMEOUT_SECONDS"] == "60.0"
@@ -265,10 +299,14 @@ def test_distributed_optimizer_trains_identically_on_both_workers(cluster, tmp_p
     from cring.ray import CRingTrainer
 
     config = {"outdir": str(tmp_path), "lr": 0.05, "epochs": 4, "steps_per_epoch": 5}
-    result = _fit(CRingTrainer(
-        ray_loops.train_linear, train_loop_config=config,
-        scaling_config=ray.train.ScalingConfig(num_workers=2),
-        run_config=_run_config(tmp_path, "optimizer")))
+    result = _fit(
+        CRingTrainer(
+            ray_loops.train_linear,
+            train_loop_config=config,
+            scaling_config=ray.train.ScalingConfig(num_workers=2),
+            run_config=_run_config(tmp_path, "optimizer"),
+        )
+    )
     losses = [_read_jsonl(tmp_path / f"losses{r}.jsonl") for r in range(2)]
     assert losses[0] == losses[1]  # the allreduced loss, the same on both workers
     curve = [m["loss"] for m in losses[0]]
@@ -287,15 +325,25 @@ def test_killed_worker_restarts_and_resumes_from_checkpoint(cluster, tmp_path):
     ray_loops = _loops()
     from cring.ray import CRingConfig, CRingTrainer
 
-    config = {"outdir": str(tmp_path), "lr": 0.05, "epochs": 6, "steps_per_epoch": 3,
-              "die_at_epoch": 3}
+    config = {
+        "outdir": str(tmp_path),
+        "lr": 0.05,
+        "epochs": 6,
+        "steps_per_epoch": 3,
+        "die_at_epoch": 3,
+    }
     t0 = time.time()
-    result = _fit(CRingTrainer(
-        ray_loops.train_linear, train_loop_config=config,
-        cring_config=CRingConfig(timeout_s=60),
-        scaling_config=ray.train.ScalingConfig(num_workers=2),
-        run_config=_run_config(tmp_path, "restart",
-                               failure_config=ray.train.FailureConfig(max_failures=1))))
+    result = _fit(
+        CRingTrainer(
+            ray_loops.train_linear,
+            train_loop_config=config,
+            cring_config=CRingConfig(timeout_s=60),
+            scaling_config=ray.train.ScalingConfig(num_workers=2),
+            run_config=_run_config(
+                tmp_path, "restart", failure_config=ray.train.FailureConfig(max_failures=1)
+            ),
+        )
+    )
     assert (tmp_path / "died_once").exists()  # rank 1 really died once
     starts = [_read_jsonl(tmp_path / f"starts{r}.jsonl") for r in range(2)]
     for s in starts:
@@ -309,8 +357,10 @@ def test_killed_worker_restarts_and_resumes_from_checkpoint(cluster, tmp_path):
     assert starts[0][1]["job_id"] == starts[1][1]["job_id"]
     died = json.loads((tmp_path / "died_once").read_text())
     assert died["pid"] == starts[1][0]["pid"]
-    print(f"restart: worker group back {starts[1][1]['time'] - died['time']:.1f} s after the "
-          f"crash; run started {starts[0][0]['time'] - t0:.1f} s after fit()")
+    print(
+        f"restart: worker group back {starts[1][1]['time'] - died['time']:.1f} s after the "
+        f"crash; run started {starts[0][0]['time'] - t0:.1f} s after fit()"
+    )
     # Training went on to the end and, restored exactly, ends where an
     # uninterrupted run would.
     assert result.metrics["epoch"] == 5
@@ -330,12 +380,17 @@ def test_train_v1(cluster, tmp_path):
     try:
         proc = subprocess.run(
             [sys.executable, str(WORKERS / "ray_v1.py"), cluster.address, str(tmp_path)],
-            env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the Train V1 run hung for {RUN_TIMEOUT_S} s\n{e.stdout}\n{e.stderr}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SUMMARY ")]
     assert proc.returncode == 0 and lines, f"{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    summary = json.loads(lines[-1][len("SUMMARY "):])
+    summary = json.loads(lines[-1][len("SUMMARY ") :])
     assert summary["train_v2"] is False
     assert summary["base"] == "ray.train.data_parallel_trainer"
     assert summary["error"] is None
@@ -372,14 +427,20 @@ def test_lightning_fit_inside_the_loop(cluster, tmp_path):
     ray_loops = _loops()
     from cring.ray import CRingTrainer
 
-    result = _fit(CRingTrainer(
-        ray_loops.lightning_fit, train_loop_config={"outdir": str(tmp_path), "epochs": 3},
-        scaling_config=ray.train.ScalingConfig(num_workers=2),
-        run_config=_run_config(tmp_path, "lightning")))
+    result = _fit(
+        CRingTrainer(
+            ray_loops.lightning_fit,
+            train_loop_config={"outdir": str(tmp_path), "epochs": 3},
+            scaling_config=ray.train.ScalingConfig(num_workers=2),
+            run_config=_run_config(tmp_path, "lightning"),
+        )
+    )
     assert result.error is None
     seen = [json.loads((tmp_path / f"lightning{r}.json").read_text()) for r in range(2)]
-    assert [(s["global_rank"], s["ray_world_rank"], s["world_size"]) for s in seen] == \
-        [(0, 0, 2), (1, 1, 2)]
+    assert [(s["global_rank"], s["ray_world_rank"], s["world_size"]) for s in seen] == [
+        (0, 0, 2),
+        (1, 1, 2),
+    ]
     assert {s["strategy"] for s in seen} == {"CRingStrategy"}
     # Each rank trained on its own half of the data, every epoch.
     first = [set(s["seen"][: len(s["seen"]) // 3]) for s in seen]

@@ -19,7 +19,6 @@ import sys
 from typing import Optional
 
 import pytest
-
 from conftest import WORKERS, rank_results, run_ranks
 from test_bootstrap import clean_env, free_port
 
@@ -29,6 +28,7 @@ TIMEOUT_S = 120
 
 
 # ---- a minimal store client --------------------------------------------------------
+
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
@@ -44,8 +44,9 @@ def answer(secret: Optional[str], nonce: bytes) -> bytes:
     return b"CRS1" + hmac.new((secret or "").encode(), nonce, hashlib.sha256).digest()
 
 
-def handshake(port: int, secret: Optional[str],
-              forged: Optional[bytes] = None) -> tuple[socket.socket, int, bytes]:
+def handshake(
+    port: int, secret: Optional[str], forged: Optional[bytes] = None
+) -> tuple[socket.socket, int, bytes]:
     """Connect, answer the nonce (or send `forged`); return (socket, verdict, nonce)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     hello = recv_exact(sock, 20)
@@ -87,6 +88,7 @@ def store():
 
 
 # ---- authentication --------------------------------------------------------------------
+
 
 def test_right_secret_is_served(store):
     """The control case: the handshake as written here is the real one."""
@@ -160,9 +162,13 @@ sys.exit(1)
 def test_init_with_wrong_secret_raises_at_once(store, secret):
     """cring.init() with a secret the store does not accept raises CRingError
     naming the secret within seconds, although its time-out is 60 s."""
-    proc = subprocess.run([sys.executable, "-c", WRONG_SECRET_RANK, "1", str(store.port), secret,
-                           "60"], env=clean_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-c", WRONG_SECRET_RANK, "1", str(store.port), secret, "60"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "RAISED CRingError" in proc.stdout, proc.stdout
     assert "secret" in proc.stdout
@@ -174,10 +180,16 @@ def test_job_with_one_wrong_secret_fails_on_every_rank():
     """Rank 0 serves the store with one secret, rank 1 brings another: rank 1
     is refused at once; rank 0 gives up after its time-out. Nobody hangs."""
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", WRONG_SECRET_RANK, str(r), port, s, "3"],
-                              env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-             for r, s in ((0, "secret-a"), (1, "secret-b"))]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRONG_SECRET_RANK, str(r), port, s, "3"],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r, s in ((0, "secret-a"), (1, "secret-b"))
+    ]
     outs = []
     try:
         for p in procs:
@@ -194,6 +206,7 @@ def test_job_with_one_wrong_secret_fails_on_every_rank():
 
 # ---- loopback for single-host jobs -------------------------------------------------------
 
+
 def is_loopback(ip: str) -> bool:
     addr = ipaddress.ip_address(ip)
     if addr.version == 6 and addr.ipv4_mapped:
@@ -205,8 +218,13 @@ def is_loopback(ip: str) -> bool:
 def test_cringrun_store_and_connections_stay_on_loopback(tmp_path, transport):
     """cringrun serves the store on 127.0.0.1 only, and every socket the
     ranks hold (store client, TCP transport) is on loopback."""
-    run_ranks(2, "listeners.py", str(tmp_path), env=clean_env(CRING_TRANSPORT=transport),
-              timeout=TIMEOUT_S)
+    run_ranks(
+        2,
+        "listeners.py",
+        str(tmp_path),
+        env=clean_env(CRING_TRANSPORT=transport),
+        timeout=TIMEOUT_S,
+    )
     reports = rank_results(tmp_path, 2)
     store_port = reports[0]["store_port"]
     launcher_listening = [s for s in reports[0]["parent"] if s["listening"]]
@@ -234,8 +252,18 @@ def test_rank0_store_without_address_is_loopback(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     env = clean_env(PYTHONPATH=str(blocker))
-    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH",
-           sys.executable, str(WORKERS / "listeners.py"), str(out)]
+    cmd = [
+        mpirun,
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        "2",
+        "-x",
+        "PYTHONPATH",
+        sys.executable,
+        str(WORKERS / "listeners.py"),
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     reports = rank_results(out, 2)

@@ -16,8 +16,8 @@
 #include "store_protocol.h"
 
 struct cring_store {
-    int fd;                 /* -1 once broken */
-    double op_timeout_s;    /* bound on set/add round trips and on sends */
+    int fd;              /* -1 once broken */
+    double op_timeout_s; /* bound on set/add round trips and on sends */
     char addr[256];
     int port;
 };
@@ -75,9 +75,9 @@ static cring_status_t client_call(cring_store_t *c, const uint8_t *head, size_t 
         CRING_CHECK_GOTO(cring__net_send_all(c->fd, tail, tail_len, send_deadline, &detail), st,
                          cleanup);
     uint8_t reply_head[STORE_HEAD_BYTES];
-    CRING_CHECK_GOTO(cring__net_recv_all(c->fd, reply_head, sizeof reply_head, reply_deadline,
-                                         &detail),
-                     st, cleanup);
+    CRING_CHECK_GOTO(
+        cring__net_recv_all(c->fd, reply_head, sizeof reply_head, reply_deadline, &detail), st,
+        cleanup);
     uint32_t len = cring__store_head_length(reply_head);
     if (!cring__store_length_ok(len)) {
         st = cring__fail(&detail, CRING_ERR_PROTOCOL, "reply of %" PRIu32 " bytes is malformed",
@@ -119,8 +119,8 @@ static cring_status_t reply_error(cring_store_t *c, uint8_t status, const char *
                            what, key, c->addr, c->port);
     case STORE_REPLY_NO_MEMORY:
         return cring__fail(err, CRING_ERR_NO_MEMORY,
-                           "store %s of key '%s' at %s:%d: server is out of memory",
-                           what, key, c->addr, c->port);
+                           "store %s of key '%s' at %s:%d: server is out of memory", what, key,
+                           c->addr, c->port);
     default:
         return cring__fail(err, CRING_ERR_PROTOCOL,
                            "store %s of key '%s' at %s:%d: unexpected reply status %u", what, key,
@@ -134,8 +134,8 @@ static cring_status_t reply_error(cring_store_t *c, uint8_t status, const char *
  * bounded by max(timeout_s, 30 s). Errors: ERR_TIMEOUT, ERR_AUTH (the server
  * refused the secret), ERR_PROTOCOL (not a cring store), ERR_INVALID_ARGUMENT,
  * ERR_SYSTEM, ERR_NO_MEMORY; detail in cring__thread_errmsg(). */
-cring_status_t cring_store_connect(const char *addr, int port, const char *secret,
-                                   double timeout_s, cring_store_t **client_out) {
+cring_status_t cring_store_connect(const char *addr, int port, const char *secret, double timeout_s,
+                                   cring_store_t **client_out) {
     cring__errmsg_t *err = cring__thread_errmsg();
     cring__errmsg_t detail;
     cring_status_t st = CRING_OK;
@@ -246,9 +246,8 @@ cring_status_t cring_store_set(cring_store_t *client, const char *key, const voi
     uint8_t status;
     uint8_t *payload;
     size_t payload_len;
-    CRING_CHECK(client_call(client, head, n, value, len,
-                            cring__now_s() + client->op_timeout_s, "set", &status, &payload,
-                            &payload_len));
+    CRING_CHECK(client_call(client, head, n, value, len, cring__now_s() + client->op_timeout_s,
+                            "set", &status, &payload, &payload_len));
     free(payload);
     if (status != STORE_REPLY_OK) return reply_error(client, status, "set", key);
     return CRING_OK;
@@ -280,8 +279,8 @@ cring_status_t cring_store_get(cring_store_t *client, const char *key, double ti
     uint8_t *payload;
     size_t payload_len;
     double reply_deadline = cring__now_s() + (double)timeout_ms / 1000.0 + CLIENT_REPLY_GRACE_S;
-    CRING_CHECK(client_call(client, head, n, NULL, 0, reply_deadline, "get", &status,
-                            &payload, &payload_len));
+    CRING_CHECK(client_call(client, head, n, NULL, 0, reply_deadline, "get", &status, &payload,
+                            &payload_len));
     if (status == STORE_REPLY_TIMEOUT) {
         free(payload);
         return cring__fail(cring__thread_errmsg(), CRING_ERR_TIMEOUT,
@@ -319,8 +318,8 @@ cring_status_t cring_store_add(cring_store_t *client, const char *key, int64_t d
     uint8_t status;
     uint8_t *payload;
     size_t payload_len;
-    CRING_CHECK(client_call(client, head, n, NULL, 0, cring__now_s() + client->op_timeout_s, "add", &status, &payload,
-                            &payload_len));
+    CRING_CHECK(client_call(client, head, n, NULL, 0, cring__now_s() + client->op_timeout_s, "add",
+                            &status, &payload, &payload_len));
     if (status != STORE_REPLY_OK) {
         free(payload);
         return reply_error(client, status, "add", key);

@@ -43,17 +43,17 @@
 #define CLIENT_HELLO_BYTES (STORE_MAGIC_BYTES + CRING__AUTH_BYTES)
 
 /* X(name, opcode, text): the requests. */
-#define CRING__STORE_OPS(X)                                                                       \
-    X(SET, 1, "set")                                                                              \
-    X(GET, 2, "get")                                                                              \
-    X(ADD, 3, "add")                                                                              \
+#define CRING__STORE_OPS(X)                                                                        \
+    X(SET, 1, "set")                                                                               \
+    X(GET, 2, "get")                                                                               \
+    X(ADD, 3, "add")                                                                               \
     X(WAIT, 4, "wait")
 
 /* X(name, code, text): the reply statuses. */
-#define CRING__STORE_REPLIES(X)                                                                   \
-    X(OK, 0, "ok")                                                                                \
-    X(TIMEOUT, 1, "timeout")                                                                      \
-    X(NOT_INTEGER, 2, "not an 8-byte integer")                                                    \
+#define CRING__STORE_REPLIES(X)                                                                    \
+    X(OK, 0, "ok")                                                                                 \
+    X(TIMEOUT, 1, "timeout")                                                                       \
+    X(NOT_INTEGER, 2, "not an 8-byte integer")                                                     \
     X(NO_MEMORY, 3, "server out of memory")
 
 typedef enum {

@@ -45,7 +45,7 @@ typedef enum conn_state {
 typedef struct conn {
     int fd;
     conn_state_t state;
-    int dead;                   /* close at the end of this loop turn */
+    int dead; /* close at the end of this loop turn */
     uint8_t nonce[CRING__NONCE_BYTES];
     double handshake_deadline;
     /* Unconsumed input is in[in_off .. in_len). */
@@ -76,7 +76,7 @@ struct cring_store_server {
     double warn_window_start;
     int warn_in_window;
     long warn_suppressed;
-    int keys_created;           /* a new key appeared this turn: retry waiters */
+    int keys_created; /* a new key appeared this turn: retry waiters */
 };
 
 /* Warnings about refused or malformed connections, at most
@@ -168,8 +168,8 @@ static void conn_reply(conn_t *c, uint8_t status, const void *a, size_t a_len, c
 /* Send what the socket takes now. */
 static void conn_flush(conn_t *c) {
     while (!c->dead && conn_out_pending(c) > 0) {
-        ssize_t w = send(c->fd, c->out + c->out_off, conn_out_pending(c),
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w =
+            send(c->fd, c->out + c->out_off, conn_out_pending(c), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w > 0) {
             c->out_off += (size_t)w;
             continue;
@@ -239,8 +239,7 @@ static void conn_read(conn_t *c) {
             /* Do not buffer past the end of the head message: let it be handled. */
             if (c->in_len - c->in_off >= 4) {
                 uint32_t len = cring__store_head_length(c->in + c->in_off);
-                if (!cring__store_length_ok(len) ||
-                    c->in_len - c->in_off >= 4 + (size_t)len)
+                if (!cring__store_length_ok(len) || c->in_len - c->in_off >= 4 + (size_t)len)
                     return;
             }
             continue;
@@ -587,8 +586,10 @@ static void *server_main(void *arg) {
         for (size_t i = 0; i < s->nconns; i++) {
             conn_t *c = s->conns[i];
             if (c->dead) continue;
-            if (c->state == CONN_HANDSHAKE && now >= c->handshake_deadline) c->dead = 1;
-            else if (c->waiting && now >= c->wait_deadline) conn_pump(s, c, now, 1);
+            if (c->state == CONN_HANDSHAKE && now >= c->handshake_deadline)
+                c->dead = 1;
+            else if (c->waiting && now >= c->wait_deadline)
+                conn_pump(s, c, now, 1);
         }
         /* New keys may release waiting GET/WAIT requests (which may in turn
          * handle pipelined requests that create more keys). */
@@ -668,8 +669,7 @@ cring_status_t cring_store_server_start(const char *bind_addr, int port, const c
     int rc = pthread_create(&s->thread, NULL, server_main, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
-        st = cring__fail(err, CRING_ERR_SYSTEM, "cannot start the store thread: %s",
-                         strerror(rc));
+        st = cring__fail(err, CRING_ERR_SYSTEM, "cannot start the store thread: %s", strerror(rc));
         goto cleanup;
     }
     s->thread_started = 1;

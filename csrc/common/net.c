@@ -132,8 +132,7 @@ static int connect_retryable(int e) {
 /* One non-blocking connect attempt to ai, bounded by deadline.
  * Returns the connected fd (blocking mode) or -1 with errno set. */
 static int connect_once(const struct addrinfo *ai, double deadline) {
-    int s = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                   ai->ai_protocol);
+    int s = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (s < 0) return -1;
     if (connect(s, ai->ai_addr, ai->ai_addrlen) != 0) {
         if (errno != EINPROGRESS && errno != EINTR) {
@@ -179,8 +178,7 @@ cring_status_t cring__net_connect(const char *addr, int port, double deadline, i
     if (!addr || !*addr)
         return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "no address to connect to");
     if (port <= 0 || port > 65535)
-        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "invalid port %d for %s", port,
-                           addr);
+        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "invalid port %d for %s", port, addr);
     char service[16];
     port_string(port, service);
     struct addrinfo hints;
@@ -207,8 +205,8 @@ cring_status_t cring__net_connect(const char *addr, int port, double deadline, i
                 last_what = "connect";
                 if (!connect_retryable(last_errno)) {
                     freeaddrinfo(res);
-                    return cring__fail(err, CRING_ERR_SYSTEM, "cannot connect to %s:%d: %s",
-                                       addr, port, strerror(last_errno));
+                    return cring__fail(err, CRING_ERR_SYSTEM, "cannot connect to %s:%d: %s", addr,
+                                       port, strerror(last_errno));
                 }
             }
             freeaddrinfo(res);
@@ -222,8 +220,8 @@ cring_status_t cring__net_connect(const char *addr, int port, double deadline, i
         int left = ms_until(deadline);
         if (left <= 0)
             return cring__fail(err, CRING_ERR_TIMEOUT,
-                               "timed out connecting to %s:%d (last %s error: %s)",
-                               addr, port, last_what, strerror(last_errno));
+                               "timed out connecting to %s:%d (last %s error: %s)", addr, port,
+                               last_what, strerror(last_errno));
         /* Back off before the next round (the server may not be up yet). */
         int wait_ms = CRING_MIN(backoff_ms, left);
         (void)poll(NULL, 0, wait_ms);
@@ -292,8 +290,7 @@ cring_status_t cring__net_recv_all(int fd, void *buf, size_t n, double deadline,
         }
         if (errno == ECONNRESET || errno == ENOTCONN || errno == EPIPE)
             return cring__fail(err, CRING_ERR_PEER_FAILURE,
-                               "connection reset by peer after %zu of %zu bytes received", done,
-                               n);
+                               "connection reset by peer after %zu of %zu bytes received", done, n);
         return cring__fail(err, CRING_ERR_SYSTEM, "recv failed: %s", strerror(errno));
     }
     return CRING_OK;

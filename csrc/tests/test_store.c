@@ -227,7 +227,7 @@ static void test_get_before_set(void) {
     pthread_t th;
     CHECK(pthread_create(&th, NULL, getter_main, &g) == 0);
     while (!atomic_load(&g.started)) pause_ms(1);
-    pause_ms(150); /* give the GET time to reach the server */
+    pause_ms(150);                /* give the GET time to reach the server */
     CHECK(!atomic_load(&g.done)); /* still waiting: the key does not exist */
     cring_store_t *c = client();
     CHECK_OK(cring_store_set(c, "late/key", "there", 5));
@@ -431,8 +431,8 @@ static void test_hostile_connections(void) {
     CHECK_OK(cring__net_send_all(fd, pipe_msg, n, cring__now_s() + 5, NULL));
     uint8_t reply[5 + 5 + 3];
     CHECK_OK(cring__net_recv_all(fd, reply, sizeof reply, cring__now_s() + 5, NULL));
-    CHECK(reply[0] == 1 && reply[4] == 0);                      /* SET: ok */
-    CHECK(reply[5] == 4 && reply[9] == 0);                      /* GET: ok + 3 bytes */
+    CHECK(reply[0] == 1 && reply[4] == 0); /* SET: ok */
+    CHECK(reply[5] == 4 && reply[9] == 0); /* GET: ok + 3 bytes */
     CHECK(memcmp(reply + 10, "val", 3) == 0);
     close(fd);
     check_server_alive("pipelined");
@@ -513,8 +513,7 @@ static void test_net_helpers(void) {
     CHECK_OK(cring__net_local_addr_toward("127.0.0.1", addr, sizeof addr));
     CHECK(strcmp(addr, "127.0.0.1") == 0);
     int fd = -1, port = 0;
-    CHECK(cring__net_listen("127.0.0.1", 70000, 4, &fd, &port, NULL) ==
-          CRING_ERR_INVALID_ARGUMENT);
+    CHECK(cring__net_listen("127.0.0.1", 70000, 4, &fd, &port, NULL) == CRING_ERR_INVALID_ARGUMENT);
     CHECK_OK(cring__net_listen("127.0.0.1", 0, 4, &fd, &port, NULL));
     CHECK(port > 0);
     close(fd); /* now nothing listens there */

@@ -41,12 +41,12 @@
 
 typedef struct tcp_p2p {
     cring__p2p_t base;
-    int *fds;              /* fds[peer]; -1 for this rank and unconnected peers */
-    cring__errmsg_t *err;  /* owned by the communicator */
+    int *fds;             /* fds[peer]; -1 for this rank and unconnected peers */
+    cring__errmsg_t *err; /* owned by the communicator */
     double timeout_s;
-    int broken;            /* an earlier failure left the streams out of step */
+    int broken;                 /* an earlier failure left the streams out of step */
     cring_status_t fail_status; /* the first failure: what cancel tells the peers */
-    uint8_t *reasons;      /* reasons[peer]: why it stopped (urgent byte), 0 if unknown */
+    uint8_t *reasons;           /* reasons[peer]: why it stopped (urgent byte), 0 if unknown */
 } tcp_p2p_t;
 
 static int poll_ms_until(double deadline, double now) {
@@ -75,8 +75,8 @@ static cring_status_t tcp_fail(tcp_p2p_t *t, cring_status_t st, const char *fmt,
 }
 
 static int is_peer_gone(int e) {
-    return e == EPIPE || e == ECONNRESET || e == ENOTCONN || e == ECONNABORTED ||
-           e == ETIMEDOUT || e == EHOSTUNREACH;
+    return e == EPIPE || e == ECONNRESET || e == ENOTCONN || e == ECONNABORTED || e == ETIMEDOUT ||
+           e == EHOSTUNREACH;
 }
 
 /* ---- why a peer stopped ----------------------------------------------------------
@@ -146,12 +146,12 @@ static cring_status_t tcp_sendrecv(cring__p2p_t *p2p, int send_peer, const void 
     int do_recv = recv_peer >= 0 && recv_bytes > 0;
     if (do_send && (send_peer >= size || send_peer == rank || !send_buf))
         return tcp_fail(t, CRING_ERR_INVALID_ARGUMENT,
-                        "rank %d: invalid send to peer %d of %d (%zu bytes)", rank, send_peer,
-                        size, send_bytes);
+                        "rank %d: invalid send to peer %d of %d (%zu bytes)", rank, send_peer, size,
+                        send_bytes);
     if (do_recv && (recv_peer >= size || recv_peer == rank || !recv_buf))
         return tcp_fail(t, CRING_ERR_INVALID_ARGUMENT,
-                        "rank %d: invalid receive from peer %d of %d (%zu bytes)", rank,
-                        recv_peer, size, recv_bytes);
+                        "rank %d: invalid receive from peer %d of %d (%zu bytes)", rank, recv_peer,
+                        size, recv_bytes);
     if (!do_send && !do_recv) return CRING_OK;
     if (t->broken)
         return tcp_fail(t, CRING_ERR_BROKEN,
@@ -245,8 +245,7 @@ static cring_status_t tcp_sendrecv(cring__p2p_t *p2p, int send_peer, const void 
         }
         int pr = poll(pfd, n, poll_ms_until(deadline, now));
         if (pr < 0 && errno != EINTR)
-            return tcp_fail(t, CRING_ERR_SYSTEM, "rank %d: poll failed: %s", rank,
-                            strerror(errno));
+            return tcp_fail(t, CRING_ERR_SYSTEM, "rank %d: poll failed: %s", rank, strerror(errno));
         /* A peer's reason byte is read at once (see peer_stopped); readiness,
          * hang-up and errors are discovered by the next send/recv. */
         for (nfds_t i = 0; pr > 0 && i < n; i++)
@@ -262,13 +261,13 @@ static cring_status_t tcp_sendrecv(cring__p2p_t *p2p, int send_peer, const void 
 static int tcp_idle_wait(cring__p2p_t *p2p, int wake_fd, double max_wait_s) {
     tcp_p2p_t *t = (tcp_p2p_t *)p2p;
     struct pollfd stack_pfd[65];
-    struct pollfd *pfd = p2p->size + 1 <= 65 ? stack_pfd : calloc((size_t)p2p->size + 1, sizeof *pfd);
+    struct pollfd *pfd =
+        p2p->size + 1 <= 65 ? stack_pfd : calloc((size_t)p2p->size + 1, sizeof *pfd);
     if (!pfd) return 0;
     nfds_t n = 0;
     if (wake_fd >= 0) pfd[n++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
     for (int i = 0; i < p2p->size; i++)
-        if (t->fds[i] >= 0)
-            pfd[n++] = (struct pollfd){.fd = t->fds[i], .events = POLLIN | POLLPRI};
+        if (t->fds[i] >= 0) pfd[n++] = (struct pollfd){.fd = t->fds[i], .events = POLLIN | POLLPRI};
     int ms = max_wait_s > 2e6 ? 2000000000 : (int)(max_wait_s * 1000.0);
     int peer_input = 0;
     if (poll(pfd, n, ms < 0 ? 0 : ms) > 0) {
@@ -324,8 +323,7 @@ static const cring__p2p_ops_t tcp_ops = {
 /* ---- mesh construction ---------------------------------------------------------- */
 
 /* Split "host:port" or "[v6]:port" (value, len bytes, not NUL-terminated). */
-static int parse_endpoint(const void *value, size_t len, char *host, size_t host_len,
-                          int *port) {
+static int parse_endpoint(const void *value, size_t len, char *host, size_t host_len, int *port) {
     char text[320];
     if (len == 0 || len >= sizeof text) return -1;
     memcpy(text, value, len);
@@ -423,10 +421,9 @@ typedef struct pending_handshake {
     size_t answer_got;
 } pending_handshake_t;
 
-static void pending_drop(pending_handshake_t *p, int *npending, int i, int rank,
-                         const char *why) {
-    if (why) cring__log(CRING__LOG_WARNING, rank, "dropped a connection during the handshake: %s",
-                        why);
+static void pending_drop(pending_handshake_t *p, int *npending, int i, int rank, const char *why) {
+    if (why)
+        cring__log(CRING__LOG_WARNING, rank, "dropped a connection during the handshake: %s", why);
     close(p[i].fd);
     p[i] = p[--*npending];
 }
@@ -439,7 +436,8 @@ static int pending_judge(tcp_p2p_t *t, const cring__transport_init_t *init,
     uint8_t expect[CRING__AUTH_BYTES];
     cring__auth_response(init->secret, h->hello + TCP_MAGIC_BYTES, expect);
     const uint8_t *a = h->answer;
-    uint32_t from = cring__wire_get_u32(a + 4), to = cring__wire_get_u32(a + 8), size = cring__wire_get_u32(a + 12);
+    uint32_t from = cring__wire_get_u32(a + 4), to = cring__wire_get_u32(a + 8),
+             size = cring__wire_get_u32(a + 12);
     int authed = memcmp(a, TCP_MAGIC, TCP_MAGIC_BYTES) == 0 && cring__auth_equal(a + 16, expect);
     int fits = authed && to == (uint32_t)init->rank && size == (uint32_t)init->size &&
                from < (uint32_t)init->rank && t->fds[from] < 0;
@@ -477,8 +475,8 @@ static int pending_progress(pending_handshake_t *h, const char **why) {
         return -1;
     }
     while (h->answer_got < TCP_ANSWER_BYTES) {
-        ssize_t r = recv(h->fd, h->answer + h->answer_got, TCP_ANSWER_BYTES - h->answer_got,
-                         MSG_DONTWAIT);
+        ssize_t r =
+            recv(h->fd, h->answer + h->answer_got, TCP_ANSWER_BYTES - h->answer_got, MSG_DONTWAIT);
         if (r > 0) {
             h->answer_got += (size_t)r;
             continue;

@@ -19,8 +19,9 @@ import re
 import secrets
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -50,7 +51,9 @@ def _first_int(env: Mapping[str, str], *names: str) -> tuple[Optional[int], Opti
             try:
                 return int(value), name
             except ValueError:
-                raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+                raise ValueError(
+                    f"environment variable {name}={value!r} is not an integer"
+                ) from None
     return None, None
 
 
@@ -85,8 +88,13 @@ def _slurm_first_host(nodelist: str) -> str:
 
 
 def _job_id(env: Mapping[str, str], source: str) -> str:
-    for name in ("CRING_JOB_ID", "TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE",
-                 "OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID"):
+    for name in (
+        "CRING_JOB_ID",
+        "TORCHELASTIC_RUN_ID",
+        "PMIX_NAMESPACE",
+        "OMPI_MCA_ess_base_jobid",
+        "SLURM_JOB_ID",
+    ):
         if env.get(name):
             value = env[name]
             if name == "SLURM_JOB_ID" and env.get("SLURM_STEP_ID"):
@@ -104,8 +112,9 @@ def _torchrun_exchange(plan: Plan, env: Mapping[str, str], start_store: Callable
 
     master_addr = env.get("MASTER_ADDR", "127.0.0.1")
     master_port = int(env["MASTER_PORT"])
-    store = dist.TCPStore(master_addr, master_port, is_master=False,
-                          timeout=timedelta(seconds=plan.timeout_s))
+    store = dist.TCPStore(
+        master_addr, master_port, is_master=False, timeout=timedelta(seconds=plan.timeout_s)
+    )
     key = f"cring/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/{plan.job_key}/store"
     if plan.rank == 0:
         addr = _reachable_addr(master_addr)
@@ -135,6 +144,7 @@ def _mpi_exchange(plan: Plan, env: Mapping[str, str], start_store: Callable) -> 
     private rendezvous file."""
     try:
         from mpi4py import MPI  # noqa: F401  (initialises MPI if needed)
+
         have_mpi4py = True
     except ImportError:
         have_mpi4py = False
@@ -167,10 +177,12 @@ def _mpi_exchange(plan: Plan, env: Mapping[str, str], start_store: Callable) -> 
     if local_size is not None and local_size != plan.size:
         raise RuntimeError(
             "cring.init: running under mpirun across several hosts without a rendezvous "
-            "address; install mpi4py or set CRING_ADDR and CRING_PORT (rank 0's host and a free port)"
+            "address; install mpi4py or set CRING_ADDR and CRING_PORT (rank 0's host and a "
+            "free port)"
         )
     path = os.path.join(
-        os.environ.get("TMPDIR", "/tmp"), f"cring-rdzv-{os.getuid()}-{plan.job_key.replace('/', '_')}"
+        os.environ.get("TMPDIR", "/tmp"),
+        f"cring-rdzv-{os.getuid()}-{plan.job_key.replace('/', '_')}",
     )
     if plan.rank == 0:
         server, port = start_store("127.0.0.1", plan.secret)
@@ -259,8 +271,18 @@ def plan_init(
         # must meet under the same key, whatever this process's own count.
         job_key = f"{_job_id(env, source)}/elastic.{elastic_generation}"
 
-    plan = Plan(rank=rank, size=size, addr="", port=0, serve_store=False, secret=secret,
-                job_key=job_key, transport=transport, timeout_s=timeout_s, source=source)
+    plan = Plan(
+        rank=rank,
+        size=size,
+        addr="",
+        port=0,
+        serve_store=False,
+        secret=secret,
+        job_key=job_key,
+        transport=transport,
+        timeout_s=timeout_s,
+        source=source,
+    )
     if size == 1:
         plan.addr = "127.0.0.1"
         return plan
@@ -279,8 +301,10 @@ def plan_init(
 
     if addr is not None or port is not None:
         if addr is None or port is None:
-            raise ValueError("cring.init: a rendezvous needs both an address and a port "
-                             "(addr=/port=, CRING_ADDR/CRING_PORT or MASTER_ADDR/MASTER_PORT)")
+            raise ValueError(
+                "cring.init: a rendezvous needs both an address and a port "
+                "(addr=/port=, CRING_ADDR/CRING_PORT or MASTER_ADDR/MASTER_PORT)"
+            )
         plan.addr, plan.port = addr, int(port)
         plan.serve_store = rank == 0 and not external
         return plan

@@ -23,10 +23,11 @@ The state (step, w and the world size each step ran with) is committed every
 import os
 import time
 
-import cring
-import cring.elastic
 import numpy as np
 from elastic_common import Killer, parser
+
+import cring
+import cring.elastic
 
 V = np.array([1.0, 0.5, 0.25, 0.125])
 

@@ -6,9 +6,10 @@ elastic_torch_data(r, s); the test replays the run without cring.
   --steps, --commit-every, --kill, --kill-during, --out: see elastic_common.py
 """
 
+import torch
+
 import cring.torch as hvd
 import cring.torch.elastic
-import torch
 
 
 def make_model():

@@ -10,10 +10,11 @@ import json
 import os
 import sys
 
-import cring
-import cring.lightning  # registers "cring" with Fabric too
 import lightning as L
 import torch
+
+import cring
+import cring.lightning  # registers "cring" with Fabric too
 
 STEPS, ACCUMULATE, CLIP = 6, 2, 0.5
 

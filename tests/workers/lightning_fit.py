@@ -18,13 +18,14 @@ import os
 import sys
 import time
 
-import cring
-import cring.lightning  # registers strategy "cring"
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
+
+import cring
+import cring.lightning  # registers strategy "cring"
 
 parser = argparse.ArgumentParser()
 parser.add_argument("outdir")

@@ -26,7 +26,7 @@ def _addr(hex_addr: str) -> tuple[str, int]:
     if len(raw) == 4:
         ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
     else:  # four little-endian 32-bit words
-        words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+        words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
         ip = socket.inet_ntop(socket.AF_INET6, words)
     return ip, int(port, 16)
 
@@ -64,9 +64,13 @@ def main() -> None:
     x = np.full(100, 1.0, np.float32)
     cring.allreduce_(x, op=cring.Sum)
     assert (x == cring.size()).all()
-    report = {"rank": cring.rank(), "transport": cring.transport(),
-              "self": tcp_sockets(os.getpid()), "parent": tcp_sockets(os.getppid()),
-              "store_port": int(os.environ.get("CRING_PORT", "0") or 0)}
+    report = {
+        "rank": cring.rank(),
+        "transport": cring.transport(),
+        "self": tcp_sockets(os.getpid()),
+        "parent": tcp_sockets(os.getppid()),
+        "store_port": int(os.environ.get("CRING_PORT", "0") or 0),
+    }
     cring.barrier()  # every rank has looked before any closes its connections
     cring.shutdown()
     (out / f"rank{report['rank']}.json").write_text(json.dumps(report))

@@ -40,16 +40,25 @@ def ranks_and_allreduce(config: dict) -> None:
     averaged = cring.allreduce(np.full(3, float(rank), dtype=np.float32))
     gathered = cring.allgather(np.full((rank + 1, 2), rank, dtype=np.int32))
     ctx = ray.train.get_context()
-    _write(config, f"rank{rank}.json", {
-        "rank": rank, "size": size,
-        "local_rank": cring.local_rank(), "local_size": cring.local_size(),
-        "transport": cring.transport(),
-        "ray_world_rank": ctx.get_world_rank(), "ray_world_size": ctx.get_world_size(),
-        "ray_local_rank": ctx.get_local_rank(),
-        "env": {k: v for k, v in os.environ.items() if k.startswith("CRING_")},
-        "sum": summed.tolist(), "average": averaged.tolist(),
-        "gathered": gathered.tolist(), "pid": os.getpid(),
-    })
+    _write(
+        config,
+        f"rank{rank}.json",
+        {
+            "rank": rank,
+            "size": size,
+            "local_rank": cring.local_rank(),
+            "local_size": cring.local_size(),
+            "transport": cring.transport(),
+            "ray_world_rank": ctx.get_world_rank(),
+            "ray_world_size": ctx.get_world_size(),
+            "ray_local_rank": ctx.get_local_rank(),
+            "env": {k: v for k, v in os.environ.items() if k.startswith("CRING_")},
+            "sum": summed.tolist(),
+            "average": averaged.tolist(),
+            "gathered": gathered.tolist(),
+            "pid": os.getpid(),
+        },
+    )
     ray.train.report({"rank": rank, "sum_of_ranks_plus_one": float(summed[1])})
 
 
@@ -67,8 +76,10 @@ def _save_checkpoint(model, optimizer, epoch: int):
     import torch
 
     tmp = tempfile.mkdtemp()
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "epoch": epoch}, os.path.join(tmp, "state.pt"))
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+        os.path.join(tmp, "state.pt"),
+    )
     return ray.train.Checkpoint.from_directory(tmp)
 
 
@@ -100,12 +111,21 @@ def train_linear(config: dict) -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    _append(config, f"starts{rank}.jsonl", {
-        "rank": rank, "size": hvd.size(),
-        "ray_world_rank": ray.train.get_context().get_world_rank(),
-        "start_epoch": start_epoch, "restored_from": restored_from, "pid": os.getpid(),
-        "job_id": os.environ["CRING_JOB_ID"], "port": os.environ["CRING_PORT"],
-        "time": time.time()})
+    _append(
+        config,
+        f"starts{rank}.jsonl",
+        {
+            "rank": rank,
+            "size": hvd.size(),
+            "ray_world_rank": ray.train.get_context().get_world_rank(),
+            "start_epoch": start_epoch,
+            "restored_from": restored_from,
+            "pid": os.getpid(),
+            "job_id": os.environ["CRING_JOB_ID"],
+            "port": os.environ["CRING_PORT"],
+            "time": time.time(),
+        },
+    )
 
     x, y = _data(rank)
     die_at = config.get("die_at_epoch")
@@ -116,8 +136,8 @@ def train_linear(config: dict) -> None:
                 # Die only once Ray has committed rank 0's last checkpoint, so
                 # that the test knows which epoch the restart must resume from.
                 ray.train.get_all_reported_checkpoints(
-                    consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED,
-                    timeout_s=60)
+                    consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=60
+                )
             marker.write_text(json.dumps({"pid": os.getpid(), "time": time.time()}))
             os._exit(1)  # a crash: no exception, no cleanup
         for _ in range(config["steps_per_epoch"]):
@@ -134,18 +154,21 @@ def train_linear(config: dict) -> None:
             ray.train.report(metrics, checkpoint=_save_checkpoint(model, optimizer, epoch))
         else:
             ray.train.report(metrics)
-    _write(config, f"final{rank}.json", {
-        "params": [p.detach().double().flatten().tolist() for p in model.parameters()]})
+    _write(
+        config,
+        f"final{rank}.json",
+        {"params": [p.detach().double().flatten().tolist() for p in model.parameters()]},
+    )
 
 
 def lightning_fit(config: dict) -> None:
     """Trainer(strategy="cring", devices=1) inside the Ray loop: the strategy
     finds CRING_RANK/CRING_SIZE from the backend and launches nothing."""
+    import lightning.pytorch as pl
     import torch
 
     import cring
     import cring.lightning  # noqa: F401  (registers the strategy name "cring")
-    import lightning.pytorch as pl
 
     torch.set_num_threads(1)
 
@@ -175,18 +198,31 @@ def lightning_fit(config: dict) -> None:
     y = x @ torch.tensor([[1.0], [-1.0], [2.0], [0.5]]) + 0.3
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
     model = Regression()
-    trainer = pl.Trainer(strategy="cring", accelerator="cpu", devices=1,
-                         max_epochs=config["epochs"], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=config["outdir"])
+    trainer = pl.Trainer(
+        strategy="cring",
+        accelerator="cpu",
+        devices=1,
+        max_epochs=config["epochs"],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=config["outdir"],
+    )
     trainer.fit(model, loader)
     rank = trainer.global_rank
-    _write(config, f"lightning{rank}.json", {
-        "global_rank": rank, "world_size": trainer.world_size,
-        "ray_world_rank": ray.train.get_context().get_world_rank(),
-        "strategy": type(trainer.strategy).__name__,
-        "params": [p.detach().double().flatten().tolist() for p in model.parameters()],
-        "seen": model.seen, "epoch_losses": model.epoch_losses,
-        "cring_initialized_after_fit": cring.is_initialized(),
-    })
+    _write(
+        config,
+        f"lightning{rank}.json",
+        {
+            "global_rank": rank,
+            "world_size": trainer.world_size,
+            "ray_world_rank": ray.train.get_context().get_world_rank(),
+            "strategy": type(trainer.strategy).__name__,
+            "params": [p.detach().double().flatten().tolist() for p in model.parameters()],
+            "seen": model.seen,
+            "epoch_losses": model.epoch_losses,
+            "cring_initialized_after_fit": cring.is_initialized(),
+        },
+    )
     ray.train.report({"train_loss": model.epoch_losses[-1], "rank": rank})

@@ -13,23 +13,31 @@ assert os.environ.get("RAY_TRAIN_V2_ENABLED") == "0", "run with RAY_TRAIN_V2_ENA
 
 import ray  # noqa: E402
 import ray.train  # noqa: E402
-
 import ray_loops  # noqa: E402
+
 from cring.ray import TRAIN_V2, CRingConfig, CRingTrainer  # noqa: E402
 
 address, outdir = sys.argv[1], sys.argv[2]
-ray.init(address=address, runtime_env={"env_vars": {"RAY_TRAIN_V2_ENABLED": "0"}},
-         log_to_driver=True)
+ray.init(
+    address=address, runtime_env={"env_vars": {"RAY_TRAIN_V2_ENABLED": "0"}}, log_to_driver=True
+)
 try:
     result = CRingTrainer(
         ray_loops.train_linear,
-        train_loop_config={"outdir": outdir, "lr": 0.05, "epochs": 6, "steps_per_epoch": 3,
-                           "die_at_epoch": 3},
+        train_loop_config={
+            "outdir": outdir,
+            "lr": 0.05,
+            "epochs": 6,
+            "steps_per_epoch": 3,
+            "die_at_epoch": 3,
+        },
         cring_config=CRingConfig(timeout_s=60),
         scaling_config=ray.train.ScalingConfig(num_workers=2),
-        run_config=ray.train.RunConfig(name="v1_linear",
-                                       storage_path=os.path.join(outdir, "ray_results"),
-                                       failure_config=ray.train.FailureConfig(max_failures=1)),
+        run_config=ray.train.RunConfig(
+            name="v1_linear",
+            storage_path=os.path.join(outdir, "ray_results"),
+            failure_config=ray.train.FailureConfig(max_failures=1),
+        ),
     ).fit()
     summary = {
         "train_v2": TRAIN_V2,

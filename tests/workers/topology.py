@@ -24,10 +24,16 @@ for attempt in range(2 if reinit else 1):
     cring.allreduce_(x, op=cring.Sum)
     expected = sum(range(cring.size()))
     assert np.all(x == expected), (x[:4], expected)
-    info = {"attempt": attempt, "rank": cring.rank(), "size": cring.size(),
-            "local_rank": cring.local_rank(), "local_size": cring.local_size(),
-            "cross_rank": cring.cross_rank(), "cross_size": cring.cross_size(),
-            "transport": cring.transport()}
+    info = {
+        "attempt": attempt,
+        "rank": cring.rank(),
+        "size": cring.size(),
+        "local_rank": cring.local_rank(),
+        "local_size": cring.local_size(),
+        "cross_rank": cring.cross_rank(),
+        "cross_size": cring.cross_size(),
+        "transport": cring.transport(),
+    }
     print("TOPOLOGY " + json.dumps(info), flush=True)
     if outdir:  # for launchers that do not keep output lines whole (mpirun)
         with open(f"{outdir}/rank{cring.rank()}-{attempt}.json", "w") as f:

@@ -19,6 +19,7 @@ _HOSTS_UNSUPPORTED = (
 )
 _USAGE = f"{PROG} -np N [options] [--] command [args ...]"
 
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -133,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=_non_negative_float,
         default=DEFAULT_DISCOVERY_INTERVAL_S,
         metavar="S",
-        help=f"seconds between runs of the discovery script (default {DEFAULT_DISCOVERY_INTERVAL_S:g})",
+        help=(
+            "seconds between runs of the discovery script "
+            f"(default {DEFAULT_DISCOVERY_INTERVAL_S:g})"
+        ),
     )
     elastic.add_argument(
         "--reset-limit",
@@ -238,4 +242,3 @@ def parse_args(argv: Sequence[str]) -> Options:
         discovery_interval_s=namespace.discovery_interval,
         reset_limit=namespace.reset_limit,
     )
-

@@ -36,6 +36,7 @@ _DISCOVERY_TIMEOUT_S = 30.0
 # Blocking store reads of the request thread are renewed this often.
 _REQUEST_WAIT_S = 3600.0
 
+
 def local_host_names() -> frozenset[str]:
     names = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
     for name in (socket.gethostname(), socket.getfqdn()):
@@ -323,8 +324,8 @@ class ElasticJob(Job):
         if formed:
             return
         self.message(
-            f"stopping {count_workers(len(added))} ({', '.join(str(w.rank) for w in added)}) started "
-            f"for generation {self._generation}, which the others finished without joining"
+            f"stopping {count_workers(len(added))} ({', '.join(str(w.rank) for w in added)}) "
+            f"started for generation {self._generation}, which the others finished without joining"
         )
         for worker in added:
             self._abandoned.add(worker.rank)
@@ -362,8 +363,8 @@ class ElasticJob(Job):
             assert first.status is not None
             self._exit_code = exit_code_of(first.status)
             self.message(
-                f"{what}; {count_workers(total)} {'remains' if total == 1 else 'remain'}, fewer than "
-                f"--min-np {self._options.min_np}: stopping the job"
+                f"{what}; {count_workers(total)} {'remains' if total == 1 else 'remain'}, "
+                f"fewer than --min-np {self._options.min_np}: stopping the job"
             )
             self._begin_stop(signal.SIGTERM)
             return
@@ -371,7 +372,8 @@ class ElasticJob(Job):
             return
         more = f" ({added} new)" if added else ""
         self.message(
-            f"{what}; continuing with {count_workers(total)}{more} as generation {self._generation + 1}"
+            f"{what}; continuing with {count_workers(total)}{more} as generation "
+            f"{self._generation + 1}"
         )
         self._new_generation(carried, added, what)
 
@@ -434,4 +436,3 @@ class ElasticJob(Job):
 
 def count_workers(count: int) -> str:
     return f"{count} worker" if count == 1 else f"{count} workers"
-

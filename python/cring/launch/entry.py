@@ -16,6 +16,7 @@ from .signals import signals_blocked
 
 __all__ = ["main"]
 
+
 def job_environment(port: int, secret: str, job_id: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -66,4 +67,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     return _launch(options)
-

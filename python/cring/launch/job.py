@@ -26,6 +26,7 @@ FAILED_RANK_OUTPUT_TIMEOUT_S = 0.5
 # How long to wait for the output thread to finish writing at the very end.
 OUTPUT_THREAD_JOIN_TIMEOUT_S = 5.0
 
+
 def start_store(secret: str) -> tuple[Any, int]:
     """Serve the job's rendezvous store on 127.0.0.1; return (server, port).
 
@@ -158,12 +159,8 @@ class Job:
         for rank in self._ranks if ranks is None else ranks:
             prefix = f"[{rank.rank}] ".encode() if self._options.prefix_output else b""
             assert rank.process.stdout is not None and rank.process.stderr is not None
-            streams.append(
-                Stream(rank.rank, rank.process.stdout, self._stdout, LineBuffer(prefix))
-            )
-            streams.append(
-                Stream(rank.rank, rank.process.stderr, self._stderr, LineBuffer(prefix))
-            )
+            streams.append(Stream(rank.rank, rank.process.stdout, self._stdout, LineBuffer(prefix)))
+            streams.append(Stream(rank.rank, rank.process.stderr, self._stderr, LineBuffer(prefix)))
         return streams
 
     # -- watch ---------------------------------------------------------------
@@ -208,7 +205,8 @@ class Job:
             self._begin_stop(signum)
         elif not self._killed:
             self.message(
-                f"received {signal_name(signum)} while stopping; killing {count_processes(len(running))}"
+                f"received {signal_name(signum)} while stopping; "
+                f"killing {count_processes(len(running))}"
             )
             self._kill_all()
 
@@ -277,6 +275,7 @@ class Job:
                 for pipe in (rank.process.stdout, rank.process.stderr):
                     if pipe is not None:
                         pipe.close()
+
 
 def rank_environment(rank: int, size: int) -> dict[str, str]:
     return {

@@ -15,6 +15,7 @@ from typing import IO
 _READ_CHUNK_BYTES = 1 << 16
 _MAX_PENDING_LINE_BYTES = 1 << 20
 
+
 class Sink:
     """One of the launcher's own output streams, written whole chunks at a time.
 

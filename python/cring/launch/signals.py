@@ -22,6 +22,7 @@ _POLL_INTERVAL_WITHOUT_SIGNALS_S = 0.05
 # the launcher's exit status to 128 + signum).
 FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
+
 class SignalWatcher:
     """Records SIGINT/SIGTERM/SIGHUP and wakes the main loop on those and SIGCHLD.
 

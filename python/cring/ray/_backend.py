@@ -57,8 +57,10 @@ class CRingConfig(BackendConfig):
         if self.timeout_s is not None:
             _check_seconds("timeout_s", self.timeout_s)
         if self.transport is not None and self.transport not in _TRANSPORTS:
-            raise ValueError(f"CRingConfig.transport must be one of {', '.join(_TRANSPORTS)} or "
-                             f"None, got {self.transport!r}")
+            raise ValueError(
+                f"CRingConfig.transport must be one of {', '.join(_TRANSPORTS)} or "
+                f"None, got {self.transport!r}"
+            )
         _check_seconds("shutdown_timeout_s", self.shutdown_timeout_s)
 
     @property
@@ -68,12 +70,16 @@ class CRingConfig(BackendConfig):
     # `framework` stays None: Ray's run-state export knows only its own frameworks.
 
     def to_dict(self) -> dict[str, Any]:
-        return {"timeout_s": self.timeout_s, "transport": self.transport,
-                "shutdown_timeout_s": self.shutdown_timeout_s}
+        return {
+            "timeout_s": self.timeout_s,
+            "transport": self.transport,
+            "shutdown_timeout_s": self.shutdown_timeout_s,
+        }
 
 
-def worker_environments(node_ids: list[str], addr: str, port: int, secret: str, job_id: str,
-                        config: CRingConfig) -> list[dict[str, str]]:
+def worker_environments(
+    node_ids: list[str], addr: str, port: int, secret: str, job_id: str, config: CRingConfig
+) -> list[dict[str, str]]:
     """The CRING_* variables of each world rank, given each rank's node.
 
     Local rank and size count the ranks on the same node in rank order (the
@@ -120,10 +126,13 @@ class _CRingBackend(Backend):
         job_id = f"ray-{uuid.uuid4().hex[:16]}"
         addr, port = worker_group.execute_single(0, _worker.start_store, secret)
         envs = worker_environments(node_ids, addr, port, secret, job_id, backend_config)
-        ray.get([worker_group.execute_single_async(rank, _worker.set_env, env)
-                 for rank, env in enumerate(envs)])
-        logger.info("cring: %d workers rendezvous at %s:%d (job %s)", len(envs), addr, port,
-                    job_id)
+        ray.get(
+            [
+                worker_group.execute_single_async(rank, _worker.set_env, env)
+                for rank, env in enumerate(envs)
+            ]
+        )
+        logger.info("cring: %d workers rendezvous at %s:%d (job %s)", len(envs), addr, port, job_id)
 
     def on_shutdown(self, worker_group: Any, backend_config: CRingConfig) -> None:
         # Each worker on its own: a dead one must not keep the others in cring.
@@ -131,8 +140,9 @@ class _CRingBackend(Backend):
         # must go on to stop (and perhaps restart) it.
         try:
             refs = worker_group.execute_async(_worker.shutdown)
-            ready, pending = ray.wait(refs, num_returns=len(refs),
-                                      timeout=backend_config.shutdown_timeout_s)
+            ready, pending = ray.wait(
+                refs, num_returns=len(refs), timeout=backend_config.shutdown_timeout_s
+            )
         except Exception as exc:  # noqa: BLE001
             logger.warning("cring: could not ask the workers to shut cring down: %s", exc)
             return
@@ -140,8 +150,12 @@ class _CRingBackend(Backend):
             try:
                 ray.get(ref)
             except RayError as exc:
-                logger.info("cring: a worker could not shut cring down (expected if it died): "
-                            "%s", exc)
+                logger.info(
+                    "cring: a worker could not shut cring down (expected if it died): %s", exc
+                )
         if pending:
-            logger.warning("cring: %d workers did not shut cring down within %.0f s",
-                           len(pending), backend_config.shutdown_timeout_s)
+            logger.warning(
+                "cring: %d workers did not shut cring down within %.0f s",
+                len(pending),
+                backend_config.shutdown_timeout_s,
+            )

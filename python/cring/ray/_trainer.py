@@ -52,13 +52,16 @@ class CRingTrainer(_DataParallelTrainer):
         **kwargs: Any,
     ) -> None:
         if "backend_config" in kwargs:
-            raise TypeError("CRingTrainer sets the backend itself; pass cring_config="
-                            "CRingConfig(...) instead of backend_config=")
+            raise TypeError(
+                "CRingTrainer sets the backend itself; pass cring_config="
+                "CRingConfig(...) instead of backend_config="
+            )
         if cring_config is None:
             cring_config = CRingConfig()
         elif not isinstance(cring_config, CRingConfig):
-            raise TypeError(f"cring_config must be a cring.ray.CRingConfig, got "
-                            f"{type(cring_config).__name__}")
+            raise TypeError(
+                f"cring_config must be a cring.ray.CRingConfig, got {type(cring_config).__name__}"
+            )
         super().__init__(
             train_loop_per_worker,
             train_loop_config=train_loop_config,
