@@ -4,7 +4,7 @@ is refused at once (not after a time-out), and a single-host job keeps its
 store and its TCP connections on loopback. Processes run with hard timeouts.
 
 The store's wire handshake is re-implemented here from its description in
-csrc/bootstrap/store.c, so that the tests speak to it as a stranger would."""
+csrc/bootstrap/store_protocol.h, so that the tests speak to it as a stranger would."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ static void check_server_alive(const char *tag) {
     cring_store_close(c);
 }
 
-/* ---- raw protocol helpers (mirror the wire format documented in store.c) ---- */
+/* ---- raw protocol helpers (mirror bootstrap/store_protocol.h) ---- */
 static void put_u32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
