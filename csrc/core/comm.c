@@ -292,6 +292,7 @@ cleanup:
 void cring_comm_destroy(cring_comm_t *c) {
     if (!c) return;
     if (c->p2p) c->p2p->ops->destroy(c->p2p);
+    cring__shm_leave(c->shm); /* peers still waiting for this rank learn it left */
     cring__shm_destroy(c->shm);
     cring_store_close(c->store);
     cring_store_server_stop(c->server);

@@ -72,7 +72,13 @@ void cring__negotiate_fail_all(cring_engine_t *e, cring_status_t st, const char 
         if (e->cache.slot_state[i] == 2) e->cache.slot_state[i] = 1;
     }
     for (size_t i = 0; i < n; i++) {
-        cring__engine_complete(e, list[i], st, msg);
+        if (st == CRING_ERR_PEER_FAILURE) { /* say which of this rank's tensors it hit */
+            char full[CRING__ERRMSG_BYTES + CRING__MAX_NAME_BYTES + 32];
+            snprintf(full, sizeof full, "%s ('%s' was pending)", msg, list[i]->name);
+            cring__engine_complete(e, list[i], st, full);
+        } else {
+            cring__engine_complete(e, list[i], st, msg);
+        }
         cring__req_free(list[i]);
     }
     free(list);
