@@ -397,7 +397,7 @@ int cring__dl_acquire_cpu(PyObject *obj, const char *name, int writable, cring__
     PyObject *cap = torch_export(obj, &is_torch);
     if (!is_torch) return 0;
     if (!cap || take_capsule(cap, name, ref) < 0) {
-        if (!cap) PyErr_Clear(); /* the general path words the error */
+        PyErr_Clear(); /* the general path meets the same problem and words the error */
         memset(ref, 0, sizeof *ref);
         return 0;
     }

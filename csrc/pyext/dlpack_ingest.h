@@ -1,5 +1,5 @@
 /* dlpack_ingest.h: reading tensors through DLPack, shared by the CPU face
- * (module.c) and the GPU face (gpu.c) of cring._C: exporting __dlpack__
+ * (submit.c, handles.c) and the GPU face (gpu.c) of cring._C: exporting __dlpack__
  * (optionally on a stream), taking the versioned or unversioned capsule,
  * checking device, dtype, writability, shape and contiguity, and mapping
  * dtypes between DLPack and cring. Needs Python.h before it. */
