@@ -1,5 +1,5 @@
 /* dlpack_ingest.h: reading tensors through DLPack, shared by the CPU face
- * (module.c) and the GPU face (gpu.c) of cring._C: exporting __dlpack__
+ * (submit.c, handles.c) and the GPU face (gpu.c) of cring._C: exporting __dlpack__
  * (optionally on a stream), taking the versioned or unversioned capsule,
  * checking device, dtype, writability, shape and contiguity, and mapping
  * dtypes between DLPack and cring. Needs Python.h before it. */
@@ -41,6 +41,13 @@ typedef enum {
  * TypeError/ValueError naming the tensor set and *ref cleared. */
 int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int writable,
                       cring__dl_device_t device, cring__dl_ref_t *ref);
+
+/* The fast paths' acquire: a NumPy array or a plain torch tensor on the CPU.
+ * 1 when taken; 0, nothing set, when obj is anything else (a CUDA tensor,
+ * another library's tensor), for the caller to take the general route; -1
+ * with the error set when it is one of those but unusable (read-only,
+ * strided, unsupported dtype). */
+int cring__dl_acquire_cpu(PyObject *obj, const char *name, int writable, cring__dl_ref_t *ref);
 
 /* Is obj exactly a numpy.ndarray (which cring__dl_acquire may read from its
  * fields)? */

@@ -9,46 +9,51 @@ get deterministic names, so those must be called in the same order.
 
 from __future__ import annotations
 
-import enum
-import itertools
+import sys as _sys
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as _np
 from numpy import ndarray as _ndarray
 
-from . import _C, _discovery, _gpu
+from . import _C, _discovery
+from . import _gpu  # CUDA tensors (see the marked branches below)
+from ._core import (  # noqa: F401  (re-exported by cring/__init__.py)
+    _ASYNC,
+    _CALLER_WAITS,
+    _WAIT_HERE,
+    Adasum,
+    Average,
+    Compression,
+    Compressor,
+    CRingError,
+    Handle,
+    Max,
+    Min,
+    MismatchError,
+    NotInitializedError,
+    PeerFailureError,
+    Product,
+    ReduceOp,
+    Sum,
+    TimeoutError,
+    _name,
+    _name_counters,
+    _op,
+    _require_init,
+    _submit,
+    _topo,
+    _topology,
+    _wire,
+    poll,
+    rank,
+    size,
+    synchronize,
+)
 from ._tensors import dlpack_source, empty_like, result_like
-
-CRingError = _C.CRingError
-TimeoutError = _C.TimeoutError  # noqa: A001  (cring.TimeoutError, a CRingError)
-PeerFailureError = _C.PeerFailureError
-MismatchError = _C.MismatchError
-NotInitializedError = _C.NotInitializedError
-
-
-class ReduceOp(enum.IntEnum):
-    """Reduction operations; values follow Horovod's numbering."""
-
-    AVERAGE = 0
-    SUM = 1
-    ADASUM = 2
-    MIN = 3
-    MAX = 4
-    PRODUCT = 5
-
-
-Average = ReduceOp.AVERAGE
-Sum = ReduceOp.SUM
-Adasum = ReduceOp.ADASUM
-Min = ReduceOp.MIN
-Max = ReduceOp.MAX
-Product = ReduceOp.PRODUCT
 
 _state_lock = threading.Lock()
 _generation = 0  # how many times this process has initialised (store key namespace)
-_topology: dict[str, Any] = {}
-_name_counters: dict[str, itertools.count] = {}
 
 
 def _start_store(addr: str, secret: Optional[str]) -> tuple[Any, int]:
@@ -79,7 +84,7 @@ def init(
 
     Calling init() again while initialised does nothing (as in Horovod).
     """
-    global _generation, _topology, _plan_server
+    global _generation, _plan_server
     with _state_lock:
         if _C.is_initialized():
             return
@@ -103,7 +108,8 @@ def init(
             if plan.cleanup is not None:
                 plan.cleanup()
         _plan_server = plan.store_server
-        _topology = _C.topology()
+        _topology.clear()
+        _topology.update(_C.topology())
         _name_counters.clear()
 
 
@@ -112,34 +118,18 @@ def shutdown() -> None:
     Does not communicate, so it never blocks on a dead peer. A rendezvous
     store that rank 0 serves on a fixed port keeps running until the process
     exits, so that peers re-initialising first find the next generation."""
-    global _topology, _plan_server
+    global _plan_server
     with _state_lock:
         _gpu.shutdown()  # NCCL communicators of this init
         _C.shutdown()
         if _plan_server is not None:
             _plan_server.stop()
             _plan_server = None
-        _topology = {}
+        _topology.clear()
 
 
 def is_initialized() -> bool:
     return bool(_C.is_initialized())
-
-
-def _topo(key: str) -> Any:
-    if not _topology:
-        raise NotInitializedError("cring has not been initialized; call cring.init() first")
-    return _topology[key]
-
-
-def rank() -> int:
-    """This process's rank, 0 <= rank < size()."""
-    return _topo("rank")
-
-
-def size() -> int:
-    """Number of ranks in the job."""
-    return _topo("size")
 
 
 def local_rank() -> int:
@@ -167,44 +157,18 @@ def transport() -> str:
     return _topo("transport")
 
 
-def _require_init() -> None:
-    if not _C.is_initialized():
-        raise NotInitializedError("cring has not been initialized; call cring.init() first")
-
-
-def _name(kind: str, name: Optional[str]) -> str:
-    if name is not None:
-        return name if type(name) is str else str(name)
-    counter = _name_counters.setdefault(kind, itertools.count())
-    return f"{kind}.noname.{next(counter)}"
-
-
-_OP_VALUES = {int(o): int(o) for o in ReduceOp if o != ReduceOp.ADASUM}
-
-
-def _op(op: Any) -> int:
-    try:
-        return _OP_VALUES[op]  # fast path: an int or a ReduceOp
-    except (KeyError, TypeError):
-        pass
-    try:
-        op = ReduceOp(int(op))
-    except (TypeError, ValueError):
-        raise ValueError(f"unknown reduction op {op!r}; use cring.Sum, Average, Min, Max or "
-                         "Product") from None
-    if op == ReduceOp.ADASUM:
-        raise NotImplementedError("cring does not implement Adasum; use cring.Average or Sum")
-    return int(op)
-
-
 def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
-    """Shape and cring dtype name. NumPy arrays answer directly (their dtype
-    names are cring's); anything else is read through DLPack, which also
-    validates it (the submission reads it again)."""
+    """Shape and cring dtype name, without reading the tensor through DLPack
+    for NumPy arrays and torch tensors (the submission reads it, and checks
+    it, once); anything else is described through DLPack."""
     if type(x) is _ndarray:
         dtype_name = _NUMPY_NAMES.get(x.dtype)
         if dtype_name is not None:
             return x.shape, dtype_name
+    elif _is_torch(x):
+        dtype_name = _TORCH_NAMES.get(x.dtype)
+        if dtype_name is not None:
+            return tuple(x.shape), dtype_name
     shape, dtype_name, _read_only = _C.tensor_info(dlpack_source(x), name)
     return shape, dtype_name
 
@@ -212,95 +176,27 @@ def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
 # keyed by dtype object: NumPy computes `dtype.name` in Python, about 2 us
 _NUMPY_NAMES = {_np.dtype(n): n for n in ("float16", "float32", "float64", "int8", "uint8",
                                            "int32", "int64", "bool")}
+_TORCH_NAMES: dict = {}  # torch dtype -> cring name, filled when torch is first seen
 
 
-class Compressor:
-    """Compression for allreduce payloads: float32 tensors travel as
-    `wire_dtype` (cast down before, up after); other dtypes are unaffected."""
-
-    def __init__(self, name: str, wire_dtype: Optional[str]):
-        self.name = name
-        self.wire_dtype = wire_dtype
-
-    def __repr__(self) -> str:
-        return f"Compression.{self.name}"
-
-
-class Compression:
-    """Choices for the `compression=` argument (as in Horovod)."""
-
-    none = Compressor("none", None)
-    fp16 = Compressor("fp16", "float16")
-    bf16 = Compressor("bf16", "bfloat16")
-
-
-def _wire(compression: Any, dtype_name: str) -> Optional[str]:
-    if compression is None:
-        return None
-    wire = compression.wire_dtype if isinstance(compression, Compressor) else str(compression)
-    if wire in (None, "none"):
-        return None
-    if wire not in ("float16", "bfloat16"):
-        raise ValueError(f"compression must be Compression.none, fp16 or bf16, got {compression!r}")
-    return wire if dtype_name == "float32" else None
-
-
-class Handle:
-    """A collective in flight: pass it to cring.poll() or cring.synchronize().
-    Usable from any thread; synchronize() returns the result once."""
-
-    __slots__ = ("_h", "_finish", "_result", "_finished")
-
-    def __init__(self, handle: Any, finish: Callable[[Any], Any]):
-        self._h = handle
-        self._finish = finish
-        self._finished = False
-        self._result: Any = None
-
-    @property
-    def name(self) -> str:
-        return self._h.name
-
-    def __repr__(self) -> str:
-        state = "done" if self._h.done() else "pending"
-        return f"<cring.Handle {self._h.name!r} {state}>"
-
-
-def poll(handle: Handle) -> bool:
-    """True once the collective has completed (successfully or not). Never blocks."""
-    return bool(handle._h.done())
-
-
-def synchronize(handle: Handle) -> Any:
-    """Wait for the collective and return its result (the output tensor, or
-    a list for grouped calls); raise its error (MismatchError, ...)."""
-    if not handle._finished:
-        handle._h.wait()
-        handle._result = handle._finish(handle._h)
-        handle._finished = True
-    return handle._result
-
-
-_ASYNC, _CALLER_WAITS, _WAIT_HERE = 0, 1, 2  # _C.submit's last argument
-_c_submit = _C.submit
-_ALLREDUCE = _C.ALLREDUCE
-
-
-def _submit(collective: int, name: str, pairs: list, finish: Callable[[Any], Any], *,
-            op: int = 0, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
-            wire: Optional[str] = None, caller_waits: bool = False) -> Handle:
-    h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
-                  _CALLER_WAITS if caller_waits else _ASYNC)  # NotInitializedError before init()
-    return Handle(h, finish)
+def _is_torch(x: Any) -> bool:
+    torch = _sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return False
+    if not _TORCH_NAMES:
+        for n in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64",
+                  "bool"):
+            _TORCH_NAMES[getattr(torch, n)] = n
+    return True
 
 
 def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compression: Any,
                      prescale_factor: float, postscale_factor: float, grouped: bool,
                      caller_waits: bool) -> Handle:
-    if _gpu.any_cuda(tensors):  # CUDA tensors: NCCL or host staging
+    # ---- CUDA tensors: cring._gpu (the GPU layer rewrites this branch) ----
+    if _gpu.any_cuda(tensors):
         return _gpu.allreduce_async(tensors, in_place, op, name, compression, prescale_factor,
                                     postscale_factor, grouped, caller_waits)
-    op = _op(op)
     pairs, outs, wires = [], [], set()
     plain = compression is None or compression is Compression.none
     for x in tensors:
@@ -355,29 +251,23 @@ def allreduce(tensor: Any, op: int = Average, name: Optional[str] = None,
 def _allreduce_inplace_general(tensor: Any, op: int = Average, name: Optional[str] = None,
                                compression: Any = None, prescale_factor: float = 1.0,
                                postscale_factor: float = 1.0) -> Any:
-    """allreduce_ for everything _C.allreduce_ does not do itself: tensors
-    other than NumPy arrays, generated names, compression and scaling."""
-    if (compression is not None or prescale_factor != 1.0 or postscale_factor != 1.0) and not \
-            _plain(compression, prescale_factor, postscale_factor):
-        return synchronize(_allreduce_async([tensor], True, op, _name("allreduce", name),
-                                            compression, prescale_factor, postscale_factor,
-                                            False, True))
-    if type(tensor) is not _ndarray and _gpu.is_cuda(tensor):
-        return synchronize(_gpu.allreduce_async([tensor], True, op, _name("allreduce", name),
-                                                None, 1.0, 1.0, False, True))
+    """allreduce_ for what _C.allreduce_ does not do itself: generated names,
+    compression and scaling, CUDA tensors and other libraries' tensors."""
+    name = _name("allreduce", name)
+    if not _plain(compression, prescale_factor, postscale_factor) or _gpu.is_cuda(tensor):
+        return synchronize(_allreduce_async([tensor], True, op, name, compression,
+                                            prescale_factor, postscale_factor, False, True))
     src = tensor if type(tensor) is _ndarray else dlpack_source(tensor)
-    code = _OP_VALUES.get(op) if type(op) is int or type(op) is ReduceOp else None
-    _c_submit(_ALLREDUCE, name if type(name) is str else _name("allreduce", name), [(src, src)],
-              _op(op) if code is None else code, 0, 1.0, 1.0, None, _WAIT_HERE)
+    _C.submit(_C.ALLREDUCE, name, [(src, src)], op, 0, 1.0, 1.0, None, _WAIT_HERE)
     return tensor
 
 
 # cring.allreduce_(tensor, op=Average, name=None, compression=None,
 # prescale_factor=1.0, postscale_factor=1.0): reduce `tensor` over all ranks
-# in place and return the same object. A NumPy array with a name is reduced
-# by _C.allreduce_ without a Python frame (a tenth of a small call); the
+# in place and return the same object. A NumPy array or CPU torch tensor with
+# a name is bound and reduced by _C.allreduce_ without a Python frame; the
 # rest comes back to _allreduce_inplace_general.
-_C.set_allreduce_fallback(_allreduce_inplace_general)
+_C.allreduce_fallback = _allreduce_inplace_general
 allreduce_ = _C.allreduce_
 
 
@@ -417,18 +307,15 @@ def grouped_allreduce_(tensors: Sequence[Any], op: int = Average, name: Optional
                                         prescale_factor, postscale_factor, True, True))
 
 
-def _check_root(root_rank: int, name: str) -> int:
-    root = int(root_rank)
-    if not 0 <= root < size():
-        raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size {size()}")
-    return root
-
-
 def _broadcast_async(tensor: Any, root_rank: int, name: str, in_place: bool,
                      caller_waits: bool) -> Handle:
     _require_init()
-    root = _check_root(root_rank, name)
+    root = int(root_rank)  # the C submission checks its range
+    # ---- CUDA tensors: cring._gpu (the GPU layer rewrites this branch) ----
     if _gpu.is_cuda(tensor):
+        if not 0 <= root < size():
+            raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size "
+                             f"{size()}")
         return _gpu.broadcast_async(tensor, root, name, in_place, caller_waits)
     src = dlpack_source(tensor)
     if in_place:
@@ -462,6 +349,7 @@ def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
 
 def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> Handle:
     _require_init()
+    # ---- CUDA tensors: cring._gpu (the GPU layer rewrites this branch) ----
     if _gpu.any_cuda(tensors):
         return _gpu.allgather_async(tensors, name, grouped, caller_waits)
     infos = [_info(x, name) for x in tensors]
@@ -504,10 +392,10 @@ def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
                          prescale_factor: float, postscale_factor: float,
                          caller_waits: bool) -> Handle:
     _require_init()
+    # ---- CUDA tensors: cring._gpu (the GPU layer rewrites this branch) ----
     if _gpu.any_cuda(tensors):
         return _gpu.reducescatter_async(tensors, op, name, grouped, prescale_factor,
                                         postscale_factor, caller_waits)
-    op = _op(op)
     pairs, outs = [], []
     p, r = size(), rank()
     for x in tensors:
