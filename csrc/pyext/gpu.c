@@ -238,9 +238,29 @@ static PyObject *Gpu_comm_create(GpuState *self, PyObject *args) {
      * afterwards the GPU layer is its only user (serialised by its lock). */
     cring_store_t *store = cring_comm_store(cring_engine_comm(engine));
     cring__errmsg_t err = {{0}};
-    cring_status_t st;
+    cring_status_t st = CRING_OK;
+    char id[CRING__GPU_UNIQUE_ID_BYTES] = {0};
+    int made = -1;
     Py_BEGIN_ALLOW_THREADS
-    st = cring__gpu_comm_create(self->g, slot, device, rank, size, store, key, timeout_s, &err);
+    if (slot != cring__gpu_comm_count(self->g)) {
+        st = cring__fail(&err, CRING_ERR_INVALID_ARGUMENT, "slot %d is not the next one", slot);
+    } else if (rank == 0) {
+        st = cring__gpu_unique_id(self->g, id, &err);
+        if (st == CRING_OK && size > 1 && (st = cring_store_set(store, key, id, sizeof id)) != CRING_OK)
+            cring__fail(&err, st, "rank 0 could not publish the NCCL id in the store");
+    } else {
+        void *value = NULL;
+        size_t len = 0;
+        st = cring_store_get(store, key, timeout_s, &value, &len);
+        if (st != CRING_OK)
+            cring__fail(&err, st, "rank %d got no NCCL id from rank 0 (store key '%s')", rank, key);
+        else if (len != sizeof id)
+            st = cring__fail(&err, CRING_ERR_PROTOCOL, "the NCCL id in the store has %zu bytes", len);
+        else
+            memcpy(id, value, sizeof id);
+        free(value);
+    }
+    if (st == CRING_OK) st = cring__gpu_comm_init(self->g, device, rank, size, id, &made, &err);
     Py_END_ALLOW_THREADS
     if (st != CRING_OK) {
         char context[128];
@@ -301,6 +321,7 @@ static PyObject *Gpu_collective(GpuState *self, PyObject *args) {
         ts[i].send = (const void *)(uintptr_t)send;
         ts[i].recv = (void *)(uintptr_t)recv;
         ts[i].count = (size_t)count;
+        ts[i].stream = (void *)(uintptr_t)stream;
         if (!cring__dtype_from_name(dtype, &ts[i].dtype)) goto done;
         if (rank_counts != Py_None) {
             if (!PyList_Check(rank_counts) || PyList_GET_SIZE(rank_counts) != size) {
@@ -315,8 +336,7 @@ static PyObject *Gpu_collective(GpuState *self, PyObject *args) {
         }
     }
     cring__gpu_coll_t c = {.collective = (cring_collective_t)coll, .op = (cring_op_t)op,
-                           .root = root, .scale = scale, .ntensors = (int)n, .tensors = ts,
-                           .stream = (void *)(uintptr_t)stream};
+                           .root = root, .scale = scale, .ntensors = (int)n, .tensors = ts};
     cring__errmsg_t err = {{0}};
     cring_status_t st;
     Py_BEGIN_ALLOW_THREADS
@@ -657,7 +677,7 @@ int cring__pyext_gpu_init(PyObject *module, cring_engine_t **engine_slot) {
     if (!self->CRingError || !self->TimeoutError || !self->PeerFailureError ||
         !self->MismatchError || !self->NotInitializedError)
         goto done;
-    if (cring__gpu_create(&self->g) != CRING_OK) {
+    if (!(self->g = cring__gpu_global())) {
         PyErr_NoMemory();
         goto done;
     }
