@@ -195,3 +195,58 @@ def test_survivors_shutdown_and_init_again(tmp_path):
         assert f"SURVIVOR {r} re-initialised as rank {[0, 2].index(r)} of 2 over shm: " \
                "allreduce ok" in out, out
     assert shm_files_of(pids) == []
+
+
+def _run_absent_peer(mode: str, tmp_path: Path, transport: str = "auto",
+                     timeout_s: str = "5") -> str:
+    """Run workers/absent_peer.py at 2 ranks; rank 0's stdout."""
+    port = str(free_port())
+    procs = []
+    for r in range(2):
+        env = clean_env(CRING_RANK=str(r), CRING_SIZE="2", CRING_ADDR="127.0.0.1",
+                        CRING_PORT=port, CRING_TRANSPORT=transport,
+                        CRING_TIMEOUT_SECONDS=timeout_s)
+        procs.append(subprocess.Popen(
+            [sys.executable, str(WORKERS / "absent_peer.py"), mode, str(tmp_path)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=90))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"{mode}: a rank hung")
+    for r, p in enumerate(procs):
+        out, err = outs[r]
+        assert p.returncode == 0 and f"DONE {r}" in out, f"rank {r}: {out}{err[-3000:]}"
+    return outs[0][0]
+
+
+def test_rank_that_never_submits_times_out_on_the_others(tmp_path):
+    """Issue 15 item 7: rank 1's argument error keeps it from submitting 'x';
+    rank 0 gets TimeoutError naming 'x' and rank 1 within the time-out + 2 s,
+    and both ranks go on (the engine is not broken)."""
+    out = _run_absent_peer("timeout", tmp_path)
+    m = re.search(r"RESULT \w+ ([\d.]+): (.*)", out)
+    assert m, out
+    took, msg = float(m.group(1)), m.group(2)
+    assert 4.0 <= took <= 7.0, out
+    assert "'x'" in msg and "ranks [1]" in msg and "ranks [0]" in msg, msg
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_rank_that_shut_down_is_reported_as_left(tmp_path, transport):
+    """Issue 15 item 7: a peer that called shutdown is reported as having
+    left, not as dead, within a few seconds (shared memory). Over TCP a
+    clean exit reads as a closed connection ("exited or was killed")."""
+    out = _run_absent_peer("left", tmp_path, transport=transport, timeout_s="60")
+    m = re.search(r"RESULT \w+ ([\d.]+): (.*)", out)
+    assert m, out
+    took, msg = float(m.group(1)), m.group(2)
+    assert took < 10.0, out
+    assert "'x'" in msg, msg
+    if transport == "auto":
+        assert "rank 1 left (shut down)" in msg and "died" not in msg, msg
+    else:
+        assert "rank 1" in msg and "died" not in msg, msg

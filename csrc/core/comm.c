@@ -23,6 +23,38 @@
 #define DEFAULT_TIMEOUT_S 600.0
 #define DEFAULT_SHM_WINDOW_BYTES (4u << 20)
 
+/* A transport's collectives and idle-wait primitives (tables below). */
+struct comm_ops {
+    const char *name; /* "self", "shm", "tcp" */
+    /* The idle wait also returns when a peer's data arrives, so a thread that
+     * is not driving must not use it while another thread of this rank drives
+     * (it would spin on the driver's input). */
+    int idle_wait_sees_peer_input;
+    cring_status_t (*agree)(cring_comm_t *c, cring__desc_t *d);
+    cring_status_t (*allreduce)(cring_comm_t *c, const void *send, void *recv, size_t count,
+                                cring_dtype_t dtype, cring_op_t op);
+    cring_status_t (*broadcast)(cring_comm_t *c, void *buf, size_t nbytes, int root);
+    cring_status_t (*allgatherv)(cring_comm_t *c, const void *send, size_t send_bytes, void *recv,
+                                 const size_t *recv_bytes);
+    cring_status_t (*reducescatter)(cring_comm_t *c, const void *send, void *recv,
+                                    const size_t *counts, cring_dtype_t dtype, cring_op_t op);
+    cring_status_t (*barrier)(cring_comm_t *c);
+    cring_status_t (*alltoallv)(cring_comm_t *c, const void *send, void *recv, const size_t *matrix);
+    /* NULL when the transport cannot gather small blocks in one exchange */
+    cring_status_t (*gather_small)(cring_comm_t *c, const void *mine, size_t bytes,
+                                   const void **ptrs_out, size_t *lens_out);
+    size_t (*gather_small_max)(const cring_comm_t *c);
+    void (*wake)(cring_comm_t *c);
+    void (*announce)(cring_comm_t *c, uint64_t round);
+    void (*set_driving)(cring_comm_t *c, int on);
+    int (*peer_waiting)(cring_comm_t *c, uint64_t rounds_done);
+    uint64_t (*wake_token)(cring_comm_t *c);
+    int (*idle_wait)(cring_comm_t *c, uint64_t token, double max_wait_s);
+    int (*idle_wait_local)(cring_comm_t *c, uint64_t token, double max_wait_s);
+};
+
+static const struct comm_ops self_ops, shm_ops, tcp_ops;
+
 struct cring_comm {
     int rank, size;
     int local_rank, local_size;
@@ -37,6 +69,7 @@ struct cring_comm {
     uint64_t agreements;
     _Atomic int broken; /* CRING_OK while usable, else the status that broke it */
     int wake_fd;        /* eventfd for waking an idle TCP rank; -1 with shm */
+    const struct comm_ops *ops; /* the transport's table, chosen once at init */
     char key_prefix[256];
     cring__errmsg_t err;
 };
@@ -206,6 +239,7 @@ cring_status_t cring_comm_init(const cring_config_t *cfg, cring_comm_t **comm_ou
     c->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : DEFAULT_TIMEOUT_S;
     c->local_size = c->cross_size = 1;
     c->wake_fd = -1;
+    c->ops = &self_ops;
     snprintf(c->key_prefix, sizeof c->key_prefix, "%s",
              cfg->job_key && *cfg->job_key ? cfg->job_key : "cring");
     c->descs = calloc((size_t)c->size, sizeof *c->descs);
@@ -240,7 +274,8 @@ cring_status_t cring_comm_init(const cring_config_t *cfg, cring_comm_t **comm_ou
         }
     }
     /* Everyone is connected: one barrier over the transport proves it. */
-    st = c->shm ? cring__shm_barrier(c->shm) : cring__p2p_barrier(c->p2p);
+    c->ops = c->shm ? &shm_ops : &tcp_ops;
+    st = c->ops->barrier(c);
 
 cleanup:
     if (st != CRING_OK) {
@@ -257,6 +292,7 @@ cleanup:
 void cring_comm_destroy(cring_comm_t *c) {
     if (!c) return;
     if (c->p2p) c->p2p->ops->destroy(c->p2p);
+    cring__shm_leave(c->shm); /* peers still waiting for this rank learn it left */
     cring__shm_destroy(c->shm);
     cring_store_close(c->store);
     cring_store_server_stop(c->server);
@@ -264,6 +300,16 @@ void cring_comm_destroy(cring_comm_t *c) {
     if (c->wake_fd >= 0) close(c->wake_fd);
     free(c->descs);
     free(c);
+}
+
+const char *cring_collective_name(cring_collective_t collective) {
+    switch (collective) {
+#define CRING__COLLECTIVE_CASE(name, value, str) \
+    case CRING_COLL_##name: return str;
+        CRING_COLLECTIVE_MAP(CRING__COLLECTIVE_CASE)
+#undef CRING__COLLECTIVE_CASE
+    }
+    return "unknown";
 }
 
 int cring_comm_rank(const cring_comm_t *c) { return c->rank; }
@@ -275,7 +321,7 @@ int cring_comm_cross_size(const cring_comm_t *c) { return c->cross_size; }
 const char *cring_comm_last_error(const cring_comm_t *c) { return c->err.text; }
 cring_store_t *cring_comm_store(cring_comm_t *c) { return c->store; }
 const char *cring_comm_transport_name(const cring_comm_t *c) {
-    return c->shm ? "shm" : c->p2p ? "tcp" : "self";
+    return c->ops->name;
 }
 
 /* A transport failure leaves peers at unknown points of the protocol: the
@@ -308,8 +354,7 @@ static cring_status_t begin(cring_comm_t *c, cring__desc_t *d) {
     c->err.text[0] = 0;
     if (c->size == 1) return CRING_OK;
     d->magic = CRING__DESC_MAGIC;
-    cring_status_t st = c->shm ? cring__agree_shm(c->shm, c->rank, c->size, c->agreements, d, c->descs)
-                               : cring__agree_p2p(c->p2p, d, c->descs);
+    cring_status_t st = c->ops->agree(c, d);
     c->agreements++;
     if (st != CRING_OK) return finish(c, st);
     return cring__agree_check(c->descs, c->size, &c->err);
@@ -326,99 +371,228 @@ static cring_status_t check_reduce_args(cring_comm_t *c, cring_dtype_t dtype, cr
     return CRING_OK;
 }
 
+/* ---- one table per transport --------------------------------------------------
+ * Each transport's collectives (without agreement) and idle-wait primitives,
+ * chosen once at init: no collective asks which transport it runs on. */
+
+
+/* one rank: every collective is a copy */
+static cring_status_t self_agree(cring_comm_t *c, cring__desc_t *d) { return CRING_OK; }
+static cring_status_t self_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
+                                     cring_dtype_t dtype, cring_op_t op) {
+    if (send != recv && count) memcpy(recv, send, count * cring_dtype_size(dtype));
+    return CRING_OK;
+}
+static cring_status_t self_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
+    return CRING_OK;
+}
+static cring_status_t self_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes,
+                                      void *recv, const size_t *recv_bytes) {
+    if (send != recv && send_bytes) memcpy(recv, send, send_bytes);
+    return CRING_OK;
+}
+static cring_status_t self_reducescatter(cring_comm_t *c, const void *send, void *recv,
+                                         const size_t *counts, cring_dtype_t dtype, cring_op_t op) {
+    if (counts[0]) memcpy(recv, send, counts[0] * cring_dtype_size(dtype));
+    return CRING_OK;
+}
+static cring_status_t self_barrier(cring_comm_t *c) { return CRING_OK; }
+static cring_status_t self_alltoallv(cring_comm_t *c, const void *send, void *recv,
+                                     const size_t *matrix) {
+    if (matrix[0]) memcpy(recv, send, matrix[0]);
+    return CRING_OK;
+}
+static cring_status_t self_gather_small(cring_comm_t *c, const void *mine, size_t bytes,
+                                        const void **ptrs_out, size_t *lens_out) {
+    ptrs_out[0] = mine;
+    if (lens_out) lens_out[0] = bytes;
+    return CRING_OK;
+}
+static size_t self_gather_small_max(const cring_comm_t *c) { return (size_t)-1; }
+static void self_wake(cring_comm_t *c) {}
+static void self_announce(cring_comm_t *c, uint64_t round) {}
+static void self_set_driving(cring_comm_t *c, int on) {}
+static int self_peer_waiting(cring_comm_t *c, uint64_t rounds_done) { return 0; }
+static uint64_t self_wake_token(cring_comm_t *c) { return 0; }
+/* nothing to wait for but a local wake, which needs no transport: sleep
+ * briefly and let the caller look again */
+static int self_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
+    struct timespec ts = {0, 1000000};
+    if (max_wait_s > 0) nanosleep(&ts, NULL);
+    return 1;
+}
+
+static const struct comm_ops self_ops = {
+    "self", 0, self_agree, self_allreduce, self_broadcast, self_allgatherv, self_reducescatter,
+    self_barrier, self_alltoallv, self_gather_small, self_gather_small_max, self_wake,
+    self_announce, self_set_driving, self_peer_waiting, self_wake_token, self_idle_wait,
+    self_idle_wait,
+};
+
+/* shared memory */
+static cring_status_t shm_agree(cring_comm_t *c, cring__desc_t *d) {
+    return cring__agree_shm(c->shm, c->rank, c->size, c->agreements, d, c->descs);
+}
+static cring_status_t shm_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
+                                    cring_dtype_t dtype, cring_op_t op) {
+    return cring__shm_allreduce(c->shm, c->rank, c->size, send, recv, count, dtype, op);
+}
+static cring_status_t shm_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
+    return cring__shm_broadcast(c->shm, c->rank, c->size, buf, nbytes, root);
+}
+static cring_status_t shm_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes,
+                                     void *recv, const size_t *recv_bytes) {
+    return cring__shm_allgatherv(c->shm, c->rank, c->size, send, send_bytes, recv, recv_bytes);
+}
+static cring_status_t shm_reducescatter(cring_comm_t *c, const void *send, void *recv,
+                                        const size_t *counts, cring_dtype_t dtype, cring_op_t op) {
+    return cring__shm_reducescatter(c->shm, c->rank, c->size, send, recv, counts, dtype, op);
+}
+static cring_status_t shm_barrier_op(cring_comm_t *c) { return cring__shm_barrier(c->shm); }
+static cring_status_t shm_alltoallv(cring_comm_t *c, const void *send, void *recv,
+                                    const size_t *matrix) {
+    return cring__shm_alltoallv(c->shm, c->rank, c->size, send, recv, matrix);
+}
+static cring_status_t shm_gather_small(cring_comm_t *c, const void *mine, size_t bytes,
+                                       const void **ptrs_out, size_t *lens_out) {
+    return cring__shm_gather_small(c->shm, c->rank, c->size, mine, bytes, ptrs_out, lens_out);
+}
+static size_t shm_gather_small_max(const cring_comm_t *c) {
+    return cring__shm_gather_small_max(c->shm, c->size);
+}
+static void shm_wake(cring_comm_t *c) { cring__shm_ring(c->shm, c->rank); }
+static void shm_announce(cring_comm_t *c, uint64_t round) { cring__shm_announce(c->shm, round); }
+static void shm_set_driving(cring_comm_t *c, int on) { cring__shm_set_driving(c->shm, on); }
+static int shm_peer_waiting(cring_comm_t *c, uint64_t rounds_done) {
+    return cring__shm_peer_announced(c->shm) > rounds_done;
+}
+static uint64_t shm_wake_token(cring_comm_t *c) { return cring__shm_bell(c->shm); }
+static int shm_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
+    cring__shm_idle_wait(c->shm, (uint32_t)token, max_wait_s);
+    return cring__shm_bell(c->shm) != (uint32_t)token;
+}
+
+static const struct comm_ops shm_ops = {
+    "shm", 0, shm_agree, shm_allreduce, shm_broadcast, shm_allgatherv, shm_reducescatter,
+    shm_barrier_op, shm_alltoallv, shm_gather_small, shm_gather_small_max, shm_wake,
+    shm_announce, shm_set_driving, shm_peer_waiting, shm_wake_token, shm_idle_wait,
+    shm_idle_wait,
+};
+
+/* TCP: ring algorithms over point-to-point links; an eventfd wakes an idle rank */
+static cring_status_t tcp_agree(cring_comm_t *c, cring__desc_t *d) {
+    return cring__agree_p2p(c->p2p, d, c->descs);
+}
+static cring_status_t tcp_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
+                                    cring_dtype_t dtype, cring_op_t op) {
+    return cring__ring_allreduce(c->p2p, &c->scratch, send, recv, count, dtype, op);
+}
+static cring_status_t tcp_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
+    return nbytes ? cring__ring_broadcast(c->p2p, buf, nbytes, root) : CRING_OK;
+}
+static cring_status_t tcp_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes,
+                                     void *recv, const size_t *recv_bytes) {
+    return cring__ring_allgatherv(c->p2p, send, send_bytes, recv, recv_bytes);
+}
+static cring_status_t tcp_reducescatter(cring_comm_t *c, const void *send, void *recv,
+                                        const size_t *counts, cring_dtype_t dtype, cring_op_t op) {
+    return cring__ring_reducescatter(c->p2p, &c->scratch, send, recv, counts, dtype, op);
+}
+static cring_status_t tcp_barrier(cring_comm_t *c) { return cring__p2p_barrier(c->p2p); }
+static cring_status_t tcp_alltoallv(cring_comm_t *c, const void *send, void *recv,
+                                    const size_t *matrix) {
+    return cring__p2p_alltoallv(c->p2p, send, recv, matrix);
+}
+static void tcp_wake(cring_comm_t *c) {
+    uint64_t one = 1;
+    ssize_t w = write(c->wake_fd, &one, sizeof one);
+    (void)w; /* EAGAIN means it is already signalled */
+}
+static void tcp_announce(cring_comm_t *c, uint64_t round) {} /* peers see the data itself */
+static void tcp_set_driving(cring_comm_t *c, int on) {}
+static int tcp_peer_waiting(cring_comm_t *c, uint64_t rounds_done) {
+    return c->p2p->ops->idle_wait(c->p2p, -1, 0);
+}
+static uint64_t tcp_wake_token(cring_comm_t *c) { return 0; }
+static int drain_wake_fd(cring_comm_t *c) {
+    uint64_t drained;
+    int woken = 0;
+    while (read(c->wake_fd, &drained, sizeof drained) > 0) woken = 1;
+    return woken;
+}
+static int tcp_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
+    int peer_input = c->p2p->ops->idle_wait(c->p2p, c->wake_fd, max_wait_s);
+    int woken = drain_wake_fd(c);
+    return peer_input || woken;
+}
+static int tcp_idle_wait_local(cring_comm_t *c, uint64_t token, double max_wait_s) {
+    struct pollfd pfd = {.fd = c->wake_fd, .events = POLLIN};
+    int ms = max_wait_s > 2e6 ? 2000000000 : (int)(max_wait_s * 1000.0);
+    int woken = poll(&pfd, 1, ms < 0 ? 0 : ms) > 0;
+    return drain_wake_fd(c) || woken;
+}
+
+static const struct comm_ops tcp_ops = {
+    "tcp", 1, tcp_agree, tcp_allreduce, tcp_broadcast, tcp_allgatherv, tcp_reducescatter,
+    tcp_barrier, tcp_alltoallv, NULL, NULL, tcp_wake, tcp_announce, tcp_set_driving,
+    tcp_peer_waiting, tcp_wake_token, tcp_idle_wait, tcp_idle_wait_local,
+};
+
 /* ---- collectives without agreement (the engine's entry points) -------------- */
 
 cring_status_t cring__comm_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
                                      cring_dtype_t dtype, cring_op_t op) {
     CRING_CHECK(check_usable(c));
-    cring_status_t st;
-    if (c->size == 1) {
-        if (send != recv && count) memcpy(recv, send, count * cring_dtype_size(dtype));
-        st = CRING_OK;
-    } else if (c->shm) {
-        st = cring__shm_allreduce(c->shm, c->rank, c->size, send, recv, count, dtype, op);
-    } else {
-        st = cring__ring_allreduce(c->p2p, &c->scratch, send, recv, count, dtype, op);
-    }
-    return finish(c, st);
+    return finish(c, c->ops->allreduce(c, send, recv, count, dtype, op));
 }
 
 cring_status_t cring__comm_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
     CRING_CHECK(check_usable(c));
-    cring_status_t st = CRING_OK;
-    if (c->size > 1)
-        st = c->shm ? cring__shm_broadcast(c->shm, c->rank, c->size, buf, nbytes, root)
-                    : (nbytes ? cring__ring_broadcast(c->p2p, buf, nbytes, root) : CRING_OK);
-    return finish(c, st);
+    return finish(c, c->ops->broadcast(c, buf, nbytes, root));
 }
 
 cring_status_t cring__comm_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes,
                                       void *recv, const size_t *recv_bytes) {
     CRING_CHECK(check_usable(c));
-    cring_status_t st;
-    if (c->size == 1) {
-        if (send != recv && send_bytes) memcpy(recv, send, send_bytes);
-        st = CRING_OK;
-    } else {
-        st = c->shm ? cring__shm_allgatherv(c->shm, c->rank, c->size, send, send_bytes, recv, recv_bytes)
-                    : cring__ring_allgatherv(c->p2p, send, send_bytes, recv, recv_bytes);
-    }
-    return finish(c, st);
+    return finish(c, c->ops->allgatherv(c, send, send_bytes, recv, recv_bytes));
 }
 
 cring_status_t cring__comm_reducescatter(cring_comm_t *c, const void *send, void *recv,
                                          const size_t *counts, cring_dtype_t dtype,
                                          cring_op_t op) {
     CRING_CHECK(check_usable(c));
-    cring_status_t st;
-    if (c->size == 1) {
-        if (counts[0]) memcpy(recv, send, counts[0] * cring_dtype_size(dtype));
-        st = CRING_OK;
-    } else {
-        st = c->shm ? cring__shm_reducescatter(c->shm, c->rank, c->size, send, recv, counts, dtype, op)
-                    : cring__ring_reducescatter(c->p2p, &c->scratch, send, recv, counts, dtype, op);
-    }
-    return finish(c, st);
+    return finish(c, c->ops->reducescatter(c, send, recv, counts, dtype, op));
 }
 
 cring_status_t cring__comm_barrier(cring_comm_t *c) {
     CRING_CHECK(check_usable(c));
-    if (c->size == 1) return CRING_OK;
-    return finish(c, c->shm ? cring__shm_barrier(c->shm) : cring__p2p_barrier(c->p2p));
+    return finish(c, c->ops->barrier(c));
 }
 
 cring_status_t cring__comm_alltoallv(cring_comm_t *c, const void *send, void *recv,
                                      const size_t *matrix) {
     CRING_CHECK(check_usable(c));
-    cring_status_t st;
-    if (c->size == 1) {
-        if (matrix[0]) memcpy(recv, send, matrix[0]);
-        st = CRING_OK;
-    } else {
-        st = c->shm ? cring__shm_alltoallv(c->shm, c->rank, c->size, send, recv, matrix)
-                    : cring__p2p_alltoallv(c->p2p, send, recv, matrix);
-    }
-    return finish(c, st);
+    return finish(c, c->ops->alltoallv(c, send, recv, matrix));
 }
 
-int cring__comm_can_gather_small(const cring_comm_t *c) { return c->shm != NULL || c->size == 1; }
+int cring__comm_can_gather_small(const cring_comm_t *c) { return c->ops->gather_small != NULL; }
 
 size_t cring__comm_gather_small_max(const cring_comm_t *c) {
-    return c->shm ? cring__shm_gather_small_max(c->shm, c->size) : (size_t)-1;
+    return c->ops->gather_small_max ? c->ops->gather_small_max(c) : 0;
 }
 
 cring_status_t cring__comm_gather_small(cring_comm_t *c, const void *mine, size_t bytes,
                                         const void **ptrs_out, size_t *lens_out) {
     CRING_CHECK(check_usable(c));
-    if (c->size == 1) {
-        ptrs_out[0] = mine;
-        if (lens_out) lens_out[0] = bytes;
-        return CRING_OK;
-    }
-    if (!c->shm) return CRING_ERR_NOT_SUPPORTED;
-    return finish(c, cring__shm_gather_small(c->shm, c->rank, c->size, mine, bytes, ptrs_out,
-                                             lens_out));
+    if (!c->ops->gather_small) return CRING_ERR_NOT_SUPPORTED;
+    return finish(c, c->ops->gather_small(c, mine, bytes, ptrs_out, lens_out));
 }
+
+int cring__comm_idle_wait_sees_peer_input(const cring_comm_t *c) {
+    return c->ops->idle_wait_sees_peer_input;
+}
+
+double cring__comm_timeout_s(const cring_comm_t *c) { return c->timeout_s; }
 
 cring_status_t cring__comm_broken(const cring_comm_t *c) {
     return (cring_status_t)atomic_load(&((cring_comm_t *)c)->broken);
@@ -426,64 +600,29 @@ cring_status_t cring__comm_broken(const cring_comm_t *c) {
 
 const char *cring__comm_error(const cring_comm_t *c) { return c->err.text; }
 
-void cring__comm_wake(cring_comm_t *c) {
-    if (c->shm) {
-        cring__shm_ring(c->shm, c->rank);
-    } else if (c->wake_fd >= 0) {
-        uint64_t one = 1;
-        ssize_t w = write(c->wake_fd, &one, sizeof one);
-        (void)w; /* EAGAIN means it is already signalled */
-    }
-}
+void cring__comm_wake(cring_comm_t *c) { c->ops->wake(c); }
 
-void cring__comm_announce(cring_comm_t *c, uint64_t round) {
-    if (c->shm) cring__shm_announce(c->shm, round);
-}
+void cring__comm_announce(cring_comm_t *c, uint64_t round) { c->ops->announce(c, round); }
 
-void cring__comm_set_driving(cring_comm_t *c, int on) {
-    if (c->shm) cring__shm_set_driving(c->shm, on);
-}
+void cring__comm_set_driving(cring_comm_t *c, int on) { c->ops->set_driving(c, on); }
 
 int cring__comm_peer_waiting(cring_comm_t *c, uint64_t rounds_done) {
-    if (c->shm) return cring__shm_peer_announced(c->shm) > rounds_done;
-    if (c->p2p) return c->p2p->ops->idle_wait(c->p2p, -1, 0);
-    return 0;
+    return c->ops->peer_waiting(c, rounds_done);
 }
 
-uint64_t cring__comm_wake_token(cring_comm_t *c) { return c->shm ? cring__shm_bell(c->shm) : 0; }
+uint64_t cring__comm_wake_token(cring_comm_t *c) { return c->ops->wake_token(c); }
 
 int cring__comm_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
-    if (c->shm) {
-        cring__shm_idle_wait(c->shm, (uint32_t)token, max_wait_s);
-        return cring__shm_bell(c->shm) != (uint32_t)token;
-    }
-    if (c->p2p) {
-        int peer_input = c->p2p->ops->idle_wait(c->p2p, c->wake_fd, max_wait_s);
-        uint64_t drained;
-        int woken = 0;
-        while (read(c->wake_fd, &drained, sizeof drained) > 0) woken = 1;
-        return peer_input || woken;
-    }
-    /* one rank: nothing to wait for but a local wake, which needs no
-     * transport: sleep briefly and let the caller look again */
-    struct timespec ts = {0, 1000000};
-    if (max_wait_s > 0) nanosleep(&ts, NULL);
-    return 1;
+    return c->ops->idle_wait(c, token, max_wait_s);
+}
+
+int cring__comm_idle_wait_local(cring_comm_t *c, uint64_t token, double max_wait_s) {
+    return c->ops->idle_wait_local(c, token, max_wait_s);
 }
 
 /* The same short spin the shared-memory transport uses when ranks
  * outnumber cores. */
 void cring__comm_background_thread(void) { cring__shm_cap_thread_spin(200); }
-
-int cring__comm_idle_wait_local(cring_comm_t *c, uint64_t token, double max_wait_s) {
-    if (c->shm || !c->p2p || c->wake_fd < 0) return cring__comm_idle_wait(c, token, max_wait_s);
-    struct pollfd pfd = {.fd = c->wake_fd, .events = POLLIN};
-    int ms = max_wait_s > 2e6 ? 2000000000 : (int)(max_wait_s * 1000.0);
-    int woken = poll(&pfd, 1, ms < 0 ? 0 : ms) > 0;
-    uint64_t drained;
-    while (read(c->wake_fd, &drained, sizeof drained) > 0) woken = 1;
-    return woken;
-}
 
 /* ---- public collectives: agree, then run ------------------------------------- */
 

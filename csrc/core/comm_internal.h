@@ -32,6 +32,14 @@ size_t cring__comm_gather_small_max(const cring_comm_t *comm);
 cring_status_t cring__comm_gather_small(cring_comm_t *comm, const void *mine, size_t bytes,
                                         const void **ptrs_out, size_t *lens_out);
 
+/* 1 when the idle wait also returns on a peer's incoming data (TCP): while
+ * another thread of this rank drives, such data is always there, so a
+ * thread that does not drive must park (cring__comm_idle_wait_local)
+ * instead of idle-waiting, or it would spin. */
+int cring__comm_idle_wait_sees_peer_input(const cring_comm_t *comm);
+/* The communicator's bound on every wait (cring_config.timeout_s). */
+double cring__comm_timeout_s(const cring_comm_t *comm);
+
 /* CRING_OK while usable, else the status that broke it. Thread-safe read. */
 cring_status_t cring__comm_broken(const cring_comm_t *comm);
 /* Detail of the last failure (owned by comm). */

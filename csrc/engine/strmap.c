@@ -88,12 +88,6 @@ void *cring__strmap_remove(cring__strmap_t *m, const char *key) {
     return v;
 }
 
-void cring__strmap_each(const cring__strmap_t *m, void (*fn)(const char *, void *, void *),
-                        void *arg) {
-    for (size_t i = 0; i < m->nbuckets; i++)
-        for (cring__strmap_entry_t *e = m->buckets[i]; e; e = e->next) fn(e->key, e->value, arg);
-}
-
 void cring__strmap_free(cring__strmap_t *m) {
     for (size_t i = 0; i < m->nbuckets; i++) {
         cring__strmap_entry_t *e = m->buckets[i];

@@ -28,10 +28,6 @@ int cring__strmap_put(cring__strmap_t *m, const char *key, void *value);
 int cring__strmap_put_borrowed(cring__strmap_t *m, const char *key, void *value);
 /* Remove and return the value (NULL when absent). */
 void *cring__strmap_remove(cring__strmap_t *m, const char *key);
-/* Call fn(key, value, arg) for every entry (order unspecified); fn must not
- * modify the map. */
-void cring__strmap_each(const cring__strmap_t *m, void (*fn)(const char *, void *, void *),
-                        void *arg);
 /* Free the table and keys (not the values). */
 void cring__strmap_free(cring__strmap_t *m);
 

@@ -2,7 +2,8 @@
  * submit names in different orders, many small requests fuse into few
  * collectives, a mismatch fails one handle on every rank and the engine goes
  * on, a duplicate in-flight name is refused, groups, allgather and alltoall
- * work, and join() lets the other ranks' allreduces finish with zeros. */
+ * work, join() lets the other ranks' allreduces finish with zeros, and a
+ * handle freed before its peers submit never waits and still completes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,6 +270,42 @@ static void run_rank(int rank, int size, int port, int transport) {
         CHECK_OK(cring_handle_wait(oh2));
         CHECK(one == size);
         cring_handle_free(oh2);
+    }
+
+    /* 8. A dropped handle never waits (issue 15, item 7): rank 0 submits
+     * "dropped" and frees the handle at once, then both ranks pass a
+     * barrier; only then does rank 1 submit "dropped". The engine keeps its
+     * own reference, so the collective completes on both ranks and writes
+     * rank 0's buffer; nothing leaks (ASan). */
+    if (size > 1) {
+        static int32_t dropped[33];
+        for (int j = 0; j < 33; j++) dropped[j] = rank + j;
+        cring_request_t bq = {.name = "drop-barrier", .collective = CRING_COLL_BARRIER,
+                              .compression = CRING_DTYPE_COUNT};
+        cring_handle_t *bh = NULL;
+        if (rank == 0) {
+            cring_handle_t *dh = submit1(e, "dropped", CRING_COLL_ALLREDUCE, dropped, dropped,
+                                         CRING_INT32, 33, CRING_SUM, 0);
+            CHECK(dh != NULL);
+            cring_handle_free(dh); /* returns at once: the engine holds its own reference */
+        }
+        CHECK_OK(cring_engine_submit(e, &bq, &bh));
+        CHECK_OK(cring_handle_wait(bh));
+        cring_handle_free(bh);
+        if (rank != 0) {
+            cring_handle_t *dh = submit1(e, "dropped", CRING_COLL_ALLREDUCE, dropped, dropped,
+                                         CRING_INT32, 33, CRING_SUM, 0);
+            CHECK_OK(cring_handle_wait(dh));
+            cring_handle_free(dh);
+        }
+        /* a later collective completes after "dropped" ran everywhere */
+        int32_t one = 1;
+        cring_handle_t *ah = submit1(e, "after-drop", CRING_COLL_ALLREDUCE, &one, &one,
+                                     CRING_INT32, 1, CRING_SUM, 0);
+        CHECK_OK(cring_handle_wait(ah));
+        cring_handle_free(ah);
+        CHECK(one == size);
+        for (int j = 0; j < 33; j++) CHECK(dropped[j] == size * j + size * (size - 1) / 2);
     }
 
     cring_engine_stop(e);

@@ -42,6 +42,7 @@ typedef struct shm_ctrl {
     _Atomic uint32_t futex_word; /* low 32 bits of seq */
     _Alignas(CRING_CACHE_LINE) _Atomic uint32_t waiters;
     int32_t pid;
+    _Atomic uint32_t left; /* set when this rank shut down cleanly (cring__shm_leave) */
     _Alignas(CRING_CACHE_LINE) _Atomic uint32_t bell; /* rung by peers and local threads */
     _Atomic uint32_t bell_sleepers;
     _Atomic uint64_t announced; /* last round this rank announced */
@@ -326,10 +327,12 @@ void cring__shm_publish(cring__shm_t *shm, uint64_t seq) {
         futex_call(&me->futex_word, FUTEX_WAKE, INT_MAX, NULL);
 }
 
-void cring__shm_abort(cring__shm_t *shm, cring_status_t why, int peer) {
+#define ABORT_PEER_LEFT (1ull << 24) /* abort_info: the peer shut down, it did not die */
+
+static void abort_job(cring__shm_t *shm, cring_status_t why, int peer, uint64_t extra) {
     if (!shm || !shm->hdr) return;
     uint64_t info = (uint64_t)(shm->rank + 1) | (uint64_t)(uint8_t)(-(int)why) << 16 |
-                    (uint64_t)(uint32_t)(peer + 1) << 32;
+                    (uint64_t)(uint32_t)(peer + 1) << 32 | extra;
     uint64_t none = 0;
     atomic_compare_exchange_strong(&shm->hdr->abort_info, &none, info); /* the first reason wins */
     atomic_store(&shm->hdr->aborted, 1);
@@ -338,6 +341,18 @@ void cring__shm_abort(cring__shm_t *shm, cring_status_t why, int peer) {
         futex_call(&shm->ctrl[r].futex_word, FUTEX_WAKE, INT_MAX, NULL);
         cring__shm_ring(shm, r);
     }
+}
+
+void cring__shm_abort(cring__shm_t *shm, cring_status_t why, int peer) {
+    abort_job(shm, why, peer, 0);
+}
+
+void cring__shm_leave(cring__shm_t *shm) {
+    if (!shm || !shm->hdr) return;
+    atomic_store(&shm->ctrl[shm->rank].left, 1);
+    shm_ctrl_t *me = &shm->ctrl[shm->rank];
+    atomic_fetch_add(&me->futex_word, 0x80000000u); /* wake whoever waits for this rank */
+    futex_call(&me->futex_word, FUTEX_WAKE, INT_MAX, NULL);
 }
 
 void cring__shm_ring(cring__shm_t *shm, int peer) {
@@ -403,6 +418,10 @@ static cring_status_t aborted_status(cring__shm_t *shm) {
     int detector = (int)(info & 0xffff) - 1;
     cring_status_t why = (cring_status_t) - (int)((info >> 16) & 0xff);
     int peer = (int)(uint32_t)(info >> 32) - 1;
+    if (why == CRING_ERR_PEER_FAILURE && peer >= 0 && (info & ABORT_PEER_LEFT))
+        return cring__fail(shm->err, CRING_ERR_PEER_FAILURE,
+                           "rank %d left (shut down) (rank %d noticed first; rank %d stopped)",
+                           peer, detector, shm->rank);
     if (why == CRING_ERR_PEER_FAILURE && peer >= 0)
         return cring__fail(shm->err, CRING_ERR_PEER_FAILURE,
                            "rank %d died (rank %d noticed first; rank %d stopped)", peer,
@@ -459,6 +478,12 @@ cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq) {
         atomic_fetch_sub(&c->waiters, 1);
         if (reached(c, seq)) return CRING_OK;
         if (atomic_load(&shm->hdr->aborted)) return aborted_status(shm);
+        if (atomic_load(&c->left)) { /* it shut down cleanly: it will never come */
+            abort_job(shm, CRING_ERR_PEER_FAILURE, peer, ABORT_PEER_LEFT);
+            return cring__fail(shm->err, CRING_ERR_PEER_FAILURE,
+                               "rank %d left (shut down) while rank %d was waiting for it", peer,
+                               shm->rank);
+        }
         poke_if_idle(shm, peer);
         double now = cring__now_s();
         if (now >= next_liveness) {

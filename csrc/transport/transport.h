@@ -116,6 +116,9 @@ long cring__shm_spin_limit(const cring__shm_t *shm);
  * same kind of error: `why` and `peer` (-1 if none) say what happened. The
  * first abort's reason wins. */
 void cring__shm_abort(cring__shm_t *shm, cring_status_t why, int peer);
+/* This rank shuts down cleanly: a peer that waits for it from now on fails at
+ * once with ERR_PEER_FAILURE saying it left (not that it died). */
+void cring__shm_leave(cring__shm_t *shm);
 
 /* Doorbells wake an idle rank: ring peer's bell (any thread, any process
  * sharing the segment; cheap when nobody sleeps on it). */

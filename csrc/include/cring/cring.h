@@ -226,15 +226,26 @@ CRING_API cring_status_t cring_barrier(cring_comm_t *comm);
 typedef struct cring_engine cring_engine_t;
 typedef struct cring_handle cring_handle_t;
 
+/* One X-macro for the collectives, so the enum and the names never drift
+ * apart. X(SUFFIX, value, "name") */
+#define CRING_COLLECTIVE_MAP(X)              \
+    X(ALLREDUCE, 1, "allreduce")             \
+    X(BROADCAST, 2, "broadcast")             \
+    X(ALLGATHER, 3, "allgather")             \
+    X(REDUCESCATTER, 4, "reducescatter")     \
+    X(BARRIER, 5, "barrier")                 \
+    X(ALLTOALL, 6, "alltoall")               \
+    X(JOIN, 7, "join")
+
 typedef enum cring_collective {
-    CRING_COLL_ALLREDUCE = 1,
-    CRING_COLL_BROADCAST = 2,
-    CRING_COLL_ALLGATHER = 3,
-    CRING_COLL_REDUCESCATTER = 4,
-    CRING_COLL_BARRIER = 5,
-    CRING_COLL_ALLTOALL = 6,
-    CRING_COLL_JOIN = 7
+#define CRING__COLLECTIVE_ENUM(name, value, str) CRING_COLL_##name = value,
+    CRING_COLLECTIVE_MAP(CRING__COLLECTIVE_ENUM)
+#undef CRING__COLLECTIVE_ENUM
 } cring_collective_t;
+
+/* Static lower-case name ("allreduce", ...); "unknown" for other values.
+ * Thread-safe. */
+CRING_API const char *cring_collective_name(cring_collective_t collective);
 
 /* One tensor of a request. For ALLGATHER and ALLTOALL, recv is ignored: the
  * engine allocates the result (see cring_handle_output). For REDUCESCATTER,
@@ -346,14 +357,6 @@ CRING_API int64_t cring_handle_value(const cring_handle_t *handle);
 /* Release the caller's reference. A handle still running is not cancelled:
  * its buffers must stay valid until it completes. */
 CRING_API void cring_handle_free(cring_handle_t *handle);
-
-/* Run fn(comm, arg) on the engine's communicator while no round is being
- * driven on this rank. For benchmarks and tools: every rank must call it at
- * the same point, with no request in flight anywhere, and fn must make the
- * same collective calls on every rank. Returns fn's status. */
-CRING_API cring_status_t cring_engine_exclusive(cring_engine_t *engine,
-                                                cring_status_t (*fn)(cring_comm_t *, void *),
-                                                void *arg);
 
 CRING_API void cring_engine_get_stats(cring_engine_t *engine, cring_engine_stats_t *out);
 /* Start writing a Chrome-trace timeline to path (replacing any current one);

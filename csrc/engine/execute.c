@@ -1,0 +1,156 @@
+/* execute.c: running the responses of a round in one order on every rank:
+ * sorting them by fusion key, forming batches up to the fusion threshold,
+ * handing each batch to the backend of its device (e->backends), and
+ * completing the handles. Owns the fusion buffer. Moves no data itself
+ * except through a backend (barrier aside, which is the engine's own). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+int cring__fusion_reserve(cring_engine_t *e, size_t bytes) {
+    if (bytes <= e->exec.fusion_cap) return 0;
+    void *p = realloc(e->exec.fusion, bytes);
+    if (!p) return -1;
+    e->exec.fusion = p;
+    e->exec.fusion_cap = bytes;
+    return 0;
+}
+
+/* Timeline of a batch that went through the fusion buffer: copy in over
+ * [t0, t1), the collective over [t1, t2), copy out over [t2, t3). */
+void cring__fused_spans(cring_engine_t *e, req_t **batch, int n, const char *phase, double t0,
+                        double t1, double t2, double t3, const char *args) {
+    if (!e->timeline) return;
+    for (int b = 0; b < n; b++) {
+        cring__engine_span(e, batch[b]->name, "MEMCPY_IN_FUSION_BUFFER", t0, t1, NULL);
+        cring__engine_span(e, batch[b]->name, phase, t1, t2, args);
+        cring__engine_span(e, batch[b]->name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3, NULL);
+    }
+}
+
+/* Order for fusion: same key next to each other, otherwise as negotiated. */
+static int fusion_key_cmp(const req_t *a, const req_t *b) {
+    if (a->coll != b->coll) return (int)a->coll - (int)b->coll;
+    if (a->device.type != b->device.type) return (int)a->device.type - (int)b->device.type;
+    if (a->device.id != b->device.id) return a->device.id - b->device.id;
+    if (a->device.type != CRING_DEVICE_CPU) { /* the CPU backend scales per request */
+        if (a->prescale != b->prescale) return a->prescale < b->prescale ? -1 : 1;
+        if (a->postscale != b->postscale) return a->postscale < b->postscale ? -1 : 1;
+    }
+    if (a->coll == CRING_COLL_ALLREDUCE) {
+        if (a->t[0].dtype != b->t[0].dtype) return (int)a->t[0].dtype - (int)b->t[0].dtype;
+        if (a->op != b->op) return (int)a->op - (int)b->op;
+        if (a->compression != b->compression) return (int)a->compression - (int)b->compression;
+    }
+    if (a->coll == CRING_COLL_BROADCAST && a->root != b->root) return a->root - b->root;
+    return 0;
+}
+
+static int fusible(const req_t *r) {
+    if (r->coll == CRING_COLL_ALLREDUCE) {
+        for (int i = 1; i < r->ntensors; i++)
+            if (r->t[i].dtype != r->t[0].dtype) return 0;
+        return 1;
+    }
+    return r->coll == CRING_COLL_BROADCAST;
+}
+
+static size_t req_wire_bytes(const req_t *r) {
+    size_t n = 0;
+    for (int i = 0; i < r->ntensors; i++)
+        n += r->compression != CRING_DTYPE_COUNT ? r->t[i].count * 2 : r->t[i].bytes;
+    return n;
+}
+
+/* A single tensor this large runs on its own, in place: copying it into and
+ * out of the fusion buffer costs more than the collective it would share.
+ * Decided from what every rank agreed on (shape, dtype, compression), so
+ * every rank forms the same batches. */
+#define UNFUSED_MIN_BYTES (1u << 20)
+static int runs_alone(const req_t *r) {
+    return r->ntensors == 1 && req_wire_bytes(r) >= UNFUSED_MIN_BYTES;
+}
+
+/* Hand one batch to its device's backend (a barrier is the engine's own). */
+static cring_status_t run_batch(cring_engine_t *e, const response_t *r0, req_t **batch, int nb) {
+    req_t *r = r0->req;
+    const cring__backend_t *be = e->backends[r->device.type];
+    switch (r->coll) {
+    case CRING_COLL_ALLREDUCE: return be->allreduce(e, batch, nb);
+    case CRING_COLL_BROADCAST: return be->broadcast(e, batch, nb);
+    case CRING_COLL_ALLGATHER: return be->allgather(e, r, r0->first_dims);
+    case CRING_COLL_REDUCESCATTER: return be->reducescatter(e, r);
+    case CRING_COLL_ALLTOALL: return be->alltoall(e, r);
+    default: {
+        double t0 = cring__engine_tl_now(e);
+        cring_status_t st = cring__comm_barrier(e->comm);
+        cring__engine_span(e, r->name, "BARRIER", t0, cring__engine_tl_now(e), NULL);
+        cring__engine_stats_add(&e->stats.collectives, 1);
+        return st;
+    }
+    }
+}
+
+/* Run every successful response in order, batching what can be fused, then
+ * complete each request. Returns a transport failure, if any. */
+cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n) {
+    /* Stable insertion sort by fusion key keeps the negotiated order within a key. */
+    for (int i = 1; i < n; i++) {
+        response_t cur = resp[i];
+        int j = i - 1;
+        while (j >= 0 && fusion_key_cmp(resp[j].req, cur.req) > 0) {
+            resp[j + 1] = resp[j];
+            j--;
+        }
+        resp[j + 1] = cur;
+    }
+    req_t **batch = malloc(sizeof *batch * (size_t)(n ? n : 1));
+    if (!batch) return CRING_ERR_NO_MEMORY;
+    cring_status_t fatal = CRING_OK;
+    int i = 0;
+    while (i < n) {
+        response_t *r0 = &resp[i];
+        if (r0->status != CRING_OK || r0->executed) {
+            cring__engine_complete(e, r0->req, r0->status, r0->error);
+            i++;
+            continue;
+        }
+        int nb = 1;
+        batch[0] = r0->req;
+        if (fusible(r0->req) && !runs_alone(r0->req)) {
+            size_t bytes = req_wire_bytes(r0->req);
+            while (i + nb < n && resp[i + nb].status == CRING_OK && !resp[i + nb].executed &&
+                   fusible(resp[i + nb].req) && !runs_alone(resp[i + nb].req) &&
+                   fusion_key_cmp(resp[i + nb].req, r0->req) == 0 &&
+                   bytes + req_wire_bytes(resp[i + nb].req) <= e->exec.threshold) {
+                bytes += req_wire_bytes(resp[i + nb].req);
+                batch[nb] = resp[i + nb].req;
+                nb++;
+            }
+        }
+        e->exec.error[0] = 0;
+        cring_status_t st = run_batch(e, r0, batch, nb);
+        for (int b = 0; b < nb; b++) {
+            req_t *r = batch[b];
+            if (st != CRING_OK) {
+                char msg[CRING__ERRMSG_BYTES + 128];
+                snprintf(msg, sizeof msg, "%s",
+                         e->exec.error[0]             ? e->exec.error
+                         : st == CRING_ERR_NO_MEMORY ? "out of memory"
+                                                     : cring__comm_error(e->comm));
+                cring__engine_complete(e, r, st, msg);
+            } else {
+                cring__engine_complete(e, r, CRING_OK, NULL);
+            }
+        }
+        if (st != CRING_OK && cring__comm_broken(e->comm) != CRING_OK) fatal = st;
+        i += nb;
+        if (fatal != CRING_OK) break;
+    }
+    /* after a fatal failure, the rest never ran: fail them too */
+    for (; i < n; i++) cring__engine_complete(e, resp[i].req, fatal, cring__comm_error(e->comm));
+    free(batch);
+    return fatal;
+}

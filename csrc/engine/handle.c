@@ -1,0 +1,121 @@
+/* handle.c: handles and what they own: completing a request's handle (status,
+ * message, waking waiters), the handle accessors of the public API, and the
+ * result memory with its spare buffers. Never drives rounds or waits: a
+ * freed handle only drops the caller's reference (the engine keeps its own
+ * until the request completes or the engine stops). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+#define SPARE_MIN_BYTES (1u << 20)
+
+static void output_free(cring_engine_t *e, void *p, size_t bytes);
+
+void cring__handle_release(cring_handle_t *h) {
+    if (atomic_fetch_sub(&h->refs, 1) != 1) return;
+    cring_engine_t *e = h->engine;
+    for (int i = 0; h->outputs && i < h->ntensors; i++) {
+        size_t bytes = h->output_bytes ? h->output_bytes[i] : 0;
+        if (h->free_output) {
+            if (h->outputs[i]) h->free_output(h->free_ctx, h->outputs[i], bytes);
+        } else {
+            output_free(e, h->outputs[i], bytes);
+        }
+    }
+    free(h->outputs);
+    free(h->output_bytes);
+    free(h->first_dims);
+    free(h->error);
+    /* keep one for the next submission: a synchronous loop then allocates
+     * no handle (the engine frees the spare when it goes) */
+    if (e) free(atomic_exchange(&e->spare.handle, h));
+    else free(h);
+    if (e) cring__engine_release(e);
+}
+
+
+/* Complete a request: record the status, drop the name from the in-flight set,
+ * wake waiters, release the engine's reference. The caller owns r. */
+void cring__engine_complete(cring_engine_t *e, req_t *r, cring_status_t st, const char *error) {
+    cring_handle_t *h = r->handle;
+    if (!h) return; /* a joined rank's stand-in */
+    if (e->timeline) { /* a user who saw the handle complete finds it in the file */
+        pthread_mutex_lock(&e->timeline_mu);
+        cring__timeline_flush(e->timeline);
+        pthread_mutex_unlock(&e->timeline_mu);
+    }
+    h->status = st;
+    if (st != CRING_OK) h->error = strdup(error && *error ? error : cring_status_string(st));
+    pthread_mutex_lock(&e->queue.mu);
+    cring__strmap_remove(&e->queue.in_flight, r->name);
+    pthread_mutex_unlock(&e->queue.mu);
+    cring__engine_stats_add(&e->stats.tensors, (uint64_t)r->ntensors);
+    if (st != CRING_OK) cring__engine_stats_add(&e->stats.errors, 1);
+    atomic_store(&h->done, 1);
+    if (atomic_load(&e->done.waiters)) { /* seq_cst: pairs with wait_done_cv */
+        pthread_mutex_lock(&e->done.mu);
+        pthread_cond_broadcast(&e->done.cv);
+        pthread_mutex_unlock(&e->done.mu);
+    }
+    cring__handle_release(h);
+}
+
+int cring_handle_done(const cring_handle_t *h) { return atomic_load(&((cring_handle_t *)h)->done); }
+cring_status_t cring_handle_status(const cring_handle_t *h) { return h->status; }
+const char *cring_handle_error(const cring_handle_t *h) { return h->error ? h->error : ""; }
+int64_t cring_handle_value(const cring_handle_t *h) { return h->value; }
+
+const void *cring_handle_output(const cring_handle_t *h, int index, size_t *bytes_out,
+                                const int64_t **first_dims_out) {
+    if (!h->outputs || index < 0 || index >= h->ntensors) return NULL;
+    if (bytes_out) *bytes_out = h->output_bytes[index];
+    if (first_dims_out) *first_dims_out = h->first_dims + (size_t)index * (size_t)h->size;
+    return h->outputs[index];
+}
+
+void cring_handle_free(cring_handle_t *h) {
+    if (h) cring__handle_release(h);
+}
+
+/* ---- result memory ------------------------------------------------------------- */
+
+void *cring__output_alloc(cring_engine_t *e, size_t bytes) {
+    if (bytes >= SPARE_MIN_BYTES) {
+        pthread_mutex_lock(&e->spare.mu);
+        for (int k = 0; k < 4; k++)
+            if (e->spare.buf[k] && e->spare.bytes[k] == bytes) {
+                void *p = e->spare.buf[k];
+                e->spare.buf[k] = NULL;
+                pthread_mutex_unlock(&e->spare.mu);
+                return p;
+            }
+        pthread_mutex_unlock(&e->spare.mu);
+    }
+    return malloc(bytes ? bytes : 1);
+}
+
+/* Keep a large result's memory for reuse (replacing the oldest kept one). */
+static void output_free(cring_engine_t *e, void *p, size_t bytes) {
+    if (!p) return;
+    if (bytes >= SPARE_MIN_BYTES && e) {
+        pthread_mutex_lock(&e->spare.mu);
+        void *old = e->spare.buf[3];
+        memmove(e->spare.buf + 1, e->spare.buf, 3 * sizeof *e->spare.buf);
+        memmove(e->spare.bytes + 1, e->spare.bytes, 3 * sizeof *e->spare.bytes);
+        e->spare.buf[0] = p;
+        e->spare.bytes[0] = bytes;
+        pthread_mutex_unlock(&e->spare.mu);
+        free(old);
+        return;
+    }
+    free(p);
+}
+
+/* The engine is going: free the kept memory (engine_release). */
+void cring__spare_free_all(cring_engine_t *e) {
+    for (int k = 0; k < 4; k++) free(e->spare.buf[k]);
+    free(atomic_load(&e->spare.handle));
+    free(atomic_load(&e->spare.req));
+    pthread_mutex_destroy(&e->spare.mu);
+}
