@@ -325,10 +325,101 @@ static int acquire_ndarray(PyObject *obj, int writable, cring__dl_ref_t *ref) {
     return cring__dl_is_ndarray(obj) && fields_agree(obj) && acquire_fields(obj, writable, ref);
 }
 
+/* torch.Tensor.__dlpack__ is Python code that costs several microseconds
+ * before it calls torch._C._to_dlpack_versioned; for a plain torch.Tensor or
+ * nn.Parameter exported without a stream, cring calls that function itself.
+ * What __dlpack__ checks first does not apply here: cring reads tensors that
+ * require grad through a detached view anyway (same storage), refuses complex
+ * dtypes (so no conjugate bit), and the function refuses non-strided layouts.
+ * The types and the function come from an already imported torch (never
+ * imported here); learnt once, held for the life of the process. */
+static PyObject *torch_tensor_type, *torch_param_type, *torch_to_dlpack;
+
+static PyObject *torch_attr(PyObject *torch, const char *dotted) {
+    PyObject *obj = Py_NewRef(torch);
+    char part[64];
+    for (const char *p = dotted; obj && *p;) {
+        size_t n = strcspn(p, ".");
+        snprintf(part, sizeof part, "%.*s", (int)n, p);
+        PyObject *next = PyObject_GetAttrString(obj, part);
+        Py_DECREF(obj);
+        obj = next;
+        p += n + (p[n] == '.');
+    }
+    return obj;
+}
+
+/* The capsule of a plain CPU-or-CUDA torch tensor, NULL without an error
+ * when obj is not one, or NULL with the export's error set. */
+static PyObject *torch_export(PyObject *obj, int *is_torch) {
+    *is_torch = 0;
+    PyTypeObject *type = Py_TYPE(obj);
+    if (!torch_to_dlpack) {
+        if (strcmp(type->tp_name, "Tensor") && strcmp(type->tp_name, "Parameter")) return NULL;
+        PyObject *name = PyUnicode_FromString("torch");
+        PyObject *torch = name ? PyImport_GetModule(name) : NULL;
+        Py_XDECREF(name);
+        if (!torch) {
+            PyErr_Clear();
+            return NULL;
+        }
+        PyObject *tensor = torch_attr(torch, "Tensor"), *param = torch_attr(torch, "nn.Parameter");
+        PyObject *fn = torch_attr(torch, "_C._to_dlpack_versioned");
+        Py_DECREF(torch);
+        if (!tensor || !param || !fn) {
+            PyErr_Clear();
+            Py_XDECREF(tensor);
+            Py_XDECREF(param);
+            Py_XDECREF(fn);
+            return NULL;
+        }
+        torch_tensor_type = tensor;
+        torch_param_type = param;
+        torch_to_dlpack = fn;
+    }
+    if (type != (PyTypeObject *)torch_tensor_type && type != (PyTypeObject *)torch_param_type)
+        return NULL;
+    *is_torch = 1;
+    return PyObject_CallOneArg(torch_to_dlpack, obj);
+}
+
+static int check_tensor(cring__dl_ref_t *ref, const char *name, int writable,
+                        cring__dl_device_t device);
+
+int cring__dl_acquire_cpu(PyObject *obj, const char *name, int writable, cring__dl_ref_t *ref) {
+    memset(ref, 0, sizeof *ref);
+    if (acquire_ndarray(obj, writable, ref)) return 1;
+    if (cring__dl_is_ndarray(obj)) /* declined by the field reader: DLPack words the error */
+        return cring__dl_acquire(obj, NULL, name, writable, CRING__DL_HOST, ref) < 0 ? -1 : 1;
+    int is_torch;
+    PyObject *cap = torch_export(obj, &is_torch);
+    if (!is_torch) return 0;
+    if (!cap || take_capsule(cap, name, ref) < 0) {
+        if (!cap) PyErr_Clear(); /* the general path words the error */
+        memset(ref, 0, sizeof *ref);
+        return 0;
+    }
+    int type = ref->t->device.device_type;
+    if (type != CRING_DL_CPU && type != CRING_DL_CUDA_HOST) { /* a device tensor: not here */
+        cring__dl_release(ref);
+        return 0;
+    }
+    return check_tensor(ref, name, writable, CRING__DL_HOST) < 0 ? -1 : 1;
+}
+
 int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int writable,
                       cring__dl_device_t device, cring__dl_ref_t *ref) {
     memset(ref, 0, sizeof *ref);
     if (device == CRING__DL_HOST && acquire_ndarray(obj, writable, ref)) return 0;
+    if (!stream) {
+        int is_torch;
+        PyObject *cap = torch_export(obj, &is_torch);
+        if (cap) {
+            if (take_capsule(cap, name, ref) < 0) return -1;
+            return check_tensor(ref, name, writable, device);
+        }
+        if (is_torch) PyErr_Clear(); /* __dlpack__ below words the error */
+    }
     PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
     if (!method) {
         PyErr_Clear();
@@ -353,7 +444,13 @@ int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int wri
         return -1;
     }
     if (take_capsule(cap, name, ref) < 0) return -1;
+    return check_tensor(ref, name, writable, device);
+}
 
+/* Check a taken capsule's device, dtype, writability and layout and fill
+ * ref's numel and data; on failure release it and return -1. */
+static int check_tensor(cring__dl_ref_t *ref, const char *name, int writable,
+                        cring__dl_device_t device) {
     cring_dl_tensor_t *t = ref->t;
     if (check_device(t, name, device) < 0) goto fail;
     if (!cring__dl_to_dtype(t->dtype, &ref->dtype)) {

@@ -42,6 +42,13 @@ typedef enum {
 int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int writable,
                       cring__dl_device_t device, cring__dl_ref_t *ref);
 
+/* The fast paths' acquire: a NumPy array or a plain torch tensor on the CPU.
+ * 1 when taken; 0, nothing set, when obj is anything else (a CUDA tensor,
+ * another library's tensor), for the caller to take the general route; -1
+ * with the error set when it is one of those but unusable (read-only,
+ * strided, unsupported dtype). */
+int cring__dl_acquire_cpu(PyObject *obj, const char *name, int writable, cring__dl_ref_t *ref);
+
 /* Is obj exactly a numpy.ndarray (which cring__dl_acquire may read from its
  * fields)? */
 int cring__dl_is_ndarray(PyObject *obj);

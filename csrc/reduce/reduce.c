@@ -205,6 +205,8 @@ int cring__reduce_supported(cring_dtype_t dtype, cring_op_t op) {
 
 const char *cring__reduce_isa(void) { return kernels()->name; }
 
+const char *cring_reduce_isa(void) { return cring__reduce_isa(); }
+
 void cring__reduce_inplace(cring_dtype_t dtype, cring_op_t op, void *dst, const void *src,
                            size_t count) {
     if (count == 0 || !cring__reduce_supported(dtype, op)) return;

@@ -377,7 +377,7 @@ def _allreduce_inplace_general(tensor: Any, op: int = Average, name: Optional[st
 # in place and return the same object. A NumPy array with a name is reduced
 # by _C.allreduce_ without a Python frame (a tenth of a small call); the
 # rest comes back to _allreduce_inplace_general.
-_C.set_allreduce_fallback(_allreduce_inplace_general)
+_C.allreduce_fallback = _allreduce_inplace_general
 allreduce_ = _C.allreduce_
 
 

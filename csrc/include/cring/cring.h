@@ -363,6 +363,11 @@ CRING_API void cring_engine_get_stats(cring_engine_t *engine, cring_engine_stats
  * NULL stops it. The file is valid JSON after every event written. */
 CRING_API cring_status_t cring_engine_timeline(cring_engine_t *engine, const char *path);
 
+/* ---- Utilities for bindings and tools ---------------------------------------- */
+/* Name of the reduction kernel family chosen for this CPU at run time
+ * ("avx512", "avx2", "scalar", ...). Thread-safe. */
+CRING_API const char *cring_reduce_isa(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,71 @@
+/* errors.c: the one mapping from a cring status to a Python exception, used
+ * by every file of cring._C. It decides exception types and message shape
+ * only; it must not look at requests, tensors or the engine's state. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "pyext.h"
+
+PyObject *cring__pyext_raise(module_state *s, cring_status_t st, const char *context,
+                             const char *detail) {
+    PyObject *type;
+    switch (st) {
+    case CRING_ERR_INVALID_ARGUMENT: type = PyExc_ValueError; break;
+    case CRING_ERR_NOT_SUPPORTED: type = PyExc_TypeError; break;
+    case CRING_ERR_NO_MEMORY: type = PyExc_MemoryError; break;
+    case CRING_ERR_TIMEOUT: type = s->TimeoutError; break;
+    case CRING_ERR_PEER_FAILURE: type = s->PeerFailureError; break;
+    case CRING_ERR_MISMATCH: type = s->MismatchError; break;
+    default: type = s->CRingError; break;
+    }
+    if (detail && *detail)
+        PyErr_Format(type, "%s: %s", context, detail);
+    else
+        PyErr_Format(type, "%s: %s", context, cring_status_string(st));
+    return NULL;
+}
+
+PyObject *cring__pyext_not_initialized(module_state *s) {
+    PyErr_SetString(s->NotInitializedError,
+                    "cring has not been initialized; call cring.init() first");
+    return NULL;
+}
+
+const char *cring__pyext_collective_label(int c) {
+    switch (c) {
+    case CRING_COLL_ALLREDUCE: return "allreduce";
+    case CRING_COLL_BROADCAST: return "broadcast";
+    case CRING_COLL_ALLGATHER: return "allgather";
+    case CRING_COLL_REDUCESCATTER: return "reducescatter";
+    case CRING_COLL_ALLTOALL: return "alltoall";
+    case CRING_COLL_JOIN: return "join";
+    default: return "barrier";
+    }
+}
+
+PyObject *cring__pyext_raise_handle(module_state *s, cring_handle_t *h, cring_status_t st,
+                                    int collective, const char *name) {
+    char context[512], quoted[512];
+    const char *detail = cring_handle_error(h);
+    snprintf(quoted, sizeof quoted, "'%s'", name);
+    if (strstr(detail, quoted)) /* the detail names the tensor already */
+        snprintf(context, sizeof context, "%s failed", cring__pyext_collective_label(collective));
+    else
+        snprintf(context, sizeof context, "%s of tensor '%s' failed",
+                 cring__pyext_collective_label(collective), name);
+    return cring__pyext_raise(s, st, context, detail);
+}
+
+PyObject *cring__pyext_raise_submit(module_state *s, cring_status_t st, int collective,
+                                    const char *name) {
+    char context[512], quoted[512];
+    const char *detail = cring_engine_error_message();
+    snprintf(quoted, sizeof quoted, "'%s'", name);
+    if (strstr(detail, quoted)) /* the engine's message names the tensor already */
+        snprintf(context, sizeof context, "%s", cring__pyext_collective_label(collective));
+    else
+        snprintf(context, sizeof context, "%s of tensor '%s'",
+                 cring__pyext_collective_label(collective), name);
+    return cring__pyext_raise(s, st, context, detail);
+}

@@ -1,0 +1,297 @@
+/* handles.c: cring._C.Handle (a request in flight and the tensor views it
+ * keeps alive), OutputBuffer (an engine-allocated result lent without a
+ * copy), waits that run signal handlers, and the list of dropped requests.
+ * It must not build requests or check arguments (submit.c does). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "pyext.h"
+
+#define WAKE_S 0.1 /* how often a blocked wait runs signal handlers */
+
+/* ---- waiting ------------------------------------------------------------------ */
+int cring__pyext_wait(cring_handle_t *h, cring_status_t *st) {
+    if (!cring_handle_done(h)) {
+        int done;
+        Py_BEGIN_ALLOW_THREADS
+        done = cring_handle_wait_for(h, WAKE_S);
+        Py_END_ALLOW_THREADS
+        while (!done) {
+            if (PyErr_CheckSignals() < 0) return 0; /* KeyboardInterrupt, pytest-timeout... */
+            Py_BEGIN_ALLOW_THREADS
+            done = cring_handle_wait_for(h, WAKE_S);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    *st = cring_handle_status(h);
+    return 1;
+}
+
+/* ---- dropped requests ------------------------------------------------------------ */
+static void release_refs(cring__dl_ref_t *refs, int nrefs) {
+    for (int i = 0; i < nrefs; i++) cring__dl_release(&refs[i]);
+    PyMem_Free(refs);
+}
+
+void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs, int nrefs) {
+    if (cring_handle_done(h)) {
+        release_refs(refs, nrefs);
+        cring_handle_free(h);
+        return;
+    }
+    cring__pyext_dropped_t *d = PyMem_Malloc(sizeof *d);
+    if (!d) { /* nowhere to keep the views: the only safe thing left is to wait */
+        Py_BEGIN_ALLOW_THREADS
+        cring_handle_wait(h);
+        Py_END_ALLOW_THREADS
+        release_refs(refs, nrefs);
+        cring_handle_free(h);
+        return;
+    }
+    d->handle = h;
+    d->refs = refs;
+    d->nrefs = nrefs;
+    d->next = s->dropped;
+    s->dropped = d;
+}
+
+void cring__pyext_sweep(module_state *s, int all) {
+    cring__pyext_dropped_t **link = &s->dropped;
+    while (*link) {
+        cring__pyext_dropped_t *d = *link;
+        if (!all && !cring_handle_done(d->handle)) {
+            link = &d->next;
+            continue;
+        }
+        *link = d->next; /* unlink first: a view's deleter may run Python code */
+        release_refs(d->refs, d->nrefs);
+        cring_handle_free(d->handle);
+        PyMem_Free(d);
+    }
+}
+
+/* ---- Handle ---------------------------------------------------------------------- */
+PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle, cring__dl_ref_t *refs,
+                                  int nrefs, int collective, const char *name) {
+    HandleObject *self = PyObject_New(HandleObject, s->HandleType);
+    char *name_copy = PyMem_Malloc(strlen(name) + 1);
+    if (!self || !name_copy) {
+        PyMem_Free(name_copy);
+        if (self) {
+            self->handle = NULL; /* dealloc has nothing to do */
+            self->refs = NULL;
+            self->name = NULL;
+            Py_DECREF(self);
+        }
+        cring__pyext_drop(s, handle, refs, nrefs);
+        return PyErr_NoMemory();
+    }
+    strcpy(name_copy, name);
+    self->handle = handle;
+    self->refs = refs;
+    self->nrefs = nrefs;
+    self->released = 0;
+    self->collective = collective;
+    self->name = name_copy;
+    return (PyObject *)self;
+}
+
+static PyObject *Handle_done(HandleObject *self, PyObject *unused) {
+    return PyBool_FromLong(!self->handle || cring_handle_done(self->handle));
+}
+
+/* wait(): block until complete (running signal handlers every 100 ms); raise
+ * the request's error, if any. Interrupted, the request counts as dropped:
+ * the exception propagates and the result is discarded. */
+static PyObject *Handle_wait(HandleObject *self, PyObject *unused) {
+    module_state *s = PyType_GetModuleState(Py_TYPE(self));
+    if (!self->handle) {
+        PyErr_Format(s->CRingError,
+                     "%s of tensor '%s': its wait was interrupted, so its result was discarded",
+                     cring__pyext_collective_label(self->collective), self->name);
+        return NULL;
+    }
+    cring_status_t st;
+    if (!cring__pyext_wait(self->handle, &st)) {
+        cring__pyext_drop(s, self->handle, self->released ? NULL : self->refs,
+                          self->released ? 0 : self->nrefs);
+        if (self->released) PyMem_Free(self->refs);
+        self->handle = NULL;
+        self->refs = NULL;
+        self->nrefs = 0;
+        self->released = 1;
+        return NULL;
+    }
+    if (!self->released) {
+        for (int i = 0; i < self->nrefs; i++) cring__dl_release(&self->refs[i]);
+        self->released = 1;
+    }
+    if (s->dropped) cring__pyext_sweep(s, 0);
+    if (st != CRING_OK)
+        return cring__pyext_raise_handle(s, self->handle, st, self->collective, self->name);
+    Py_RETURN_NONE;
+}
+
+/* Result `index` of a completed allgather or alltoall (its bytes and, with
+ * dims non-NULL, the first dimension from every rank), or NULL with
+ * ValueError set. */
+static const void *handle_result(HandleObject *self, int index, size_t *bytes,
+                                 const int64_t **dims) {
+    const void *src = self->handle && cring_handle_done(self->handle)
+                          ? cring_handle_output(self->handle, index, bytes, dims)
+                          : NULL;
+    if (!src)
+        PyErr_SetString(PyExc_ValueError,
+                        "no result to read (not complete, or not an allgather or alltoall)");
+    return src;
+}
+
+/* copy_output(i, dst): copy allgather result i into tensor dst. */
+static PyObject *Handle_copy_output(HandleObject *self, PyObject *args) {
+    int index;
+    PyObject *dst_obj;
+    if (!PyArg_ParseTuple(args, "iO", &index, &dst_obj)) return NULL;
+    size_t bytes;
+    const void *src = handle_result(self, index, &bytes, NULL);
+    if (!src) return NULL;
+    cring__dl_ref_t dst;
+    if (cring__dl_acquire(dst_obj, NULL, self->name, 1, CRING__DL_HOST, &dst) < 0) return NULL;
+    size_t have = dst.numel * cring_dtype_size(dst.dtype);
+    if (have != bytes) {
+        cring__dl_release(&dst);
+        PyErr_Format(PyExc_ValueError, "allgather of '%s': output needs %zu bytes, got %zu",
+                     self->name, bytes, have);
+        return NULL;
+    }
+    if (bytes) memcpy(dst.data, src, bytes);
+    cring__dl_release(&dst);
+    Py_RETURN_NONE;
+}
+
+/* value(): after a join completes, the last rank to join. */
+static PyObject *Handle_value(HandleObject *self, PyObject *unused) {
+    if (!self->handle || !cring_handle_done(self->handle)) {
+        PyErr_SetString(PyExc_ValueError, "the request has not completed");
+        return NULL;
+    }
+    return PyLong_FromLongLong(cring_handle_value(self->handle));
+}
+
+/* ---- engine-allocated results, lent without a copy ------------------------- */
+/* An allgather or alltoall result stays in memory the engine allocated; an
+ * OutputBuffer exports it through the buffer protocol and keeps its handle
+ * (and so the memory) alive for as long as any view of it exists. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *handle;
+    void *data;
+    Py_ssize_t len;
+} OutputBufferObject;
+
+static int OutputBuffer_getbuffer(OutputBufferObject *self, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->len, 0, flags);
+}
+
+static void OutputBuffer_dealloc(OutputBufferObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    Py_XDECREF(self->handle);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyType_Slot OutputBuffer_slots[] = {
+    {Py_bf_getbuffer, OutputBuffer_getbuffer},
+    {Py_tp_dealloc, OutputBuffer_dealloc},
+    {Py_tp_doc, "The bytes of one collective result, owned by its handle."},
+    {0, NULL}};
+static PyType_Spec OutputBuffer_spec = {"cring._C.OutputBuffer", sizeof(OutputBufferObject), 0,
+                                        Py_TPFLAGS_DEFAULT, OutputBuffer_slots};
+
+/* output_buffer(i): result i as a writable buffer (no copy). */
+static PyObject *Handle_output_buffer(HandleObject *self, PyObject *args) {
+    int index;
+    if (!PyArg_ParseTuple(args, "i", &index)) return NULL;
+    size_t bytes;
+    const void *src = handle_result(self, index, &bytes, NULL);
+    if (!src) return NULL;
+    module_state *s = PyType_GetModuleState(Py_TYPE(self));
+    OutputBufferObject *out = PyObject_New(OutputBufferObject, s->OutputBufferType);
+    if (!out) return NULL;
+    out->handle = Py_NewRef((PyObject *)self);
+    out->data = (void *)src;
+    out->len = (Py_ssize_t)bytes;
+    return (PyObject *)out;
+}
+
+/* Dropping a handle never waits: what the engine may still use goes to the
+ * module's dropped list, released once the request is done. */
+static void Handle_dealloc(HandleObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    if (self->handle) {
+        module_state *s = PyType_GetModuleState(tp);
+        if (self->released) {
+            PyMem_Free(self->refs);
+            cring__pyext_drop(s, self->handle, NULL, 0);
+        } else {
+            cring__pyext_drop(s, self->handle, self->refs, self->nrefs);
+        }
+    } else {
+        PyMem_Free(self->refs);
+    }
+    PyMem_Free(self->name);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *Handle_get_name(HandleObject *self, void *closure) {
+    return PyUnicode_FromString(self->name);
+}
+
+static PyMethodDef Handle_methods[] = {
+    {"done", (PyCFunction)Handle_done, METH_NOARGS, "True once complete; never blocks."},
+    {"wait", (PyCFunction)Handle_wait, METH_NOARGS, "Block until complete; raise its error."},
+    {"copy_output", (PyCFunction)Handle_copy_output, METH_VARARGS,
+     "copy_output(index, dst): copy an allgather or alltoall result into dst."},
+    {"output_buffer", (PyCFunction)Handle_output_buffer, METH_VARARGS,
+     "output_buffer(index): an allgather or alltoall result as a buffer, without a copy."},
+    {"value", (PyCFunction)Handle_value, METH_NOARGS,
+     "value(): after a join completes, the last rank to join."},
+    {NULL}};
+static PyGetSetDef Handle_getset[] = {{"name", (getter)Handle_get_name, NULL, NULL, NULL}, {NULL}};
+static PyType_Slot Handle_slots[] = {
+    {Py_tp_dealloc, Handle_dealloc},
+    {Py_tp_methods, Handle_methods},
+    {Py_tp_getset, Handle_getset},
+    {Py_tp_doc, "A request submitted to cring's engine."},
+    {0, NULL}};
+static PyType_Spec Handle_spec = {"cring._C.Handle", sizeof(HandleObject), 0, Py_TPFLAGS_DEFAULT,
+                                  Handle_slots};
+
+/* first_dims(handle, index, size): a module function because the handle does
+ * not know the world size. */
+static PyObject *py_first_dims(PyObject *module, PyObject *args) {
+    module_state *s = cring__pyext_state(module);
+    PyObject *hobj;
+    int index, size;
+    if (!PyArg_ParseTuple(args, "O!ii", s->HandleType, &hobj, &index, &size)) return NULL;
+    const int64_t *dims;
+    size_t bytes;
+    if (!handle_result((HandleObject *)hobj, index, &bytes, &dims)) return NULL;
+    PyObject *list = PyList_New(size);
+    for (int r = 0; list && r < size; r++) PyList_SET_ITEM(list, r, PyLong_FromLongLong(dims[r]));
+    return list;
+}
+
+PyMethodDef cring__pyext_handle_functions[] = {
+    {"first_dims", py_first_dims, METH_VARARGS, "first_dims(handle, index, size)"},
+    {NULL, NULL, 0, NULL}};
+
+int cring__pyext_handles_init(PyObject *m, module_state *s) {
+    s->OutputBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &OutputBuffer_spec, NULL);
+    if (!s->OutputBufferType) return -1;
+    s->HandleType = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Handle_spec, NULL);
+    if (!s->HandleType) return -1;
+    if (PyModule_AddObjectRef(m, "Handle", (PyObject *)s->HandleType) < 0) return -1;
+    return PyModule_AddFunctions(m, cring__pyext_handle_functions);
+}

@@ -1,0 +1,100 @@
+/* pyext.h: the one header the files of cring._C share: the module state, the
+ * Handle object, the status -> exception helper and each file's entry points.
+ * Included only by the C files of csrc/pyext, after Python.h; nothing outside pyext sees it. */
+#ifndef CRING_PYEXT_PYEXT_H
+#define CRING_PYEXT_PYEXT_H
+
+#include "cring/cring.h"
+#include "dlpack_ingest.h"
+
+/* What the engine may still write into or read from after its handle object
+ * was dropped: kept here until the engine reports the handle done. */
+typedef struct cring__pyext_dropped {
+    struct cring__pyext_dropped *next;
+    cring_handle_t *handle;
+    cring__dl_ref_t *refs; /* PyMem, released with the GIL held */
+    int nrefs;
+} cring__pyext_dropped_t;
+
+typedef struct {
+    cring_engine_t *engine;    /* NULL until init(); changed only with the GIL held */
+    PyObject *CRingError;
+    PyObject *TimeoutError;
+    PyObject *PeerFailureError;
+    PyObject *MismatchError;
+    PyObject *NotInitializedError;
+    PyTypeObject *StoreServerType;
+    PyTypeObject *StoreClientType;
+    PyTypeObject *OutputBufferType;
+    PyTypeObject *HandleType;
+    cring__pyext_dropped_t *dropped; /* handles dropped while in flight (GIL held) */
+} module_state;
+
+static inline module_state *cring__pyext_state(PyObject *module) {
+    return (module_state *)PyModule_GetState(module);
+}
+
+/* A submitted request: the C handle plus the DLPack views that keep the
+ * tensors' memory alive until the engine is done with them. */
+typedef struct {
+    PyObject_HEAD
+    cring_handle_t *handle;
+    cring__dl_ref_t *refs; /* PyMem array of nrefs views */
+    int nrefs;
+    int collective;
+    char *name;
+    int released; /* the views were released (the handle completed and was waited on) */
+} HandleObject;
+
+/* ---- errors.c: the one status -> exception mapping -------------------------- */
+/* Set the exception for status st and return NULL:
+ *   INVALID_ARGUMENT -> ValueError      NOT_SUPPORTED -> TypeError (a dtype, op
+ *   NO_MEMORY -> MemoryError            or device the caller picked, as NumPy)
+ *   TIMEOUT -> cring.TimeoutError       PEER_FAILURE -> cring.PeerFailureError
+ *   MISMATCH -> cring.MismatchError     anything else -> cring.CRingError
+ * The message is "<context>: <detail>", or the status's own text without a detail. */
+PyObject *cring__pyext_raise(module_state *s, cring_status_t st, const char *context,
+                             const char *detail);
+/* NotInitializedError ("call cring.init() first"); returns NULL. */
+PyObject *cring__pyext_not_initialized(module_state *s);
+/* "allreduce", "broadcast", ... for messages. */
+const char *cring__pyext_collective_label(int collective);
+/* The error of a completed handle, naming the tensor unless its detail does. */
+PyObject *cring__pyext_raise_handle(module_state *s, cring_handle_t *h, cring_status_t st,
+                                    int collective, const char *name);
+/* The error of a failed cring_engine_submit (its message names the tensor). */
+PyObject *cring__pyext_raise_submit(module_state *s, cring_status_t st, int collective,
+                                    const char *name);
+
+/* ---- handles.c -------------------------------------------------------------- */
+/* Create Handle and OutputBuffer types in s. */
+int cring__pyext_handles_init(PyObject *module, module_state *s);
+/* A Handle owning `handle`, the nrefs views in refs (a PyMem array) and a copy
+ * of name. On failure (NULL, MemoryError set) it waits for the engine, then
+ * releases the views and frees handle and refs. */
+PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle,
+                                  cring__dl_ref_t *refs, int nrefs, int collective,
+                                  const char *name);
+/* Wait for h with the GIL released, waking every 100 ms to run signal
+ * handlers. Returns 1 with *st set once done, or 0 with the signal handler's
+ * exception set (the request is still in flight). Needs the GIL. */
+int cring__pyext_wait(cring_handle_t *h, cring_status_t *st);
+/* Keep views the engine may still use until h completes; takes h and refs
+ * (a PyMem array, or NULL with nrefs 0). Needs the GIL. */
+void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs, int nrefs);
+/* Release what dropped handles kept once their request is done; with all
+ * set (after the engine stopped), everything. Needs the GIL. */
+void cring__pyext_sweep(module_state *s, int all);
+extern PyMethodDef cring__pyext_handle_functions[];
+
+/* ---- submit.c ---------------------------------------------------------------- */
+extern PyMethodDef cring__pyext_submit_functions[];
+
+/* ---- store_bindings.c ------------------------------------------------------ */
+int cring__pyext_store_init(PyObject *module, module_state *s);
+
+/* ---- gpu.c ----------------------------------------------------------------- */
+/* Adds cring._C.gpu, the GPU layer's bindings, sharing the engine slot. */
+int cring__pyext_gpu_init(PyObject *module, cring_engine_t **engine_slot);
+
+#endif

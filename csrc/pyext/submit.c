@@ -1,0 +1,357 @@
+/* submit.c: building engine requests from Python arguments: submit() for
+ * every collective, the synchronous in-place allreduce fast path for NumPy
+ * arrays and CPU torch tensors, and the small DLPack utilities (tensor_info,
+ * copy). Arguments are bound and checked once, here or in the engine's
+ * validation (whose statuses errors.c maps); no waiting logic (handles.c). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "pyext.h"
+
+#define STACK_TENSORS 4
+
+static int same_layout(const cring__dl_ref_t *a, const cring__dl_ref_t *b, const char *name) {
+    if (a->dtype != b->dtype || a->numel != b->numel) {
+        PyErr_Format(PyExc_ValueError,
+                     "tensor '%s': output has %zu elements of %s, input %zu of %s", name,
+                     b->numel, cring_dtype_name(b->dtype), a->numel, cring_dtype_name(a->dtype));
+        return -1;
+    }
+    return 0;
+}
+
+/* The reduction op an argument names (an int, a cring.ReduceOp or anything
+ * with __index__; None is Average), or -1 with ValueError/NotImplementedError.
+ * The engine checks that the op can reduce each tensor's dtype. */
+static int parse_op(PyObject *obj) {
+    if (!obj || obj == Py_None) return CRING_AVERAGE;
+    long op = -1;
+    if (PyLong_Check(obj) || (!PyFloat_Check(obj) && PyIndex_Check(obj))) {
+        op = PyLong_Check(obj) ? PyLong_AsLong(obj) : -1;
+        if (!PyLong_Check(obj)) {
+            PyObject *index = PyNumber_Index(obj);
+            op = index ? PyLong_AsLong(index) : -1;
+            Py_XDECREF(index);
+        }
+        if (op == -1 && PyErr_Occurred()) PyErr_Clear();
+        else if (op == CRING_ADASUM) {
+            PyErr_SetString(PyExc_NotImplementedError,
+                            "cring does not implement Adasum; use cring.Average or Sum");
+            return -1;
+        } else if (op >= 0 && op < CRING_OP_COUNT) {
+            return (int)op;
+        }
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "unknown reduction op %R; use cring.Sum, Average, Min, Max or Product", obj);
+    return -1;
+}
+
+/* On an interrupted wait-here: the views may live on the stack; move them to
+ * the heap and hand them to the dropped list with the handle. */
+static void drop_views(module_state *s, cring_handle_t *h, cring__dl_ref_t *views, int n) {
+    cring__dl_ref_t *kept = n ? PyMem_Calloc((size_t)n, sizeof *kept) : NULL;
+    if (n && !kept) { /* nowhere to keep them: wait, then release */
+        Py_BEGIN_ALLOW_THREADS
+        cring_handle_wait(h);
+        Py_END_ALLOW_THREADS
+        cring_handle_free(h);
+        for (int i = 0; i < n; i++) cring__dl_release(&views[i]);
+        return;
+    }
+    if (n) memcpy(kept, views, sizeof *kept * (size_t)n); /* release() reads no inner pointer */
+    memset(views, 0, sizeof *views * (size_t)n);
+    cring__pyext_drop(s, h, kept, n);
+}
+
+/* Submit, wait (running signal handlers) and report; views are the request's
+ * tensor views, released by the caller unless an interrupted wait took them
+ * (then *nviews is set to 0). Returns 0, or -1 with the error set. */
+static int submit_wait_here(module_state *s, const cring_request_t *req, cring__dl_ref_t *views,
+                            int *nviews) {
+    cring_handle_t *handle;
+    if (s->dropped) cring__pyext_sweep(s, 0);
+    cring_status_t st = cring_engine_submit(s->engine, req, &handle);
+    if (st != CRING_OK) {
+        cring__pyext_raise_submit(s, st, req->collective, req->name);
+        return -1;
+    }
+    if (!cring__pyext_wait(handle, &st)) { /* interrupted: the request counts as dropped */
+        drop_views(s, handle, views, *nviews);
+        *nviews = 0;
+        return -1;
+    }
+    int rc = 0;
+    if (st != CRING_OK) {
+        cring__pyext_raise_handle(s, handle, st, req->collective, req->name);
+        rc = -1;
+    }
+    cring_handle_free(handle);
+    return rc;
+}
+
+static int is_one(PyObject *x) {
+    return !x || (PyFloat_CheckExact(x) && PyFloat_AS_DOUBLE(x) == 1.0) ||
+           (PyLong_CheckExact(x) && PyLong_AsLong(x) == 1);
+}
+
+/* allreduce_(tensor, op=Average, name=None, compression=None, prescale_factor=1.0,
+ * postscale_factor=1.0): cring.allreduce_ itself. A NumPy array or CPU torch
+ * tensor with a name and no compression or scaling is reduced here, bound
+ * once, without a Python frame; everything else (CUDA and other libraries'
+ * tensors, names to generate, compression, scaling) goes to
+ * cring._api._allreduce_inplace_general, which the module's `fallback`
+ * attribute holds. */
+static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static const char *const names[] = {"tensor", "op", "name", "compression",
+                                        "prescale_factor", "postscale_factor"};
+    enum { NPARAMS = 6 };
+    static PyObject *interned[NPARAMS]; /* call sites' keywords are interned: compare pointers */
+    static PyObject *fallback_name;
+    module_state *s = cring__pyext_state(module);
+    PyObject *v[NPARAMS] = {0};
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int fast = nargs <= NPARAMS;
+    for (int j = 0; j < NPARAMS && !interned[j]; j++)
+        if (!(interned[j] = PyUnicode_InternFromString(names[j]))) return NULL;
+    for (Py_ssize_t i = 0; fast && i < nargs; i++) v[i] = args[i];
+    for (Py_ssize_t k = 0; fast && k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int j = 0;
+        while (j < NPARAMS && key != interned[j]) j++;
+        if (j == NPARAMS) /* not interned: compare the text */
+            while (--j >= 0 && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) {}
+        if (j < 0 || v[j]) fast = 0; /* the fallback raises the TypeError */
+        else v[j] = args[nargs + k];
+    }
+    fast = fast && v[0] && v[2] && PyUnicode_CheckExact(v[2]) && (!v[3] || v[3] == Py_None) &&
+           is_one(v[4]) && is_one(v[5]);
+    if (fast) {
+        const char *name = PyUnicode_AsUTF8(v[2]);
+        if (!name) return NULL;
+        int op = parse_op(v[1]);
+        if (op < 0) return NULL;
+        if (!s->engine) return cring__pyext_not_initialized(s);
+        cring__dl_ref_t ref;
+        int taken = cring__dl_acquire_cpu(v[0], name, 1, &ref);
+        if (taken < 0) return NULL;
+        if (taken) {
+            int64_t one = 1;
+            cring_tensor_t t = {.send = ref.data, .recv = ref.data, .dtype = ref.dtype,
+                                .ndim = ref.t->ndim, .shape = ref.t->ndim ? ref.t->shape : &one};
+            cring_request_t req = {.name = name, .collective = CRING_COLL_ALLREDUCE,
+                                   .op = (cring_op_t)op, .prescale = 1.0, .postscale = 1.0,
+                                   .compression = CRING_DTYPE_COUNT, .ntensors = 1,
+                                   .tensors = &t, .flags = CRING_REQUEST_CALLER_WAITS};
+            int nviews = 1;
+            int rc = submit_wait_here(s, &req, &ref, &nviews);
+            if (nviews) cring__dl_release(&ref);
+            return rc < 0 ? NULL : Py_NewRef(v[0]);
+        }
+    }
+    if (!fallback_name && !(fallback_name = PyUnicode_InternFromString("allreduce_fallback")))
+        return NULL;
+    PyObject *fallback = PyObject_GetAttr(module, fallback_name);
+    if (!fallback) return NULL;
+    PyObject *res = PyObject_Vectorcall(fallback, args, (size_t)nargs, kwnames);
+    Py_DECREF(fallback);
+    return res;
+}
+
+/* submit(collective, name, tensors, op, root, prescale, postscale, compression,
+ *        caller_waits[, splits]) -> Handle, or None once done when caller_waits is 2
+ * tensors: list of (send, recv) pairs; recv None for allgather and alltoall
+ * (splits: None or one row count per rank), recv is send
+ * for in-place operations. op: as for allreduce_ (ignored unless the
+ * collective reduces). caller_waits: 0 async, 1 the caller will wait on
+ * the handle, 2 wait here (a synchronous call that needs no output copy; it
+ * allocates nothing on the Python heap for up to STACK_TENSORS tensors). */
+static PyObject *py_submit(PyObject *module, PyObject *args) {
+    module_state *s = cring__pyext_state(module);
+    int coll, root, caller_waits;
+    const char *name, *compression;
+    PyObject *list, *op_obj, *splits_obj = Py_None;
+    double prescale, postscale;
+    if (!PyArg_ParseTuple(args, "isO!Oiddzi|O", &coll, &name, &PyList_Type, &list, &op_obj,
+                          &root, &prescale, &postscale, &compression, &caller_waits,
+                          &splits_obj))
+        return NULL;
+    if (!s->engine) return cring__pyext_not_initialized(s);
+    cring_engine_t *engine = s->engine;
+    int size = cring_comm_size(cring_engine_comm(engine));
+    int rank = cring_comm_rank(cring_engine_comm(engine));
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
+    int op = reduces ? parse_op(op_obj) : 0;
+    if (op < 0) return NULL;
+    if (coll == CRING_COLL_BROADCAST && (root < 0 || root >= size)) {
+        /* checked before reading the tensors, in the words Horovod users know */
+        PyErr_Format(PyExc_ValueError, "tensor '%s': root_rank %d is out of range for size %d",
+                     name, root, size);
+        return NULL;
+    }
+    cring_dtype_t comp = CRING_DTYPE_COUNT;
+    if (compression) {
+        if (!strcmp(compression, "float16")) comp = CRING_FLOAT16;
+        else if (!strcmp(compression, "bfloat16")) comp = CRING_BFLOAT16;
+        else {
+            PyErr_Format(PyExc_ValueError, "compression must be float16 or bfloat16, got %s",
+                         compression);
+            return NULL;
+        }
+    }
+    cring__dl_ref_t stack_refs[2 * STACK_TENSORS];
+    cring_tensor_t stack_ts[STACK_TENSORS];
+    int64_t stack_scalars[STACK_TENSORS];
+    int on_stack = caller_waits == 2 && n <= STACK_TENSORS;
+    cring__dl_ref_t *refs =
+        on_stack ? stack_refs : PyMem_Calloc((size_t)(2 * n + 1), sizeof *refs);
+    cring_tensor_t *ts = on_stack ? stack_ts : PyMem_Calloc((size_t)(n + 1), sizeof *ts);
+    int64_t *scalar_shapes =
+        on_stack ? stack_scalars : PyMem_Calloc((size_t)(n + 1), sizeof(int64_t));
+    int nrefs = 0;
+    PyObject *result = NULL;
+    int64_t *splits = NULL;
+    if (!refs || !ts || !scalar_shapes) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyList_GET_ITEM(list, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "tensors must be (send, recv) pairs");
+            goto done;
+        }
+        PyObject *send_obj = PyTuple_GET_ITEM(pair, 0), *recv_obj = PyTuple_GET_ITEM(pair, 1);
+        int in_place = send_obj == recv_obj;
+        int needs_write = coll != CRING_COLL_ALLGATHER && coll != CRING_COLL_ALLTOALL && in_place &&
+                          !(coll == CRING_COLL_BROADCAST && rank == root);
+        cring__dl_ref_t *in = &refs[nrefs];
+        if (cring__dl_acquire(send_obj, NULL, name, needs_write, CRING__DL_HOST, in) < 0)
+            goto done;
+        nrefs++;
+        cring__dl_ref_t *out = in;
+        if (!in_place && recv_obj != Py_None) {
+            out = &refs[nrefs];
+            if (cring__dl_acquire(recv_obj, NULL, name, 1, CRING__DL_HOST, out) < 0) goto done;
+            nrefs++;
+            if (coll != CRING_COLL_REDUCESCATTER && same_layout(in, out, name) < 0) goto done;
+            if (coll == CRING_COLL_REDUCESCATTER && out->dtype != in->dtype) {
+                PyErr_Format(PyExc_ValueError, "tensor '%s': output dtype differs", name);
+                goto done;
+            }
+        }
+        ts[i].send = in->data;
+        ts[i].recv = out->data;
+        ts[i].dtype = in->dtype;
+        ts[i].ndim = in->t->ndim;
+        ts[i].shape = in->t->shape;
+        if (in->t->ndim == 0) { /* a scalar counts as one element with one row */
+            scalar_shapes[i] = 1;
+            ts[i].ndim = coll == CRING_COLL_ALLGATHER ? 1 : 0;
+            ts[i].shape = &scalar_shapes[i];
+        }
+    }
+    if (splits_obj != Py_None) {
+        PyObject *seq = PySequence_Fast(splits_obj, "splits must be a sequence of integers");
+        if (!seq) goto done;
+        if (PySequence_Fast_GET_SIZE(seq) != size) {
+            PyErr_Format(PyExc_ValueError,
+                         "tensor '%s': splits has %zd entries; it needs one per rank (%d)", name,
+                         PySequence_Fast_GET_SIZE(seq), size);
+            Py_DECREF(seq);
+            goto done;
+        }
+        splits = PyMem_Malloc(sizeof *splits * (size_t)size);
+        for (int r = 0; splits && r < size; r++) {
+            splits[r] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, r));
+            if (splits[r] == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                goto done;
+            }
+        }
+        Py_DECREF(seq);
+        if (!splits) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    cring_request_t req = {.name = name, .collective = (cring_collective_t)coll,
+                           .op = (cring_op_t)op, .root = root, .prescale = prescale,
+                           .postscale = postscale, .compression = comp, .ntensors = (int)n,
+                           .tensors = ts, .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0,
+                           .splits = splits};
+    if (caller_waits == 2) {
+        if (submit_wait_here(s, &req, refs, &nrefs) == 0) result = Py_NewRef(Py_None);
+        goto done; /* the views are released below, after the engine is done */
+    }
+    if (s->dropped) cring__pyext_sweep(s, 0);
+    cring_handle_t *handle;
+    cring_status_t st = cring_engine_submit(engine, &req, &handle);
+    if (st != CRING_OK) {
+        cring__pyext_raise_submit(s, st, coll, name);
+        goto done;
+    }
+    result = cring__pyext_handle_new(s, handle, refs, nrefs, coll, name); /* takes the views */
+    refs = NULL;
+    nrefs = 0;
+done:
+    PyMem_Free(splits);
+    for (int i = 0; i < nrefs; i++) cring__dl_release(&refs[i]);
+    if (!on_stack) {
+        PyMem_Free(refs);
+        PyMem_Free(ts);
+        PyMem_Free(scalar_shapes);
+    }
+    return result;
+}
+
+/* Describe a tensor as cring sees it: (shape, dtype name, read_only). */
+static PyObject *py_tensor_info(PyObject *module, PyObject *args) {
+    PyObject *obj;
+    const char *name = "tensor";
+    if (!PyArg_ParseTuple(args, "O|s", &obj, &name)) return NULL;
+    cring__dl_ref_t ref;
+    if (cring__dl_acquire(obj, NULL, name, 0, CRING__DL_HOST, &ref) < 0) return NULL;
+    PyObject *shape = PyTuple_New(ref.t->ndim);
+    for (int i = 0; shape && i < ref.t->ndim; i++)
+        PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(ref.t->shape[i]));
+    PyObject *res = shape ? Py_BuildValue("(Nsi)", shape, cring_dtype_name(ref.dtype),
+                                          (ref.flags & CRING_DL_FLAG_READ_ONLY) != 0)
+                          : NULL;
+    cring__dl_release(&ref);
+    return res;
+}
+
+/* copy(src, dst): dst[...] = src[...] for tensors of equal dtype and size. */
+static PyObject *py_copy(PyObject *module, PyObject *args) {
+    PyObject *src_obj, *dst_obj;
+    const char *name = "tensor";
+    if (!PyArg_ParseTuple(args, "OO|s", &src_obj, &dst_obj, &name)) return NULL;
+    cring__dl_ref_t src = {0}, dst = {0};
+    PyObject *res = NULL;
+    if (cring__dl_acquire(src_obj, NULL, name, 0, CRING__DL_HOST, &src) < 0) goto done;
+    if (cring__dl_acquire(dst_obj, NULL, name, 1, CRING__DL_HOST, &dst) < 0) goto done;
+    if (same_layout(&src, &dst, name) < 0) goto done;
+    if (src.data != dst.data) memmove(dst.data, src.data, src.numel * cring_dtype_size(src.dtype));
+    res = Py_NewRef(Py_None);
+done:
+    cring__dl_release(&src);
+    cring__dl_release(&dst);
+    return res;
+}
+
+PyMethodDef cring__pyext_submit_functions[] = {
+    {"allreduce_", (PyCFunction)(void (*)(void))py_allreduce_, METH_FASTCALL | METH_KEYWORDS,
+     "allreduce_($module, /, tensor, op=0, name=None, compression=None, prescale_factor=1.0,\n"
+     "           postscale_factor=1.0)\n--\n\n"
+     "Reduce `tensor` over all ranks in place and return the same object.\n"
+     "op: cring.Average (0, the default, as in Horovod), Sum, Min, Max or Product."},
+    {"submit", py_submit, METH_VARARGS,
+     "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
+     "compression, caller_waits[, splits]) -> Handle"},
+    {"tensor_info", py_tensor_info, METH_VARARGS, "(shape, dtype name, read_only) via DLPack"},
+    {"copy", py_copy, METH_VARARGS, "copy(src, dst[, name]): copy between DLPack tensors"},
+    {NULL, NULL, 0, NULL}};
