@@ -118,7 +118,8 @@ static cring_status_t ghost_buffers(cring_engine_t *e, cring__gpu_t *g, int devi
     cring__errmsg_t err = {{0}};
     cring_status_t st = cring__gpu_device_alloc(g, device, bytes, buf, &err);
     if (st == CRING_OK) st = cring__gpu_zero_async(g, *buf, bytes, r->device.stream, &err);
-    if (st != CRING_OK) return fail(e, st, "a joined rank's zeros on cuda:%d: %s", device, err.text);
+    if (st != CRING_OK)
+        return fail(e, st, "a joined rank's zeros on cuda:%d: %s", device, err.text);
     size_t at = 0;
     for (int i = 0; i < r->ntensors; i++) {
         r->t[i].send = r->t[i].recv = (char *)*buf + at;
@@ -148,7 +149,8 @@ static const char *phase_name(cring_collective_t c) {
 static cring_status_t run(cring_engine_t *e, req_t **batch, int n, int device, cring__gpu_t *g,
                           int slot, const cring__gpu_coll_t *c) {
     double t0 = cring__engine_tl_now(e);
-    for (int b = 0; b < n; b++) cring__engine_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
+    for (int b = 0; b < n; b++)
+        cring__engine_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
     cring__errmsg_t err = {{0}};
     cring_status_t st = cring__gpu_collective(g, slot, c, &err);
     if (st == CRING_OK) st = cring__gpu_comm_check(g, slot, &err);

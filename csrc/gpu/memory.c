@@ -151,8 +151,9 @@ cring_status_t cring__gpu_copy_device(cring__gpu_t *g, void *dst, const void *sr
     cudaError_t e = g->cudart.MemcpyAsync(dst, src, bytes, CRING_CUDA_MEMCPY_DEVICE_TO_DEVICE,
                                           stream);
     if (e != CRING_CUDA_SUCCESS)
-        return cring__fail(err, CRING_ERR_SYSTEM, "cudaMemcpyAsync (device to device, %zu bytes): %s",
-                           bytes, cring__gpu_cuda_error(g, e));
+        return cring__fail(err, CRING_ERR_SYSTEM,
+                           "cudaMemcpyAsync (device to device, %zu bytes): %s", bytes,
+                           cring__gpu_cuda_error(g, e));
     return CRING_OK;
 }
 

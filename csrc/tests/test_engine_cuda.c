@@ -6,8 +6,9 @@
  * result in engine-allocated device memory), reducescatter and scaled
  * averages give exact values; CPU on one rank and CUDA on another under one
  * name is a mismatch on every rank; a joined rank takes part with zeros;
- * the engine's stop destroys the communicator. The fake NCCL matches calls by their order on each rank, so a
- * wrong order shows as wrong values or a time-out. */
+ * the engine's stop destroys the communicator. The fake NCCL matches calls by
+ * their order on each rank, so a wrong order shows as wrong values or a
+ * time-out. */
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>

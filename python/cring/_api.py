@@ -114,7 +114,6 @@ def shutdown() -> None:
     exits, so that peers re-initialising first find the next generation."""
     global _topology, _plan_server
     with _state_lock:
-        _gpu.shutdown()  # NCCL communicators of this init
         _C.shutdown()
         if _plan_server is not None:
             _plan_server.stop()
@@ -288,19 +287,46 @@ _ALLREDUCE = _C.ALLREDUCE
 
 def _submit(collective: int, name: str, pairs: list, finish: Callable[[Any], Any], *,
             op: int = 0, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
-            wire: Optional[str] = None, caller_waits: bool = False) -> Handle:
-    h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
-                  _CALLER_WAITS if caller_waits else _ASYNC)  # NotInitializedError before init()
-    return Handle(h, finish)
+            wire: Optional[str] = None, caller_waits: bool = False,
+            stream: Optional[int] = None) -> Handle:
+    """stream: None for CPU tensors; for CUDA tensors the cudaStream_t they
+    are exported for and the NCCL work is enqueued on (_gpu.nccl_stream)."""
+    mode = _CALLER_WAITS if caller_waits else _ASYNC
+    if stream is None:
+        h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
+                      mode)  # NotInitializedError before init()
+        return Handle(h, finish)
+    with _gpu.device_guard(pairs[0][0]):
+        h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
+                      mode, None, stream)
+    return Handle(h, _gpu.ordered(stream, finish))
 
 
 def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compression: Any,
                      prescale_factor: float, postscale_factor: float, grouped: bool,
                      caller_waits: bool) -> Handle:
-    if _gpu.any_cuda(tensors):  # CUDA tensors: NCCL or host staging
-        return _gpu.allreduce_async(tensors, in_place, op, name, compression, prescale_factor,
-                                    postscale_factor, grouped, caller_waits)
     op = _op(op)
+    stream, info = None, _info
+    if _gpu.any_cuda(tensors):  # the same path on the caller's CUDA stream, or host staging
+        _require_init()
+        if _gpu.host_staged(tensors, name):
+            wires = {_wire(compression, _gpu.info(x, name)[1]) for x in tensors}
+            return _gpu.host_reduce_like(_submit, _C.ALLREDUCE, list(tensors), in_place, name,
+                                         grouped, op=op, prescale=prescale_factor,
+                                         postscale=postscale_factor, caller_waits=caller_waits,
+                                         wire=wires.pop() if len(wires) == 1 else None)
+        stream, info = _gpu.nccl_stream(tensors, name, op, prescale_factor * postscale_factor), \
+            _gpu.info
+        if not (compression is None or compression is Compression.none):
+            wires = {_wire(compression, info(x, name)[1]) for x in tensors}
+            wire = _gpu.wire_dtype(tensors, wires.pop() if len(wires) == 1 else None)
+            compression = None
+            if wire is not None:  # cast with torch around an allreduce of the casts
+                return _gpu.compressed(
+                    list(tensors), in_place, wire, grouped,
+                    lambda casts: _allreduce_async(casts, True, op, name, None, prescale_factor,
+                                                   postscale_factor, True, caller_waits),
+                    lambda inner, finish: Handle(inner._h, finish), synchronize)
     pairs, outs, wires = [], [], set()
     plain = compression is None or compression is Compression.none
     for x in tensors:
@@ -309,7 +335,7 @@ def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compress
             pairs.append((src, src))
             outs.append(x)
             continue
-        shape, dtype_name = _info(x, name)
+        shape, dtype_name = info(x, name)
         wires.add(_wire(compression, dtype_name))
         out = x if in_place else empty_like(x, shape, dtype_name)
         pairs.append((src, src if in_place else dlpack_source(out)))
@@ -317,7 +343,8 @@ def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compress
     wire = wires.pop() if len(wires) == 1 else None
     finish = (lambda h: outs) if grouped else (lambda h: outs[0])
     return _submit(_C.ALLREDUCE, name, pairs, finish, op=op, prescale=prescale_factor,
-                   postscale=postscale_factor, wire=wire, caller_waits=caller_waits)
+                   postscale=postscale_factor, wire=wire, caller_waits=caller_waits,
+                   stream=stream)
 
 
 def allreduce_async(tensor: Any, op: int = Average, name: Optional[str] = None,
@@ -363,8 +390,8 @@ def _allreduce_inplace_general(tensor: Any, op: int = Average, name: Optional[st
                                             compression, prescale_factor, postscale_factor,
                                             False, True))
     if type(tensor) is not _ndarray and _gpu.is_cuda(tensor):
-        return synchronize(_gpu.allreduce_async([tensor], True, op, _name("allreduce", name),
-                                                None, 1.0, 1.0, False, True))
+        return synchronize(_allreduce_async([tensor], True, op, _name("allreduce", name), None,
+                                            1.0, 1.0, False, True))
     src = tensor if type(tensor) is _ndarray else dlpack_source(tensor)
     code = _OP_VALUES.get(op) if type(op) is int or type(op) is ReduceOp else None
     _c_submit(_ALLREDUCE, name if type(name) is str else _name("allreduce", name), [(src, src)],
@@ -428,16 +455,20 @@ def _broadcast_async(tensor: Any, root_rank: int, name: str, in_place: bool,
                      caller_waits: bool) -> Handle:
     _require_init()
     root = _check_root(root_rank, name)
-    if _gpu.is_cuda(tensor):
-        return _gpu.broadcast_async(tensor, root, name, in_place, caller_waits)
+    stream, info = None, _info
+    if _gpu.is_cuda(tensor):  # the same path on the caller's CUDA stream, or host staging
+        if _gpu.host_staged([tensor], name):
+            return _gpu.host_reduce_like(_submit, _C.BROADCAST, [tensor], in_place, name, False,
+                                         root=root, caller_waits=caller_waits)
+        stream, info = _gpu.nccl_stream([tensor], name), _gpu.info
     src = dlpack_source(tensor)
     if in_place:
         return _submit(_C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root,
-                       caller_waits=caller_waits)
-    shape, dtype_name = _info(tensor, name)
+                       caller_waits=caller_waits, stream=stream)
+    shape, dtype_name = info(tensor, name)
     out = empty_like(tensor, shape, dtype_name)
     return _submit(_C.BROADCAST, name, [(src, dlpack_source(out))], lambda h: out, root=root,
-                   caller_waits=caller_waits)
+                   caller_waits=caller_waits, stream=stream)
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
@@ -462,19 +493,23 @@ def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
 
 def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> Handle:
     _require_init()
-    if _gpu.any_cuda(tensors):
-        return _gpu.allgather_async(tensors, name, grouped, caller_waits)
-    infos = [_info(x, name) for x in tensors]
+    stream, info, like = None, _info, result_like
+    if _gpu.any_cuda(tensors):  # the same path on the caller's CUDA stream, or host staging
+        if _gpu.host_staged(tensors, name):
+            return _gpu.host_allgather(_submit, list(tensors), name, grouped, size(),
+                                       caller_waits=caller_waits)
+        stream, info, like = _gpu.nccl_stream(tensors, name), _gpu.info, _gpu.result_like
+    infos = [info(x, name) for x in tensors]
     pairs = [(dlpack_source(x), None) for x in tensors]
 
     def finish(h: Any) -> Any:
         outs = []
         for i, (x, (shape, dtype_name)) in enumerate(zip(tensors, infos)):
             dims = _C.first_dims(h, i, size())
-            outs.append(result_like(x, h, i, (sum(dims),) + tuple(shape[1:]), dtype_name))
+            outs.append(like(x, h, i, (sum(dims),) + tuple(shape[1:]), dtype_name))
         return outs if grouped else outs[0]
 
-    return _submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits)
+    return _submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits, stream=stream)
 
 
 def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
@@ -504,14 +539,19 @@ def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
                          prescale_factor: float, postscale_factor: float,
                          caller_waits: bool) -> Handle:
     _require_init()
-    if _gpu.any_cuda(tensors):
-        return _gpu.reducescatter_async(tensors, op, name, grouped, prescale_factor,
-                                        postscale_factor, caller_waits)
     op = _op(op)
-    pairs, outs = [], []
     p, r = size(), rank()
+    stream, info = None, _info
+    if _gpu.any_cuda(tensors):  # the same path on the caller's CUDA stream, or host staging
+        if _gpu.host_staged(tensors, name):
+            return _gpu.host_reducescatter(_submit, list(tensors), name, grouped, p, r, op=op,
+                                           prescale=prescale_factor, postscale=postscale_factor,
+                                           caller_waits=caller_waits)
+        stream = _gpu.nccl_stream(tensors, name, op, prescale_factor * postscale_factor)
+        info = _gpu.info
+    pairs, outs = [], []
     for x in tensors:
-        shape, dtype_name = _info(x, name)
+        shape, dtype_name = info(x, name)
         if not shape:
             raise ValueError(f"tensor '{name}': reducescatter needs at least one dimension")
         n = shape[0]
@@ -521,7 +561,7 @@ def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
         outs.append(out)
     finish = (lambda h: outs) if grouped else (lambda h: outs[0])
     return _submit(_C.REDUCESCATTER, name, pairs, finish, op=op, prescale=prescale_factor,
-                   postscale=postscale_factor, caller_waits=caller_waits)
+                   postscale=postscale_factor, caller_waits=caller_waits, stream=stream)
 
 
 def reducescatter_async(tensor: Any, op: int = Average, name: Optional[str] = None,
