@@ -327,7 +327,9 @@ static int acquire_ndarray(PyObject *obj, int writable, cring__dl_ref_t *ref) {
 
 /* torch.Tensor.__dlpack__ is Python code that costs several microseconds
  * before it calls torch._C._to_dlpack_versioned; for a plain torch.Tensor or
- * nn.Parameter exported without a stream, cring calls that function itself.
+ * nn.Parameter read on the host without a stream, cring calls that function
+ * itself (a CUDA tensor found this way is handed back untouched: no stream
+ * is synchronised by the export).
  * What __dlpack__ checks first does not apply here: cring reads tensors that
  * require grad through a detached view anyway (same storage), refuses complex
  * dtypes (so no conjugate bit), and the function refuses non-strided layouts.
@@ -411,7 +413,7 @@ int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int wri
                       cring__dl_device_t device, cring__dl_ref_t *ref) {
     memset(ref, 0, sizeof *ref);
     if (device == CRING__DL_HOST && acquire_ndarray(obj, writable, ref)) return 0;
-    if (!stream) {
+    if (!stream && device == CRING__DL_HOST) { /* CUDA exports keep __dlpack__'s stream order */
         int is_torch;
         PyObject *cap = torch_export(obj, &is_torch);
         if (cap) {

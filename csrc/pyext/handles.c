@@ -113,10 +113,8 @@ static PyObject *Handle_wait(HandleObject *self, PyObject *unused) {
         return NULL;
     }
     cring_status_t st;
-    if (!cring__pyext_wait(self->handle, &st)) {
-        cring__pyext_drop(s, self->handle, self->released ? NULL : self->refs,
-                          self->released ? 0 : self->nrefs);
-        if (self->released) PyMem_Free(self->refs);
+    if (!cring__pyext_wait(self->handle, &st)) { /* not done, so the views are still held */
+        cring__pyext_drop(s, self->handle, self->refs, self->nrefs);
         self->handle = NULL;
         self->refs = NULL;
         self->nrefs = 0;

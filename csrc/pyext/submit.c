@@ -195,14 +195,14 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                           &root, &prescale, &postscale, &compression, &caller_waits,
                           &splits_obj, &stream_obj))
         return NULL;
+    int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
+    int op = reduces ? parse_op(op_obj) : 0; /* an argument error before "not initialized" */
+    if (op < 0) return NULL;
     if (!s->engine) return cring__pyext_not_initialized(s);
     cring_engine_t *engine = s->engine;
     int size = cring_comm_size(cring_engine_comm(engine));
     int rank = cring_comm_rank(cring_engine_comm(engine));
     Py_ssize_t n = PyList_GET_SIZE(list);
-    int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
-    int op = reduces ? parse_op(op_obj) : 0;
-    if (op < 0) return NULL;
     if (coll == CRING_COLL_BROADCAST && (root < 0 || root >= size)) {
         /* checked before reading the tensors, in the words Horovod users know */
         PyErr_Format(PyExc_ValueError, "tensor '%s': root_rank %d is out of range for size %d",

@@ -10,7 +10,7 @@ builds against no framework.
 Importing cring never imports torch, Lightning or Ray.
 """
 
-from ._api import (
+from ._core import (  # the shared types (cring._core sits below the API)
     Adasum,
     Average,
     Compression,
@@ -26,6 +26,12 @@ from ._api import (
     ReduceOp,
     Sum,
     TimeoutError,
+    poll,
+    rank,
+    size,
+    synchronize,
+)
+from ._api import (
     allgather,
     allgather_async,
     allreduce,
@@ -48,11 +54,9 @@ from ._api import (
     grouped_allreduce_async_,
     grouped_reducescatter,
     grouped_reducescatter_async,
-    poll,
     reducescatter_async,
     start_timeline,
     stop_timeline,
-    synchronize,
     cross_rank,
     cross_size,
     init,
@@ -60,10 +64,8 @@ from ._api import (
     join,
     local_rank,
     local_size,
-    rank,
     reducescatter,
     shutdown,
-    size,
     transport,
 )
 from ._gpu import cuda_available, nccl_available

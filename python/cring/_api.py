@@ -9,46 +9,52 @@ get deterministic names, so those must be called in the same order.
 
 from __future__ import annotations
 
-import enum
-import itertools
+import functools
+import sys as _sys
 import threading
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as _np
 from numpy import ndarray as _ndarray
 
-from . import _C, _discovery, _gpu
+from . import _C, _discovery
+from . import _gpu  # CUDA tensors (see the marked branches below)
+from ._core import (  # noqa: F401  (re-exported by cring/__init__.py)
+    _ASYNC,
+    _CALLER_WAITS,
+    _WAIT_HERE,
+    Adasum,
+    Average,
+    Compression,
+    Compressor,
+    CRingError,
+    Handle,
+    Max,
+    Min,
+    MismatchError,
+    NotInitializedError,
+    PeerFailureError,
+    Product,
+    ReduceOp,
+    Sum,
+    TimeoutError,
+    _name,
+    _name_counters,
+    _op,
+    _require_init,
+    _submit,
+    _topo,
+    _topology,
+    _wire,
+    poll,
+    rank,
+    size,
+    synchronize,
+)
 from ._tensors import dlpack_source, empty_like, result_like
-
-CRingError = _C.CRingError
-TimeoutError = _C.TimeoutError  # noqa: A001  (cring.TimeoutError, a CRingError)
-PeerFailureError = _C.PeerFailureError
-MismatchError = _C.MismatchError
-NotInitializedError = _C.NotInitializedError
-
-
-class ReduceOp(enum.IntEnum):
-    """Reduction operations; values follow Horovod's numbering."""
-
-    AVERAGE = 0
-    SUM = 1
-    ADASUM = 2
-    MIN = 3
-    MAX = 4
-    PRODUCT = 5
-
-
-Average = ReduceOp.AVERAGE
-Sum = ReduceOp.SUM
-Adasum = ReduceOp.ADASUM
-Min = ReduceOp.MIN
-Max = ReduceOp.MAX
-Product = ReduceOp.PRODUCT
 
 _state_lock = threading.Lock()
 _generation = 0  # how many times this process has initialised (store key namespace)
-_topology: dict[str, Any] = {}
-_name_counters: dict[str, itertools.count] = {}
 
 
 def _start_store(addr: str, secret: Optional[str]) -> tuple[Any, int]:
@@ -79,7 +85,7 @@ def init(
 
     Calling init() again while initialised does nothing (as in Horovod).
     """
-    global _generation, _topology, _plan_server
+    global _generation, _plan_server
     with _state_lock:
         if _C.is_initialized():
             return
@@ -103,7 +109,8 @@ def init(
             if plan.cleanup is not None:
                 plan.cleanup()
         _plan_server = plan.store_server
-        _topology = _C.topology()
+        _topology.clear()
+        _topology.update(_C.topology())
         _name_counters.clear()
 
 
@@ -112,33 +119,17 @@ def shutdown() -> None:
     Does not communicate, so it never blocks on a dead peer. A rendezvous
     store that rank 0 serves on a fixed port keeps running until the process
     exits, so that peers re-initialising first find the next generation."""
-    global _topology, _plan_server
+    global _plan_server
     with _state_lock:
         _C.shutdown()
         if _plan_server is not None:
             _plan_server.stop()
             _plan_server = None
-        _topology = {}
+        _topology.clear()
 
 
 def is_initialized() -> bool:
     return bool(_C.is_initialized())
-
-
-def _topo(key: str) -> Any:
-    if not _topology:
-        raise NotInitializedError("cring has not been initialized; call cring.init() first")
-    return _topology[key]
-
-
-def rank() -> int:
-    """This process's rank, 0 <= rank < size()."""
-    return _topo("rank")
-
-
-def size() -> int:
-    """Number of ranks in the job."""
-    return _topo("size")
 
 
 def local_rank() -> int:
@@ -166,44 +157,18 @@ def transport() -> str:
     return _topo("transport")
 
 
-def _require_init() -> None:
-    if not _C.is_initialized():
-        raise NotInitializedError("cring has not been initialized; call cring.init() first")
-
-
-def _name(kind: str, name: Optional[str]) -> str:
-    if name is not None:
-        return name if type(name) is str else str(name)
-    counter = _name_counters.setdefault(kind, itertools.count())
-    return f"{kind}.noname.{next(counter)}"
-
-
-_OP_VALUES = {int(o): int(o) for o in ReduceOp if o != ReduceOp.ADASUM}
-
-
-def _op(op: Any) -> int:
-    try:
-        return _OP_VALUES[op]  # fast path: an int or a ReduceOp
-    except (KeyError, TypeError):
-        pass
-    try:
-        op = ReduceOp(int(op))
-    except (TypeError, ValueError):
-        raise ValueError(f"unknown reduction op {op!r}; use cring.Sum, Average, Min, Max or "
-                         "Product") from None
-    if op == ReduceOp.ADASUM:
-        raise NotImplementedError("cring does not implement Adasum; use cring.Average or Sum")
-    return int(op)
-
-
 def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
-    """Shape and cring dtype name. NumPy arrays answer directly (their dtype
-    names are cring's); anything else is read through DLPack, which also
-    validates it (the submission reads it again)."""
+    """Shape and cring dtype name, without reading the tensor through DLPack
+    for NumPy arrays and torch tensors (the submission reads it, and checks
+    it, once); anything else is described through DLPack."""
     if type(x) is _ndarray:
         dtype_name = _NUMPY_NAMES.get(x.dtype)
         if dtype_name is not None:
             return x.shape, dtype_name
+    elif _is_torch(x):
+        dtype_name = _TORCH_NAMES.get(x.dtype)
+        if dtype_name is not None:
+            return tuple(x.shape), dtype_name
     shape, dtype_name, _read_only = _C.tensor_info(dlpack_source(x), name)
     return shape, dtype_name
 
@@ -211,103 +176,39 @@ def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
 # keyed by dtype object: NumPy computes `dtype.name` in Python, about 2 us
 _NUMPY_NAMES = {_np.dtype(n): n for n in ("float16", "float32", "float64", "int8", "uint8",
                                            "int32", "int64", "bool")}
+_TORCH_NAMES: dict = {}  # torch dtype -> cring name, filled when torch is first seen
 
 
-class Compressor:
-    """Compression for allreduce payloads: float32 tensors travel as
-    `wire_dtype` (cast down before, up after); other dtypes are unaffected."""
-
-    def __init__(self, name: str, wire_dtype: Optional[str]):
-        self.name = name
-        self.wire_dtype = wire_dtype
-
-    def __repr__(self) -> str:
-        return f"Compression.{self.name}"
-
-
-class Compression:
-    """Choices for the `compression=` argument (as in Horovod)."""
-
-    none = Compressor("none", None)
-    fp16 = Compressor("fp16", "float16")
-    bf16 = Compressor("bf16", "bfloat16")
+def _is_torch(x: Any) -> bool:
+    torch = _sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return False
+    if not _TORCH_NAMES:
+        for n in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64",
+                  "bool"):
+            _TORCH_NAMES[getattr(torch, n)] = n
+    return True
 
 
-def _wire(compression: Any, dtype_name: str) -> Optional[str]:
-    if compression is None:
-        return None
-    wire = compression.wire_dtype if isinstance(compression, Compressor) else str(compression)
-    if wire in (None, "none"):
-        return None
-    if wire not in ("float16", "bfloat16"):
-        raise ValueError(f"compression must be Compression.none, fp16 or bf16, got {compression!r}")
-    return wire if dtype_name == "float32" else None
-
-
-class Handle:
-    """A collective in flight: pass it to cring.poll() or cring.synchronize().
-    Usable from any thread; synchronize() returns the result once."""
-
-    __slots__ = ("_h", "_finish", "_result", "_finished")
-
-    def __init__(self, handle: Any, finish: Callable[[Any], Any]):
-        self._h = handle
-        self._finish = finish
-        self._finished = False
-        self._result: Any = None
-
-    @property
-    def name(self) -> str:
-        return self._h.name
-
-    def __repr__(self) -> str:
-        state = "done" if self._h.done() else "pending"
-        return f"<cring.Handle {self._h.name!r} {state}>"
-
-
-def poll(handle: Handle) -> bool:
-    """True once the collective has completed (successfully or not). Never blocks."""
-    return bool(handle._h.done())
-
-
-def synchronize(handle: Handle) -> Any:
-    """Wait for the collective and return its result (the output tensor, or
-    a list for grouped calls); raise its error (MismatchError, ...)."""
-    if not handle._finished:
-        handle._h.wait()
-        handle._result = handle._finish(handle._h)
-        handle._finished = True
-    return handle._result
-
-
-_ASYNC, _CALLER_WAITS, _WAIT_HERE = 0, 1, 2  # _C.submit's last argument
-_c_submit = _C.submit
-_ALLREDUCE = _C.ALLREDUCE
-
-
-def _submit(collective: int, name: str, pairs: list, finish: Callable[[Any], Any], *,
-            op: int = 0, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
-            wire: Optional[str] = None, caller_waits: bool = False,
-            stream: Optional[int] = None) -> Handle:
-    """stream: None for CPU tensors; for CUDA tensors the cudaStream_t they
-    are exported for and the NCCL work is enqueued on (_gpu.nccl_stream)."""
-    mode = _CALLER_WAITS if caller_waits else _ASYNC
-    if stream is None:
-        h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
-                      mode)  # NotInitializedError before init()
-        return Handle(h, finish)
+def _cuda_submit(stream: int, collective: int, name: str, pairs: list,
+                 finish: Callable[[Any], Any], *, op: Any = 0, root: int = 0,
+                 prescale: float = 1.0, postscale: float = 1.0, wire: Optional[str] = None,
+                 caller_waits: bool = False) -> Handle:
+    """_submit for CUDA tensors on the NCCL path: exported for `stream` (the
+    caller's, from _gpu.nccl_stream) and enqueued on it by the engine's CUDA
+    backend; at synchronize() torch's current stream is ordered after it."""
     with _gpu.device_guard(pairs[0][0]):
         h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
-                      mode, None, stream)
+                      _CALLER_WAITS if caller_waits else _ASYNC, None, stream)
     return Handle(h, _gpu.ordered(stream, finish))
 
 
 def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compression: Any,
                      prescale_factor: float, postscale_factor: float, grouped: bool,
                      caller_waits: bool) -> Handle:
-    op = _op(op)
-    stream, info = None, _info
-    if _gpu.any_cuda(tensors):  # the same path on the caller's CUDA stream, or host staging
+    submit, info = _submit, _info
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
+    if _gpu.any_cuda(tensors):
         _require_init()
         if _gpu.host_staged(tensors, name):
             wires = {_wire(compression, _gpu.info(x, name)[1]) for x in tensors}
@@ -315,8 +216,8 @@ def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compress
                                          grouped, op=op, prescale=prescale_factor,
                                          postscale=postscale_factor, caller_waits=caller_waits,
                                          wire=wires.pop() if len(wires) == 1 else None)
-        stream, info = _gpu.nccl_stream(tensors, name, op, prescale_factor * postscale_factor), \
-            _gpu.info
+        stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
+        submit, info = functools.partial(_cuda_submit, stream), _gpu.info
         if not (compression is None or compression is Compression.none):
             wires = {_wire(compression, info(x, name)[1]) for x in tensors}
             wire = _gpu.wire_dtype(tensors, wires.pop() if len(wires) == 1 else None)
@@ -342,9 +243,8 @@ def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compress
         outs.append(out)
     wire = wires.pop() if len(wires) == 1 else None
     finish = (lambda h: outs) if grouped else (lambda h: outs[0])
-    return _submit(_C.ALLREDUCE, name, pairs, finish, op=op, prescale=prescale_factor,
-                   postscale=postscale_factor, wire=wire, caller_waits=caller_waits,
-                   stream=stream)
+    return submit(_C.ALLREDUCE, name, pairs, finish, op=op, prescale=prescale_factor,
+                   postscale=postscale_factor, wire=wire, caller_waits=caller_waits)
 
 
 def allreduce_async(tensor: Any, op: int = Average, name: Optional[str] = None,
@@ -382,27 +282,21 @@ def allreduce(tensor: Any, op: int = Average, name: Optional[str] = None,
 def _allreduce_inplace_general(tensor: Any, op: int = Average, name: Optional[str] = None,
                                compression: Any = None, prescale_factor: float = 1.0,
                                postscale_factor: float = 1.0) -> Any:
-    """allreduce_ for everything _C.allreduce_ does not do itself: tensors
-    other than NumPy arrays, generated names, compression and scaling."""
-    if (compression is not None or prescale_factor != 1.0 or postscale_factor != 1.0) and not \
-            _plain(compression, prescale_factor, postscale_factor):
-        return synchronize(_allreduce_async([tensor], True, op, _name("allreduce", name),
-                                            compression, prescale_factor, postscale_factor,
-                                            False, True))
-    if type(tensor) is not _ndarray and _gpu.is_cuda(tensor):
-        return synchronize(_allreduce_async([tensor], True, op, _name("allreduce", name), None,
-                                            1.0, 1.0, False, True))
+    """allreduce_ for what _C.allreduce_ does not do itself: generated names,
+    compression and scaling, CUDA tensors and other libraries' tensors."""
+    name = _name("allreduce", name)
+    if not _plain(compression, prescale_factor, postscale_factor) or _gpu.is_cuda(tensor):
+        return synchronize(_allreduce_async([tensor], True, op, name, compression,
+                                            prescale_factor, postscale_factor, False, True))
     src = tensor if type(tensor) is _ndarray else dlpack_source(tensor)
-    code = _OP_VALUES.get(op) if type(op) is int or type(op) is ReduceOp else None
-    _c_submit(_ALLREDUCE, name if type(name) is str else _name("allreduce", name), [(src, src)],
-              _op(op) if code is None else code, 0, 1.0, 1.0, None, _WAIT_HERE)
+    _C.submit(_C.ALLREDUCE, name, [(src, src)], op, 0, 1.0, 1.0, None, _WAIT_HERE)
     return tensor
 
 
 # cring.allreduce_(tensor, op=Average, name=None, compression=None,
 # prescale_factor=1.0, postscale_factor=1.0): reduce `tensor` over all ranks
-# in place and return the same object. A NumPy array with a name is reduced
-# by _C.allreduce_ without a Python frame (a tenth of a small call); the
+# in place and return the same object. A NumPy array or CPU torch tensor with
+# a name is bound and reduced by _C.allreduce_ without a Python frame; the
 # rest comes back to _allreduce_inplace_general.
 _C.allreduce_fallback = _allreduce_inplace_general
 allreduce_ = _C.allreduce_
@@ -444,31 +338,29 @@ def grouped_allreduce_(tensors: Sequence[Any], op: int = Average, name: Optional
                                         prescale_factor, postscale_factor, True, True))
 
 
-def _check_root(root_rank: int, name: str) -> int:
-    root = int(root_rank)
-    if not 0 <= root < size():
-        raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size {size()}")
-    return root
-
-
 def _broadcast_async(tensor: Any, root_rank: int, name: str, in_place: bool,
                      caller_waits: bool) -> Handle:
     _require_init()
-    root = _check_root(root_rank, name)
-    stream, info = None, _info
-    if _gpu.is_cuda(tensor):  # the same path on the caller's CUDA stream, or host staging
+    root = int(root_rank)  # the C submission checks its range
+    submit, info = _submit, _info
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
+    if _gpu.is_cuda(tensor):
+        if not 0 <= root < size():
+            raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size "
+                             f"{size()}")
         if _gpu.host_staged([tensor], name):
             return _gpu.host_reduce_like(_submit, _C.BROADCAST, [tensor], in_place, name, False,
                                          root=root, caller_waits=caller_waits)
-        stream, info = _gpu.nccl_stream([tensor], name), _gpu.info
+        submit, info = functools.partial(_cuda_submit, _gpu.nccl_stream([tensor], name)), \
+            _gpu.info
     src = dlpack_source(tensor)
     if in_place:
-        return _submit(_C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root,
-                       caller_waits=caller_waits, stream=stream)
+        return submit(_C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root,
+                      caller_waits=caller_waits)
     shape, dtype_name = info(tensor, name)
     out = empty_like(tensor, shape, dtype_name)
-    return _submit(_C.BROADCAST, name, [(src, dlpack_source(out))], lambda h: out, root=root,
-                   caller_waits=caller_waits, stream=stream)
+    return submit(_C.BROADCAST, name, [(src, dlpack_source(out))], lambda h: out, root=root,
+                  caller_waits=caller_waits)
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
@@ -493,12 +385,14 @@ def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
 
 def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> Handle:
     _require_init()
-    stream, info, like = None, _info, result_like
-    if _gpu.any_cuda(tensors):  # the same path on the caller's CUDA stream, or host staging
+    submit, info, like = _submit, _info, result_like
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
+    if _gpu.any_cuda(tensors):
         if _gpu.host_staged(tensors, name):
             return _gpu.host_allgather(_submit, list(tensors), name, grouped, size(),
                                        caller_waits=caller_waits)
-        stream, info, like = _gpu.nccl_stream(tensors, name), _gpu.info, _gpu.result_like
+        submit = functools.partial(_cuda_submit, _gpu.nccl_stream(tensors, name))
+        info, like = _gpu.info, _gpu.result_like
     infos = [info(x, name) for x in tensors]
     pairs = [(dlpack_source(x), None) for x in tensors]
 
@@ -509,7 +403,7 @@ def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool
             outs.append(like(x, h, i, (sum(dims),) + tuple(shape[1:]), dtype_name))
         return outs if grouped else outs[0]
 
-    return _submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits, stream=stream)
+    return submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits)
 
 
 def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
@@ -539,16 +433,16 @@ def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
                          prescale_factor: float, postscale_factor: float,
                          caller_waits: bool) -> Handle:
     _require_init()
-    op = _op(op)
     p, r = size(), rank()
-    stream, info = None, _info
-    if _gpu.any_cuda(tensors):  # the same path on the caller's CUDA stream, or host staging
+    submit, info = _submit, _info
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
+    if _gpu.any_cuda(tensors):
         if _gpu.host_staged(tensors, name):
             return _gpu.host_reducescatter(_submit, list(tensors), name, grouped, p, r, op=op,
                                            prescale=prescale_factor, postscale=postscale_factor,
                                            caller_waits=caller_waits)
-        stream = _gpu.nccl_stream(tensors, name, op, prescale_factor * postscale_factor)
-        info = _gpu.info
+        stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
+        submit, info = functools.partial(_cuda_submit, stream), _gpu.info
     pairs, outs = [], []
     for x in tensors:
         shape, dtype_name = info(x, name)
@@ -560,8 +454,8 @@ def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
         pairs.append((dlpack_source(x), dlpack_source(out)))
         outs.append(out)
     finish = (lambda h: outs) if grouped else (lambda h: outs[0])
-    return _submit(_C.REDUCESCATTER, name, pairs, finish, op=op, prescale=prescale_factor,
-                   postscale=postscale_factor, caller_waits=caller_waits, stream=stream)
+    return submit(_C.REDUCESCATTER, name, pairs, finish, op=op, prescale=prescale_factor,
+                   postscale=postscale_factor, caller_waits=caller_waits)
 
 
 def reducescatter_async(tensor: Any, op: int = Average, name: Optional[str] = None,

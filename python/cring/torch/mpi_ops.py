@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 import cring
-from cring import _api
+from cring import _core
 from cring import elastic as _elastic
 
 # ---- reduction ops (Horovod's numbering; cring uses the same values) -----------------------------
@@ -343,11 +343,8 @@ def _resolve_op(op: Any, average: Optional[bool]) -> Any:
 
 
 def _check_op(op: Any) -> Any:
-    if op is None:
-        return Average
-    if isinstance(op, int) and op == Adasum:
-        raise NotImplementedError("Adasum is not implemented in cring; use op=Average or op=Sum")
-    return op
+    # cring checks the op itself (unknown ops, Adasum) where it submits
+    return Average if op is None else op
 
 
 def _wants_grad(tensors: Sequence[torch.Tensor]) -> bool:
@@ -405,10 +402,6 @@ def _row_offsets(rows: list) -> list:
     gathered = _run(cring.allgather, counts).view(size(), len(rows))
     before = gathered[:rank()].sum(dim=0) if rank() else torch.zeros(len(rows), dtype=torch.int64)
     return [int(v) for v in before]
-
-
-def _rows(tensor: torch.Tensor) -> int:
-    return int(tensor.shape[0]) if tensor.dim() else 1  # a 0-d tensor gathers as one row
 
 
 class _AllgatherFunction(torch.autograd.Function):
@@ -880,7 +873,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     deterministic names, so every rank must make them in the same order (any
     `obj` is fine on the other ranks, e.g. None)."""
     _check_process_set(process_set)
-    base = _api._name("broadcast_object", name)
+    base = _core._name("broadcast_object", name)
     is_root = rank() == int(root_rank)
     if is_root:
         buffer = io.BytesIO()
@@ -903,7 +896,7 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     """Return the list of every rank's `obj`, in rank order (pickled with
     cloudpickle when installed; sizes and bytes gathered together)."""
     _check_process_set(process_set)
-    base = _api._name("allgather_object", name)
+    base = _core._name("allgather_object", name)
     buffer = io.BytesIO()
     _pickler().dump(obj, buffer)
     payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)

@@ -1,0 +1,189 @@
+"""The types every part of cring shares: reduction ops, handles, compression,
+the exceptions, the names of unnamed collectives and the job's topology.
+
+The bottom of the Python package: it imports only cring._C, and the API
+(cring._api) and the device modules (cring._gpu) import from it, never the
+other way round. It submits requests but builds none of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import Any, Callable, Optional
+
+from . import _C
+
+CRingError = _C.CRingError
+TimeoutError = _C.TimeoutError  # noqa: A001  (cring.TimeoutError, a CRingError)
+PeerFailureError = _C.PeerFailureError
+MismatchError = _C.MismatchError
+NotInitializedError = _C.NotInitializedError
+
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operations; values follow Horovod's numbering."""
+
+    AVERAGE = 0
+    SUM = 1
+    ADASUM = 2
+    MIN = 3
+    MAX = 4
+    PRODUCT = 5
+
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+_OP_VALUES = {int(o): int(o) for o in ReduceOp if o != ReduceOp.ADASUM}
+
+
+def _op(op: Any) -> int:
+    """The op code of `op`, for code that needs it before submitting (the C
+    submission checks CPU requests' ops itself, with the same messages)."""
+    try:
+        return _OP_VALUES[op]  # fast path: an int or a ReduceOp
+    except (KeyError, TypeError):
+        pass
+    try:
+        op = ReduceOp(op.__index__())
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(f"unknown reduction op {op!r}; use cring.Sum, Average, Min, Max or "
+                         "Product") from None
+    if op == ReduceOp.ADASUM:
+        raise NotImplementedError("cring does not implement Adasum; use cring.Average or Sum")
+    return int(op)
+
+
+# ---- topology of the current job (cring._api.init fills it, shutdown empties it) ----------------
+
+_topology: dict[str, Any] = {}
+
+
+def _require_init() -> None:
+    if not _C.is_initialized():
+        raise NotInitializedError("cring has not been initialized; call cring.init() first")
+
+
+def _topo(key: str) -> Any:
+    if not _topology:
+        raise NotInitializedError("cring has not been initialized; call cring.init() first")
+    return _topology[key]
+
+
+def rank() -> int:
+    """This process's rank, 0 <= rank < size()."""
+    return _topo("rank")
+
+
+def size() -> int:
+    """Number of ranks in the job."""
+    return _topo("size")
+
+
+# ---- names of unnamed collectives ---------------------------------------------------------------
+
+_name_counters: dict[str, itertools.count] = {}
+
+
+def _name(kind: str, name: Optional[str]) -> str:
+    """`name` as a string, or the next deterministic name for an unnamed call
+    of this kind (every rank makes unnamed calls in the same order)."""
+    if name is not None:
+        return name if type(name) is str else str(name)
+    counter = _name_counters.setdefault(kind, itertools.count())
+    return f"{kind}.noname.{next(counter)}"
+
+
+# ---- compression ---------------------------------------------------------------------------------
+
+
+class Compressor:
+    """Compression for allreduce payloads: float32 tensors travel as
+    `wire_dtype` (cast down before, up after); other dtypes are unaffected."""
+
+    def __init__(self, name: str, wire_dtype: Optional[str]):
+        self.name = name
+        self.wire_dtype = wire_dtype
+
+    def __repr__(self) -> str:
+        return f"Compression.{self.name}"
+
+
+class Compression:
+    """Choices for the `compression=` argument (as in Horovod)."""
+
+    none = Compressor("none", None)
+    fp16 = Compressor("fp16", "float16")
+    bf16 = Compressor("bf16", "bfloat16")
+
+
+def _wire(compression: Any, dtype_name: str) -> Optional[str]:
+    if compression is None:
+        return None
+    wire = compression.wire_dtype if isinstance(compression, Compressor) else str(compression)
+    if wire in (None, "none"):
+        return None
+    if wire not in ("float16", "bfloat16"):
+        raise ValueError(f"compression must be Compression.none, fp16 or bf16, got {compression!r}")
+    return wire if dtype_name == "float32" else None
+
+
+# ---- handles -------------------------------------------------------------------------------------
+
+
+class Handle:
+    """A collective in flight: pass it to cring.poll() or cring.synchronize().
+    Usable from any thread; synchronize() returns the result once. Dropping a
+    handle never waits: the engine keeps the tensors alive until the
+    collective has run, and its result is discarded."""
+
+    __slots__ = ("_h", "_finish", "_result", "_finished")
+
+    def __init__(self, handle: Any, finish: Callable[[Any], Any]):
+        self._h = handle
+        self._finish = finish
+        self._finished = False
+        self._result: Any = None
+
+    @property
+    def name(self) -> str:
+        return self._h.name
+
+    def __repr__(self) -> str:
+        state = "done" if self._h.done() else "pending"
+        return f"<cring.Handle {self._h.name!r} {state}>"
+
+
+def poll(handle: Handle) -> bool:
+    """True once the collective has completed (successfully or not). Never blocks."""
+    return bool(handle._h.done())
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for the collective and return its result (the output tensor, or
+    a list for grouped calls); raise its error (MismatchError, ...). The wait
+    runs signal handlers: Ctrl-C raises KeyboardInterrupt at once, and the
+    collective then counts as dropped."""
+    if not handle._finished:
+        handle._h.wait()
+        handle._result = handle._finish(handle._h)
+        handle._finished = True
+    return handle._result
+
+
+_ASYNC, _CALLER_WAITS, _WAIT_HERE = 0, 1, 2  # _C.submit's caller_waits argument
+
+
+def _submit(collective: int, name: str, pairs: list, finish: Callable[[Any], Any], *,
+            op: Any = 0, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
+            wire: Optional[str] = None, caller_waits: bool = False) -> Handle:
+    """Submit one request to the engine (NotInitializedError before init());
+    the C submission binds and checks every argument once."""
+    h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
+                  _CALLER_WAITS if caller_waits else _ASYNC)
+    return Handle(h, finish)
