@@ -21,7 +21,8 @@ What is here:
   buffers, submitted as CPU tensors through the submit function cring._api
   passes in, and copies back.
 
-Imports only cring._C and cring._tensors (never cring._api: no import loop).
+Imports only cring._C, cring._core and cring._tensors (never cring._api: no import
+loop).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from . import _C
+from ._core import CRingError
 from ._tensors import dlpack_source, empty_like
 
 _gpu = _C.gpu
@@ -89,7 +91,7 @@ def _load(kind: str) -> tuple[bool, str, int]:
             else:
                 path, version = _gpu.load_cudart(_wheel_paths(_CUDART_WHEEL_FILES))
             found = (True, path, version)
-        except _C.CRingError as error:
+        except CRingError as error:
             found = (False, str(error), 0)
         _loaded[kind] = found
     return found
@@ -140,7 +142,7 @@ def _device_index(x: Any) -> int:
 def _require_cudart(name: str) -> None:
     ok, why, _ = _load("cudart")
     if not ok:
-        raise _C.CRingError(f"tensor '{name}' is a CUDA tensor, and CUDA tensors need the CUDA "
+        raise CRingError(f"tensor '{name}' is a CUDA tensor, and CUDA tensors need the CUDA "
                             f"runtime, which could not be loaded: {why}; {_INSTALL_CUDART}")
 
 
@@ -205,7 +207,7 @@ def nccl_stream(tensors: Sequence[Any], name: str, op: int = _SUM, scale: float 
                              ("cudart", _INSTALL_CUDART, "NCCL needs the CUDA runtime")):
         ok, why, _ = _load(kind)
         if not ok:
-            raise _C.CRingError(f"tensor '{name}' is on cuda:{_device_index(tensors[0])}: {what}, "
+            raise CRingError(f"tensor '{name}' is on cuda:{_device_index(tensors[0])}: {what}, "
                                 f"which could not be loaded: {why}; {hint}")
     if scale != 1.0:  # checked here so that every rank raises before submitting
         for x in tensors:
