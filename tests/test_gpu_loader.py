@@ -6,10 +6,11 @@ producer that claims kDLCUDA (tests/gpu/fake_cuda.py).
 Covered: finding the libraries (absent, a bad CRING_NCCL_LIBRARY, the
 override, a missing symbol, too old a version, an nvidia-nccl wheel layout on
 the import path), what nccl_available()/cuda_available() answer, the error a
-CUDA tensor gets without NCCL, every collective through the NCCL path at world
-sizes 1 and 2 (unique id through the rendezvous store, grouped calls as one
-NCCL group, the caller's stream reaching __dlpack__ and NCCL, mismatches
-raised on every rank), NCCL's asynchronous errors, and the host-staged path
+CUDA tensor gets without NCCL, every collective through the engine and its NCCL
+backend at world sizes 1 and 2 (rank 0's unique id reaching rank 1, grouped
+calls as one NCCL group, the caller's stream reaching __dlpack__ and NCCL,
+mismatches raised on every rank, CUDA allreduces submitted in different orders
+on different ranks), NCCL's asynchronous errors, and the host-staged path
 (CRING_GPU_OPERATIONS=host) at world size 2 without NCCL. Every process has a
 hard timeout. What only a real GPU can show is in tests/gpu/ (docs/gpu.md).
 """
@@ -326,15 +327,17 @@ def test_two_ranks_through_nccl(fakes, tmp_path):
     for r in ranks:
         assert r["stats"]["communicators"] == 1  # one per device, created once
         assert r["stats"]["staged_bytes"] == 0  # nothing went through host memory
-        assert r["mismatch"] and "ranks disagree on the shape" in r["mismatch"]
-        assert "rank 1 float32 with 5 elements" in r["mismatch"]
-        assert "tensor 'mixed_devices'" in r["mismatch"]  # CUDA on one rank, CPU on another
+        assert r["mismatch"] and "ranks disagree on tensor 'mismatch'" in r["mismatch"]
+        assert "shape float32 [4] vs float32 [5]" in r["mismatch"]
+        # CUDA on one rank, CPU on another
+        assert "tensor 'mixed_devices'" in r["mismatch"] and "cuda:0 tensor" in r["mismatch"]
+        assert r["any_order"] == 6  # allreduces submitted in different orders all completed
         assert r["default_streams"] == [1, 1, 1]  # no framework stream: the legacy default
     lines = nccl_log.read_text().splitlines()
     inits = [re.search(r"init rank=(\d) nranks=2 id=(\S+)", ln) for ln in lines]
     inits = [m.groups() for m in inits if m]
     assert sorted(rank for rank, _ in inits) == ["0", "1"]
-    assert inits[0][1] == inits[1][1]  # rank 0's unique id reached rank 1 through the store
+    assert inits[0][1] == inits[1][1]  # rank 0's unique id reached rank 1
     # the grouped call of three tensors (one empty) ran as one NCCL group of two calls
     group_ends = [ln for ln in lines if "groupend calls=2" in ln]
     assert len(group_ends) >= 2

@@ -17,6 +17,7 @@ typedef void *cudaStream_t;
 enum {
     CRING_CUDA_MEMCPY_HOST_TO_DEVICE = 1,
     CRING_CUDA_MEMCPY_DEVICE_TO_HOST = 2,
+    CRING_CUDA_MEMCPY_DEVICE_TO_DEVICE = 3,
 };
 /* cudaHostAlloc flags: cudaHostAllocPortable pins for every device. */
 #define CRING_CUDA_HOST_ALLOC_PORTABLE 0x01u
@@ -32,6 +33,9 @@ typedef struct cring__cudart_api {
     cudaError_t (*MemcpyAsync)(void *dst, const void *src, size_t bytes, int kind,
                                cudaStream_t stream);
     cudaError_t (*StreamSynchronize)(cudaStream_t stream);
+    cudaError_t (*Malloc)(void **ptr, size_t bytes);
+    cudaError_t (*Free)(void *ptr);
+    cudaError_t (*MemsetAsync)(void *ptr, int value, size_t bytes, cudaStream_t stream);
 } cring__cudart_api_t;
 
 /* ---- NCCL ------------------------------------------------------------------ */

@@ -1,9 +1,11 @@
 /* gpu.h: cring's GPU layer. It loads the CUDA runtime and NCCL with dlopen at
  * first use (never linked, no CUDA headers), keeps one NCCL communicator per
- * device slot (its unique id exchanged through the rendezvous store), enqueues
- * grouped NCCL collectives on the caller's stream, and stages tensors through
- * pinned host memory for the CPU transports. It knows nothing of Python or of
- * the engine, and never synchronises a whole device. */
+ * CUDA device (made from a unique id its caller distributes), enqueues grouped
+ * NCCL collectives on the tensors' streams, allocates device memory for
+ * results, and stages tensors through pinned host memory for the CPU
+ * transports. It knows nothing of Python or of the engine (whose CUDA backend,
+ * csrc/engine/exec_cuda.c, is its caller), and never synchronises a device
+ * except in cring__gpu_device_free. */
 #ifndef CRING_GPU_GPU_H
 #define CRING_GPU_GPU_H
 
@@ -46,25 +48,39 @@ int cring__gpu_nccl_version(const cring__gpu_t *g);
  * reason in why (may be NULL) when it reports an error (no driver, ...). */
 int cring__gpu_device_count(cring__gpu_t *g, cring__errmsg_t *why);
 
+/* ---- the process's context ------------------------------------------------------- */
+/* The one context of this process, created at the first call and never
+ * destroyed (the libraries stay mapped; cring__gpu_comms_destroy releases the
+ * communicators). The Python binding loads the libraries into it before
+ * submitting a CUDA request; the engine's CUDA backend (exec_cuda.c) runs on
+ * it. NULL only when out of memory. Thread-safe. */
+cring__gpu_t *cring__gpu_global(void);
+
 /* ---- communicators ----------------------------------------------------------- */
-/* Create the NCCL communicator of `slot` on CUDA device `device` for this
- * rank of `size`. Slots are created in order: slot must equal
- * cring__gpu_comm_count(g). Rank 0 makes the NCCL unique id and sets it in
- * the store under key; the others get it (waiting up to timeout_s). Then
- * ncclCommInitRank with `device` current (the caller's device is restored).
- * Blocks until every rank has joined; every rank must call it with the same
- * slot, size and key. The store client is used only inside this call.
- * Errors: ERR_TIMEOUT (no id in time), ERR_INVALID_ARGUMENT (NCCL refused,
- * e.g. two ranks on one GPU), ERR_SYSTEM. Thread-safe. */
-cring_status_t cring__gpu_comm_create(cring__gpu_t *g, int slot, int device, int rank, int size,
-                                      cring_store_t *store, const char *key, double timeout_s,
-                                      cring__errmsg_t *err);
+#define CRING__GPU_UNIQUE_ID_BYTES 128
+/* A fresh NCCL unique id (ncclGetUniqueId) for rank 0 to hand to the others.
+ * NCCL must be loaded. Thread-safe. */
+cring_status_t cring__gpu_unique_id(cring__gpu_t *g, void *id_out /* UNIQUE_ID_BYTES */,
+                                    cring__errmsg_t *err);
+/* Create the NCCL communicator of CUDA device `device` for this rank of
+ * `size` from rank 0's unique id (ncclCommInitRank with `device` current; the
+ * caller's device is restored), in the next free slot (*slot_out). Blocks
+ * until every rank has joined: every rank must call it at the same point of
+ * its sequence of NCCL calls. Errors: ERR_INVALID_ARGUMENT (NCCL refused, e.g.
+ * two ranks on one GPU), ERR_NOT_SUPPORTED (too many devices), ERR_SYSTEM.
+ * Thread-safe. */
+cring_status_t cring__gpu_comm_init(cring__gpu_t *g, int device, int rank, int size,
+                                    const void *unique_id, int *slot_out, cring__errmsg_t *err);
+/* The slot of device's communicator, -1 when there is none; the device of
+ * slot's communicator, -1 when there is none. Thread-safe. */
+int cring__gpu_comm_slot(cring__gpu_t *g, int device);
+int cring__gpu_comm_device(cring__gpu_t *g, int slot);
 int cring__gpu_comm_count(cring__gpu_t *g);
 /* CRING_OK while slot's communicator has no asynchronous error, else the
  * error (ERR_PEER_FAILURE for NCCL's remote errors) with NCCL's message. */
 cring_status_t cring__gpu_comm_check(cring__gpu_t *g, int slot, cring__errmsg_t *err);
 /* Destroy every communicator (ncclCommAbort for one that failed, so a dead
- * peer cannot block this). Thread-safe; used at shutdown. */
+ * peer cannot block this). Thread-safe; used when the engine stops. */
 void cring__gpu_comms_destroy(cring__gpu_t *g);
 
 /* ---- collectives -------------------------------------------------------------- */
@@ -77,6 +93,8 @@ typedef struct cring__gpu_tensor {
      * REDUCESCATTER: elements each rank receives (sum = count). size entries,
      * equal on every rank. NULL for the other collectives. */
     const size_t *rank_counts;
+    void *stream;             /* cudaStream_t this tensor's work is ordered on
+                                 (NULL: the legacy default stream) */
 } cring__gpu_tensor_t;
 
 typedef struct cring__gpu_coll {
@@ -87,19 +105,38 @@ typedef struct cring__gpu_coll {
                                       floating dtypes: NCCL's pre-multiplied sum) */
     int ntensors;
     const cring__gpu_tensor_t *tensors;
-    void *stream;                  /* cudaStream_t the work is ordered on */
 } cring__gpu_coll_t;
 
-/* Enqueue the collective of every tensor on c->stream inside one
+/* Enqueue the collective of every tensor, each on its own stream, inside one
  * ncclGroupStart/ncclGroupEnd, so NCCL runs them as one launch (the fusion of
- * a grouped call). Unequal allgather parts become grouped broadcasts, unequal
- * reducescatter parts grouped reduces. Returns once enqueued: no
- * synchronisation; buffers must stay valid until the stream has run the work.
- * Every rank must make the same calls in the same order on its slot. Errors:
- * ERR_NOT_SUPPORTED (op/dtype NCCL cannot do), ERR_BROKEN, NCCL's failures.
- * Thread-safe (calls are serialised per context). */
+ * a grouped call; NCCL orders the streams of one group after each other).
+ * Unequal allgather parts become grouped broadcasts, unequal reducescatter
+ * parts grouped reduces. The communicator's device is made current for the
+ * call. Returns once enqueued: no synchronisation; buffers must stay valid
+ * until the streams have run the work. Every rank must make the same calls
+ * in the same order on its slot. Errors: ERR_NOT_SUPPORTED (op/dtype NCCL
+ * cannot do), ERR_BROKEN, NCCL's failures. Thread-safe (calls are serialised
+ * per context). */
 cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu_coll_t *c,
                                      cring__errmsg_t *err);
+/* Whether the collective can run through NCCL (dtype, op, scaling), checked
+ * without a communicator: CRING_OK or ERR_NOT_SUPPORTED with the reason. */
+cring_status_t cring__gpu_check(const cring__gpu_coll_t *c, cring__errmsg_t *err);
+
+/* ---- device memory --------------------------------------------------------------- */
+/* cudaMalloc of `bytes` on `device` (the caller's device is restored); bytes
+ * 0 gives NULL. ERR_NO_MEMORY with the runtime's reason. Thread-safe. */
+cring_status_t cring__gpu_device_alloc(cring__gpu_t *g, int device, size_t bytes, void **ptr_out,
+                                       cring__errmsg_t *err);
+/* cudaFree: waits for the device's work first, so memory a later stream
+ * still reads is never reused early. NULL is a no-op. Thread-safe. */
+void cring__gpu_device_free(cring__gpu_t *g, void *ptr);
+/* cudaMemsetAsync(ptr, 0, bytes, stream). Thread-safe. */
+cring_status_t cring__gpu_zero_async(cring__gpu_t *g, void *ptr, size_t bytes, void *stream,
+                                     cring__errmsg_t *err);
+/* cudaMemcpyAsync device to device on stream; no wait. Thread-safe. */
+cring_status_t cring__gpu_copy_device(cring__gpu_t *g, void *dst, const void *src, size_t bytes,
+                                      void *stream, cring__errmsg_t *err);
 
 /* ---- host staging --------------------------------------------------------------- */
 /* A pinned host buffer of at least `bytes` (cudaHostAlloc, portable to every
@@ -123,6 +160,7 @@ typedef struct cring__gpu_stats {
     uint64_t nccl_calls;    /* NCCL collectives enqueued */
     uint64_t staged_bytes;  /* bytes copied between device and pinned host memory */
     uint64_t pinned_allocs; /* cudaHostAlloc calls */
+    uint64_t device_allocs; /* cudaMalloc calls (results of allgathers) */
 } cring__gpu_stats_t;
 void cring__gpu_get_stats(cring__gpu_t *g, cring__gpu_stats_t *out);
 

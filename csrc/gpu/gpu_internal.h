@@ -1,4 +1,4 @@
-/* gpu_internal.h: the GPU context shared by loader.c, nccl.c and staging.c.
+/* gpu_internal.h: the GPU context shared by loader.c, nccl.c and memory.c.
  * Not for any other layer. */
 #ifndef CRING_GPU_INTERNAL_H
 #define CRING_GPU_INTERNAL_H

@@ -23,7 +23,8 @@ static const symbol_t cudart_symbols[] = {
     CUDART_SYM(SetDevice, 1),        CUDART_SYM(RuntimeGetVersion, 1),
     CUDART_SYM(GetErrorString, 1),   CUDART_SYM(HostAlloc, 1),
     CUDART_SYM(FreeHost, 1),         CUDART_SYM(MemcpyAsync, 1),
-    CUDART_SYM(StreamSynchronize, 1),
+    CUDART_SYM(StreamSynchronize, 1), CUDART_SYM(Malloc, 1),
+    CUDART_SYM(Free, 1),             CUDART_SYM(MemsetAsync, 1),
 };
 
 #define NCCL_SYM(field, req) {"nccl" #field, offsetof(cring__nccl_api_t, field), req}
@@ -284,6 +285,18 @@ cring_status_t cring__gpu_create(cring__gpu_t **out) {
     g->pinned_cache_limit = limit > 0 ? (size_t)limit : 0;
     *out = g;
     return CRING_OK;
+}
+
+static cring__gpu_t *global_context;
+static pthread_once_t global_once = PTHREAD_ONCE_INIT;
+
+static void global_create(void) {
+    if (cring__gpu_create(&global_context) != CRING_OK) global_context = NULL;
+}
+
+cring__gpu_t *cring__gpu_global(void) {
+    pthread_once(&global_once, global_create);
+    return global_context;
 }
 
 void cring__gpu_get_stats(cring__gpu_t *g, cring__gpu_stats_t *out) {

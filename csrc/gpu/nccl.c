@@ -1,7 +1,7 @@
-/* nccl.c: NCCL communicators (one per device slot, the unique id exchanged
- * through the rendezvous store) and the collectives on them, each call's
- * tensors enqueued inside one ncclGroupStart/ncclGroupEnd on the caller's
- * stream. It never waits for the device: ordering comes from the stream. */
+/* nccl.c: NCCL communicators (one per CUDA device, made from a unique id the
+ * caller distributes) and the collectives on them, each call's tensors
+ * enqueued inside one ncclGroupStart/ncclGroupEnd on their streams. It never
+ * waits for the device: ordering comes from the streams. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,67 +75,55 @@ static cring_status_t require_libraries(cring__gpu_t *g, cring__errmsg_t *err) {
     return CRING_OK;
 }
 
-cring_status_t cring__gpu_comm_create(cring__gpu_t *g, int slot, int device, int rank, int size,
-                                      cring_store_t *store, const char *key, double timeout_s,
-                                      cring__errmsg_t *err) {
+cring_status_t cring__gpu_unique_id(cring__gpu_t *g, void *id_out, cring__errmsg_t *err) {
     CRING_CHECK(require_libraries(g, err));
-    if (size < 1 || rank < 0 || rank >= size || (size > 1 && (!store || !key)))
-        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "bad rank %d / size %d / store", rank,
-                           size);
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    ncclResult_t r = g->nccl.GetUniqueId(&id);
+    if (r != ncclSuccess) return nccl_fail(g, NULL, r, "ncclGetUniqueId", NULL, err);
+    memcpy(id_out, &id, sizeof id);
+    return CRING_OK;
+}
+
+/* Make `device` current (skipped when it is, unless `always`); *previous
+ * gets the device to restore (-1: none). */
+static cring_status_t enter_device(cring__gpu_t *g, int device, int always, int *previous,
+                                   cring__errmsg_t *err) {
+    if (g->cudart.GetDevice(previous) != CRING_CUDA_SUCCESS) *previous = -1;
+    if (*previous == device && !always) return CRING_OK;
+    cudaError_t e = g->cudart.SetDevice(device);
+    if (e != CRING_CUDA_SUCCESS)
+        return cring__fail(err, CRING_ERR_SYSTEM, "cudaSetDevice(%d): %s", device,
+                           cring__gpu_cuda_error(g, e));
+    return CRING_OK;
+}
+
+static void leave_device(cring__gpu_t *g, int device, int previous) {
+    if (previous >= 0 && previous != device) g->cudart.SetDevice(previous);
+}
+
+cring_status_t cring__gpu_comm_init(cring__gpu_t *g, int device, int rank, int size,
+                                    const void *unique_id, int *slot_out, cring__errmsg_t *err) {
+    *slot_out = -1;
+    CRING_CHECK(require_libraries(g, err));
+    if (size < 1 || rank < 0 || rank >= size || device < 0)
+        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "bad rank %d / size %d / device %d",
+                           rank, size, device);
     cring_status_t st = CRING_OK;
     pthread_mutex_lock(&g->comm_mu);
-    if (slot != g->ncomms) {
-        st = cring__fail(err, CRING_ERR_INVALID_ARGUMENT,
-                         "NCCL communicator slot %d requested, next is %d", slot, g->ncomms);
-        goto done;
-    }
+    int slot = g->ncomms;
     if (slot >= CRING__GPU_MAX_SLOTS) {
         st = cring__fail(err, CRING_ERR_NOT_SUPPORTED, "at most %d CUDA devices per process",
                          CRING__GPU_MAX_SLOTS);
         goto done;
     }
     ncclUniqueId id;
-    memset(&id, 0, sizeof id);
-    if (rank == 0) {
-        ncclResult_t r = g->nccl.GetUniqueId(&id);
-        if (r != ncclSuccess) {
-            st = nccl_fail(g, NULL, r, "ncclGetUniqueId", NULL, err);
-            goto done;
-        }
-        if (size > 1 && (st = cring_store_set(store, key, &id, sizeof id)) != CRING_OK) {
-            cring__fail(err, st, "rank 0 could not publish the NCCL id in the store: %s",
-                        cring_status_string(st));
-            goto done;
-        }
-    } else {
-        void *value = NULL;
-        size_t len = 0;
-        st = cring_store_get(store, key, timeout_s, &value, &len);
-        if (st != CRING_OK) {
-            cring__fail(err, st, "rank %d got no NCCL id from rank 0 (store key '%s'): %s", rank,
-                        key, cring_status_string(st));
-            goto done;
-        }
-        if (len != sizeof id) {
-            free(value);
-            st = cring__fail(err, CRING_ERR_PROTOCOL, "the NCCL id in the store has %zu bytes",
-                             len);
-            goto done;
-        }
-        memcpy(&id, value, sizeof id);
-        free(value);
-    }
+    memcpy(&id, unique_id, sizeof id);
     int previous = -1;
-    if (g->cudart.GetDevice(&previous) != CRING_CUDA_SUCCESS) previous = -1;
-    cudaError_t e = g->cudart.SetDevice(device);
-    if (e != CRING_CUDA_SUCCESS) {
-        st = cring__fail(err, CRING_ERR_SYSTEM, "cudaSetDevice(%d): %s", device,
-                         cring__gpu_cuda_error(g, e));
-        goto done;
-    }
+    if ((st = enter_device(g, device, 1, &previous, err)) != CRING_OK) goto done;
     ncclComm_t comm = NULL;
     ncclResult_t r = g->nccl.CommInitRank(&comm, size, id, rank);
-    if (previous >= 0 && previous != device) g->cudart.SetDevice(previous);
+    leave_device(g, device, previous);
     if (r != ncclSuccess) {
         st = nccl_fail(g, comm, r, "ncclCommInitRank",
                        r == ncclInvalidUsage
@@ -151,10 +139,27 @@ cring_status_t cring__gpu_comm_create(cring__gpu_t *g, int slot, int device, int
     c->rank = rank;
     c->size = size;
     g->ncomms++;
+    *slot_out = slot;
     count_stats(g, 1, 0, 0);
 done:
     pthread_mutex_unlock(&g->comm_mu);
     return st;
+}
+
+int cring__gpu_comm_slot(cring__gpu_t *g, int device) {
+    int slot = -1;
+    pthread_mutex_lock(&g->comm_mu);
+    for (int i = 0; i < g->ncomms && slot < 0; i++)
+        if (g->comms[i].device == device) slot = i;
+    pthread_mutex_unlock(&g->comm_mu);
+    return slot;
+}
+
+int cring__gpu_comm_device(cring__gpu_t *g, int slot) {
+    pthread_mutex_lock(&g->comm_mu);
+    int device = slot >= 0 && slot < g->ncomms ? g->comms[slot].device : -1;
+    pthread_mutex_unlock(&g->comm_mu);
+    return device;
 }
 
 int cring__gpu_comm_count(cring__gpu_t *g) {
@@ -240,6 +245,11 @@ static cring_status_t check_tensor(const cring__gpu_coll_t *c, const cring__gpu_
     return CRING_OK;
 }
 
+cring_status_t cring__gpu_check(const cring__gpu_coll_t *c, cring__errmsg_t *err) {
+    for (int i = 0; i < c->ntensors; i++) CRING_CHECK(check_tensor(c, &c->tensors[i], err));
+    return CRING_OK;
+}
+
 static int all_equal(const size_t *v, int n) {
     for (int i = 1; i < n; i++)
         if (v[i] != v[0]) return 0;
@@ -269,7 +279,7 @@ static ncclResult_t enqueue(cring__gpu_t *g, cring__gpu_comm_t *cm, const cring_
     ncclDataType_t dt = ncclFloat32;
     nccl_dtype(t->dtype, &dt); /* checked by check_tensor */
     size_t esize = cring_dtype_size(t->dtype);
-    cudaStream_t s = c->stream;
+    cudaStream_t s = t->stream;
     ncclResult_t r = ncclSuccess;
     switch (c->collective) {
     case CRING_COLL_ALLREDUCE:
@@ -331,7 +341,7 @@ static ncclResult_t enqueue(cring__gpu_t *g, cring__gpu_comm_t *cm, const cring_
 cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu_coll_t *c,
                                      cring__errmsg_t *err) {
     CRING_CHECK(require_libraries(g, err));
-    for (int i = 0; i < c->ntensors; i++) CRING_CHECK(check_tensor(c, &c->tensors[i], err));
+    CRING_CHECK(cring__gpu_check(c, err));
     pthread_mutex_lock(&g->comm_mu);
     cring_status_t st = check_locked(g, slot, err);
     if (st != CRING_OK) {
@@ -351,6 +361,12 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
     ncclResult_t r = ncclSuccess;
     int reduces = c->collective == CRING_COLL_ALLREDUCE ||
                   c->collective == CRING_COLL_REDUCESCATTER;
+    int previous = -1;
+    st = enter_device(g, cm->device, 0, &previous, err);
+    if (st != CRING_OK) {
+        pthread_mutex_unlock(&g->comm_mu);
+        return st;
+    }
     if (reduces && c->scale != 1.0) {
         double scalar = c->op == CRING_AVERAGE ? c->scale / cm->size : c->scale;
         for (int i = 0; i < c->ntensors && r == ncclSuccess; i++) {
@@ -382,6 +398,7 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
     }
     for (int d = 0; d < CRING_DTYPE_COUNT; d++)
         if (have_premul[d]) g->nccl.RedOpDestroy(premul[d], cm->comm);
+    leave_device(g, cm->device, previous);
     if (st != CRING_OK && st != CRING_ERR_INVALID_ARGUMENT) {
         cm->broken = 1; /* NCCL's state is unknown after a failed enqueue */
         if (err) cm->error = *err;

@@ -153,7 +153,7 @@ static int module_exec(PyObject *m) {
                                             "REDUCESCATTER", "BARRIER", "ALLTOALL", "JOIN"};
         if (PyModule_AddIntConstant(m, names[c], c) < 0) return -1;
     }
-    if (cring__pyext_gpu_init(m, &s->engine) < 0) return -1; /* cring._C.gpu (gpu.c) */
+    if (cring__pyext_gpu_init(m, s) < 0) return -1; /* cring._C.gpu (gpu.c) */
     return 0;
 }
 

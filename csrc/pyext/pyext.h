@@ -94,7 +94,8 @@ extern PyMethodDef cring__pyext_submit_functions[];
 int cring__pyext_store_init(PyObject *module, module_state *s);
 
 /* ---- gpu.c ----------------------------------------------------------------- */
-/* Adds cring._C.gpu, the GPU layer's bindings, sharing the engine slot. */
-int cring__pyext_gpu_init(PyObject *module, cring_engine_t **engine_slot);
+/* Adds cring._C.gpu, the GPU layer's bindings, and cring._C.PinnedBuffer;
+ * called once from module_exec, after the exception and Handle types exist. */
+int cring__pyext_gpu_init(PyObject *module, module_state *s);
 
 #endif

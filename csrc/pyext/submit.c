@@ -160,23 +160,40 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
     return res;
 }
 
+/* A CUDA call's tensors share one device: the first sets device->id, the
+ * others (index > 0) must match. Returns 0, or -1 with ValueError. */
+static int cuda_device(const cring__dl_ref_t *ref, Py_ssize_t index, cring_device_t *device,
+                       const char *name) {
+    int id = ref->t->device.device_id;
+    if (index == 0) device->id = id;
+    if (id == device->id) return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "tensor '%s': every tensor of one call must be on the same CUDA device, got "
+                 "cuda:%d and cuda:%d",
+                 name, device->id, id);
+    return -1;
+}
+
 /* submit(collective, name, tensors, op, root, prescale, postscale, compression,
- *        caller_waits[, splits]) -> Handle, or None once done when caller_waits is 2
+ *        caller_waits[, splits[, stream]]) -> Handle, or None once done when caller_waits is 2
  * tensors: list of (send, recv) pairs; recv None for allgather and alltoall
  * (splits: None or one row count per rank), recv is send
  * for in-place operations. op: as for allreduce_ (ignored unless the
  * collective reduces). caller_waits: 0 async, 1 the caller will wait on
  * the handle, 2 wait here (a synchronous call that needs no output copy; it
- * allocates nothing on the Python heap for up to STACK_TENSORS tensors). */
+ * allocates nothing on the Python heap for up to STACK_TENSORS tensors).
+ * stream: None for CPU tensors; for CUDA tensors the cudaStream_t (an int, 0
+ * the legacy default stream) the caller's work is ordered on: the tensors are
+ * exported for it and the engine's CUDA backend enqueues on it. */
 static PyObject *py_submit(PyObject *module, PyObject *args) {
     module_state *s = cring__pyext_state(module);
     int coll, root, caller_waits;
     const char *name, *compression;
-    PyObject *list, *op_obj, *splits_obj = Py_None;
+    PyObject *list, *op_obj, *splits_obj = Py_None, *stream_obj = Py_None;
     double prescale, postscale;
-    if (!PyArg_ParseTuple(args, "isO!Oiddzi|O", &coll, &name, &PyList_Type, &list, &op_obj,
+    if (!PyArg_ParseTuple(args, "isO!Oiddzi|OO", &coll, &name, &PyList_Type, &list, &op_obj,
                           &root, &prescale, &postscale, &compression, &caller_waits,
-                          &splits_obj))
+                          &splits_obj, &stream_obj))
         return NULL;
     int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
     int op = reduces ? parse_op(op_obj) : 0; /* an argument error before "not initialized" */
@@ -201,6 +218,16 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                          compression);
             return NULL;
         }
+    }
+    cring_device_t device = {.type = CRING_DEVICE_CPU};
+    cring__dl_device_t kind = CRING__DL_HOST;
+    PyObject *dl_stream = NULL; /* what __dlpack__(stream=...) gets: 1 is the legacy default */
+    if (stream_obj != Py_None) {
+        unsigned long long raw = PyLong_AsUnsignedLongLong(stream_obj);
+        if (raw == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+        device = (cring_device_t){.type = CRING_DEVICE_CUDA, .stream = (void *)(uintptr_t)raw};
+        kind = CRING__DL_CUDA;
+        if (!(dl_stream = PyLong_FromUnsignedLongLong(raw ? raw : 1))) return NULL;
     }
     cring__dl_ref_t stack_refs[2 * STACK_TENSORS];
     cring_tensor_t stack_ts[STACK_TENSORS];
@@ -229,14 +256,15 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
         int needs_write = coll != CRING_COLL_ALLGATHER && coll != CRING_COLL_ALLTOALL && in_place &&
                           !(coll == CRING_COLL_BROADCAST && rank == root);
         cring__dl_ref_t *in = &refs[nrefs];
-        if (cring__dl_acquire(send_obj, NULL, name, needs_write, CRING__DL_HOST, in) < 0)
-            goto done;
+        if (cring__dl_acquire(send_obj, dl_stream, name, needs_write, kind, in) < 0) goto done;
         nrefs++;
+        if (kind == CRING__DL_CUDA && cuda_device(in, i, &device, name) < 0) goto done;
         cring__dl_ref_t *out = in;
         if (!in_place && recv_obj != Py_None) {
             out = &refs[nrefs];
-            if (cring__dl_acquire(recv_obj, NULL, name, 1, CRING__DL_HOST, out) < 0) goto done;
+            if (cring__dl_acquire(recv_obj, dl_stream, name, 1, kind, out) < 0) goto done;
             nrefs++;
+            if (kind == CRING__DL_CUDA && cuda_device(out, 1, &device, name) < 0) goto done;
             if (coll != CRING_COLL_REDUCESCATTER && same_layout(in, out, name) < 0) goto done;
             if (coll == CRING_COLL_REDUCESCATTER && out->dtype != in->dtype) {
                 PyErr_Format(PyExc_ValueError, "tensor '%s': output dtype differs", name);
@@ -282,7 +310,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                            .op = (cring_op_t)op, .root = root, .prescale = prescale,
                            .postscale = postscale, .compression = comp, .ntensors = (int)n,
                            .tensors = ts, .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0,
-                           .splits = splits};
+                           .splits = splits, .device = device};
     if (caller_waits == 2) {
         if (submit_wait_here(s, &req, refs, &nrefs) == 0) result = Py_NewRef(Py_None);
         goto done; /* the views are released below, after the engine is done */
@@ -298,6 +326,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
     refs = NULL;
     nrefs = 0;
 done:
+    Py_XDECREF(dl_stream);
     PyMem_Free(splits);
     for (int i = 0; i < nrefs; i++) cring__dl_release(&refs[i]);
     if (!on_stack) {
@@ -351,7 +380,7 @@ PyMethodDef cring__pyext_submit_functions[] = {
      "op: cring.Average (0, the default, as in Horovod), Sum, Min, Max or Product."},
     {"submit", py_submit, METH_VARARGS,
      "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
-     "compression, caller_waits[, splits]) -> Handle"},
+     "compression, caller_waits[, splits[, stream]]) -> Handle"},
     {"tensor_info", py_tensor_info, METH_VARARGS, "(shape, dtype name, read_only) via DLPack"},
     {"copy", py_copy, METH_VARARGS, "copy(src, dst[, name]): copy between DLPack tensors"},
     {NULL, NULL, 0, NULL}};

@@ -100,8 +100,29 @@ EXPORT int cudaFreeHost(void *ptr) {
 EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t bytes, int kind, void *stream) {
     memcpy(dst, src, bytes);
     log_line("memcpy kind=%s bytes=%zu stream=0x%lx",
-             kind == 1 ? "H2D" : kind == 2 ? "D2H" : "other", bytes,
+             kind == 1 ? "H2D" : kind == 2 ? "D2H" : kind == 3 ? "D2D" : "other", bytes,
              (unsigned long)(uintptr_t)stream);
+    return SUCCESS;
+}
+
+/* Device memory is host memory here, filled with 0xA5 so a result that was
+ * never written shows. */
+EXPORT int cudaMalloc(void **ptr, size_t bytes) {
+    *ptr = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (*ptr) memset(*ptr, 0xA5, bytes);
+    log_line("malloc device=%d bytes=%zu", current_device, bytes);
+    return *ptr ? SUCCESS : ERROR_MEMORY_ALLOCATION;
+}
+
+EXPORT int cudaFree(void *ptr) {
+    free(ptr);
+    log_line("free");
+    return SUCCESS;
+}
+
+EXPORT int cudaMemsetAsync(void *ptr, int value, size_t bytes, void *stream) {
+    memset(ptr, value, bytes);
+    log_line("memset bytes=%zu stream=0x%lx", bytes, (unsigned long)(uintptr_t)stream);
     return SUCCESS;
 }
 

@@ -2,11 +2,12 @@
  * libfake_nccl.so and libfake_cudart.so (built next to this program; "device
  * memory" is host memory there). Loader: explicit path, bad path, missing
  * symbol, too old a version, wheel candidates, remembered outcome. NCCL
- * path: communicators whose unique id goes through the rendezvous store of a
- * real cring communicator, at world sizes 1, 2 and 3, and every collective
+ * path: communicators whose unique id rank 0 broadcasts over a real cring
+ * communicator, at world sizes 1, 2 and 3, and every collective
  * (grouped, odd and zero counts, uneven allgather/reducescatter parts,
- * pre-multiplied sums) checked against values computed here. Staging: the
- * pinned-buffer cache and stream-ordered copies. */
+ * pre-multiplied sums, a stream per tensor) checked against values computed
+ * here. Memory: the pinned-buffer cache, stream-ordered copies, device
+ * buffers. (The engine's CUDA backend on top of this: test_engine_cuda.c.) */
 #include <dlfcn.h>
 #include <limits.h>
 #include <math.h>
@@ -141,10 +142,13 @@ static void run_rank(int rank, int size, int port, int unused) {
     cring__errmsg_t err;
     CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
     CHECK_OK(cring__gpu_load_nccl(g, NULL, 0, &err));
-    CHECK(cring__gpu_comm_create(g, 1, 0, rank, size, cring_comm_store(comm), "k", 10, &err) ==
-          CRING_ERR_INVALID_ARGUMENT); /* slots are created in order */
-    CHECK_OK(cring__gpu_comm_create(g, 0, 0, rank, size, cring_comm_store(comm),
-                                    "gpu-test/nccl/0", 30, &err));
+    char id[CRING__GPU_UNIQUE_ID_BYTES] = {0};
+    if (rank == 0) CHECK_OK(cring__gpu_unique_id(g, id, &err));
+    CHECK_OK(cring_broadcast(comm, id, sizeof id, 0));
+    int slot = -1;
+    CHECK(cring__gpu_comm_slot(g, 0) == -1);
+    CHECK_OK(cring__gpu_comm_init(g, 0, rank, size, id, &slot, &err));
+    CHECK(slot == 0 && cring__gpu_comm_slot(g, 0) == 0 && cring__gpu_comm_slot(g, 1) == -1);
     CHECK(cring__gpu_comm_count(g) == 1);
     void *stream = (void *)(uintptr_t)0x5000;
 
@@ -158,12 +162,12 @@ static void run_rank(int rank, int size, int port, int unused) {
     int32_t ints[5];
     for (int i = 0; i < 5; i++) ints[i] = rank * 10 + i - 7;
     cring__gpu_tensor_t ts[4] = {
-        {f[0], f[0], CRING_FLOAT32, counts[0], NULL},
-        {f[1], f[1], CRING_FLOAT32, counts[1], NULL},
-        {f[2], f[2], CRING_FLOAT32, counts[2], NULL},
+        {f[0], f[0], CRING_FLOAT32, counts[0], NULL, stream},
+        {f[1], f[1], CRING_FLOAT32, counts[1], NULL, stream},
+        {f[2], f[2], CRING_FLOAT32, counts[2], NULL, (void *)(uintptr_t)0x5001},
     };
     cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE, .op = CRING_SUM, .scale = 1.0,
-                           .ntensors = 3, .tensors = ts, .stream = stream};
+                           .ntensors = 3, .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     for (int k = 1; k < 3; k++)
         for (size_t i = 0; i < counts[k]; i++) {
@@ -171,9 +175,9 @@ static void run_rank(int rank, int size, int port, int unused) {
             for (int r = 0; r < size; r++) expect += fval(r, i + (size_t)k);
             check_float(&f[k][i], expect, "grouped sum", i);
         }
-    ts[0] = (cring__gpu_tensor_t){ints, ints, CRING_INT32, 5, NULL};
+    ts[0] = (cring__gpu_tensor_t){ints, ints, CRING_INT32, 5, NULL, stream};
     c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLREDUCE, .op = CRING_AVERAGE, .scale = 1.0,
-                            .ntensors = 1, .tensors = ts, .stream = stream};
+                            .ntensors = 1, .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     for (int i = 0; i < 5; i++) {
         int sum = 0;
@@ -184,9 +188,9 @@ static void run_rank(int rank, int size, int port, int unused) {
     /* Average with a scale: a pre-multiplied sum (scale / size). */
     float scaled[7];
     for (int i = 0; i < 7; i++) scaled[i] = fval(rank, (size_t)i);
-    ts[0] = (cring__gpu_tensor_t){scaled, scaled, CRING_FLOAT32, 7, NULL};
+    ts[0] = (cring__gpu_tensor_t){scaled, scaled, CRING_FLOAT32, 7, NULL, stream};
     c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLREDUCE, .op = CRING_AVERAGE, .scale = 0.5,
-                            .ntensors = 1, .tensors = ts, .stream = stream};
+                            .ntensors = 1, .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     for (size_t i = 0; i < 7; i++) {
         float expect = 0;
@@ -205,9 +209,9 @@ static void run_rank(int rank, int size, int port, int unused) {
         bsend[i] = rank * 100.0 + i;
         brecv[i] = -1;
     }
-    ts[0] = (cring__gpu_tensor_t){bsend, brecv, CRING_FLOAT64, 9, NULL};
+    ts[0] = (cring__gpu_tensor_t){bsend, brecv, CRING_FLOAT64, 9, NULL, stream};
     c = (cring__gpu_coll_t){.collective = CRING_COLL_BROADCAST, .root = size - 1, .scale = 1.0,
-                            .ntensors = 1, .tensors = ts, .stream = stream};
+                            .ntensors = 1, .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     for (int i = 0; i < 9; i++) CHECK(brecv[i] == (size - 1) * 100.0 + i);
 
@@ -221,10 +225,10 @@ static void run_rank(int rank, int size, int port, int unused) {
     int64_t gsend[8], grecv[64], esend[3], erecv[24];
     for (int i = 0; i <= rank; i++) gsend[i] = rank * 1000 + i;
     for (int i = 0; i < 3; i++) esend[i] = rank * 10 + i;
-    ts[0] = (cring__gpu_tensor_t){gsend, grecv, CRING_INT64, (size_t)rank + 1, uneven};
-    ts[1] = (cring__gpu_tensor_t){esend, erecv, CRING_INT64, 3, even};
+    ts[0] = (cring__gpu_tensor_t){gsend, grecv, CRING_INT64, (size_t)rank + 1, uneven, stream};
+    ts[1] = (cring__gpu_tensor_t){esend, erecv, CRING_INT64, 3, even, stream};
     c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLGATHER, .scale = 1.0, .ntensors = 2,
-                            .tensors = ts, .stream = stream};
+                            .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     size_t at = 0;
     for (int r = 0; r < size; r++)
@@ -243,10 +247,10 @@ static void run_rank(int rank, int size, int port, int unused) {
     float rsend[7], rrecv[7], esend2[16], erecv2[2];
     for (int i = 0; i < 7; i++) rsend[i] = fval(rank, (size_t)i);
     for (int i = 0; i < 2 * size; i++) esend2[i] = fval(rank, (size_t)i + 3);
-    ts[0] = (cring__gpu_tensor_t){rsend, rrecv, CRING_FLOAT32, 7, rs_counts};
-    ts[1] = (cring__gpu_tensor_t){esend2, erecv2, CRING_FLOAT32, 2 * (size_t)size, rs_even};
+    ts[0] = (cring__gpu_tensor_t){rsend, rrecv, CRING_FLOAT32, 7, rs_counts, stream};
+    ts[1] = (cring__gpu_tensor_t){esend2, erecv2, CRING_FLOAT32, 2 * (size_t)size, rs_even, stream};
     c = (cring__gpu_coll_t){.collective = CRING_COLL_REDUCESCATTER, .op = CRING_SUM,
-                            .scale = 1.0, .ntensors = 2, .tensors = ts, .stream = stream};
+                            .scale = 1.0, .ntensors = 2, .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     for (size_t i = 0; i < rs_counts[rank]; i++) {
         float expect = 0;
@@ -280,11 +284,14 @@ static void run_async_error(int rank, int size, int port, int unused) {
     cring__errmsg_t err;
     CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
     CHECK_OK(cring__gpu_load_nccl(g, NULL, 0, &err));
-    CHECK_OK(cring__gpu_comm_create(g, 0, 0, 0, 1, NULL, NULL, 10, &err));
+    char id[CRING__GPU_UNIQUE_ID_BYTES];
+    int slot = -1;
+    CHECK_OK(cring__gpu_unique_id(g, id, &err));
+    CHECK_OK(cring__gpu_comm_init(g, 0, 0, 1, id, &slot, &err));
     float x[4] = {1, 2, 3, 4};
-    cring__gpu_tensor_t t = {x, x, CRING_FLOAT32, 4, NULL};
+    cring__gpu_tensor_t t = {x, x, CRING_FLOAT32, 4, NULL, NULL};
     cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE, .op = CRING_SUM, .scale = 1.0,
-                           .ntensors = 1, .tensors = &t, .stream = NULL};
+                           .ntensors = 1, .tensors = &t};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     CHECK(cring__gpu_comm_check(g, 0, &err) == CRING_ERR_PEER_FAILURE);
     CHECK(strstr(err.text, "remote process exited") != NULL);
@@ -320,8 +327,25 @@ static void test_staging(void) {
     CHECK(stats.staged_bytes == 128);
     cring__gpu_pinned_put(g, p, cap);
     cring__gpu_pinned_put(g, q, cap2);
+    /* device buffers: allocated on the device asked for, zeroed and copied on a stream */
+    void *d1 = NULL, *d2 = NULL;
+    CHECK_OK(cring__gpu_device_alloc(g, 0, 0, &d1, &err));
+    CHECK(d1 == NULL);
+    CHECK_OK(cring__gpu_device_alloc(g, 0, 64, &d1, &err));
+    CHECK_OK(cring__gpu_device_alloc(g, 0, 64, &d2, &err));
+    CHECK(cring__gpu_device_alloc(g, 7, 64, &p, &err) == CRING_ERR_SYSTEM); /* no cuda:7 */
+    CHECK(strstr(err.text, "cudaSetDevice(7)") != NULL);
+    CHECK_OK(cring__gpu_zero_async(g, d1, 64, (void *)0x77, &err));
+    CHECK_OK(cring__gpu_copy_device(g, d2, d1, 64, (void *)0x77, &err));
+    for (int i = 0; i < 64; i++) CHECK(((char *)d2)[i] == 0);
+    cring__gpu_get_stats(g, &stats);
+    CHECK(stats.device_allocs == 2);
+    cring__gpu_device_free(g, d1);
+    cring__gpu_device_free(g, d2);
+    cring__gpu_device_free(g, NULL);
     cring__gpu_destroy(g);
-    printf("staging: ok\n");
+    CHECK(cring__gpu_global() != NULL && cring__gpu_global() == cring__gpu_global());
+    printf("memory: ok\n");
     fflush(stdout);
 }
 

@@ -9,9 +9,10 @@ get deterministic names, so those must be called in the same order.
 
 from __future__ import annotations
 
+import functools
 import sys as _sys
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as _np
 from numpy import ndarray as _ndarray
@@ -120,7 +121,6 @@ def shutdown() -> None:
     exits, so that peers re-initialising first find the next generation."""
     global _plan_server
     with _state_lock:
-        _gpu.shutdown()  # NCCL communicators of this init
         _C.shutdown()
         if _plan_server is not None:
             _plan_server.stop()
@@ -190,13 +190,44 @@ def _is_torch(x: Any) -> bool:
     return True
 
 
+def _cuda_submit(stream: int, collective: int, name: str, pairs: list,
+                 finish: Callable[[Any], Any], *, op: Any = 0, root: int = 0,
+                 prescale: float = 1.0, postscale: float = 1.0, wire: Optional[str] = None,
+                 caller_waits: bool = False) -> Handle:
+    """_submit for CUDA tensors on the NCCL path: exported for `stream` (the
+    caller's, from _gpu.nccl_stream) and enqueued on it by the engine's CUDA
+    backend; at synchronize() torch's current stream is ordered after it."""
+    with _gpu.device_guard(pairs[0][0]):
+        h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
+                      _CALLER_WAITS if caller_waits else _ASYNC, None, stream)
+    return Handle(h, _gpu.ordered(stream, finish))
+
+
 def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compression: Any,
                      prescale_factor: float, postscale_factor: float, grouped: bool,
                      caller_waits: bool) -> Handle:
-    # ---- CUDA tensors: cring._gpu (the GPU layer rewrites this branch) ----
+    submit, info = _submit, _info
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
-        return _gpu.allreduce_async(tensors, in_place, op, name, compression, prescale_factor,
-                                    postscale_factor, grouped, caller_waits)
+        _require_init()
+        if _gpu.host_staged(tensors, name):
+            wires = {_wire(compression, _gpu.info(x, name)[1]) for x in tensors}
+            return _gpu.host_reduce_like(_submit, _C.ALLREDUCE, list(tensors), in_place, name,
+                                         grouped, op=op, prescale=prescale_factor,
+                                         postscale=postscale_factor, caller_waits=caller_waits,
+                                         wire=wires.pop() if len(wires) == 1 else None)
+        stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
+        submit, info = functools.partial(_cuda_submit, stream), _gpu.info
+        if not (compression is None or compression is Compression.none):
+            wires = {_wire(compression, info(x, name)[1]) for x in tensors}
+            wire = _gpu.wire_dtype(tensors, wires.pop() if len(wires) == 1 else None)
+            compression = None
+            if wire is not None:  # cast with torch around an allreduce of the casts
+                return _gpu.compressed(
+                    list(tensors), in_place, wire, grouped,
+                    lambda casts: _allreduce_async(casts, True, op, name, None, prescale_factor,
+                                                   postscale_factor, True, caller_waits),
+                    lambda inner, finish: Handle(inner._h, finish), synchronize)
     pairs, outs, wires = [], [], set()
     plain = compression is None or compression is Compression.none
     for x in tensors:
@@ -205,14 +236,14 @@ def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compress
             pairs.append((src, src))
             outs.append(x)
             continue
-        shape, dtype_name = _info(x, name)
+        shape, dtype_name = info(x, name)
         wires.add(_wire(compression, dtype_name))
         out = x if in_place else empty_like(x, shape, dtype_name)
         pairs.append((src, src if in_place else dlpack_source(out)))
         outs.append(out)
     wire = wires.pop() if len(wires) == 1 else None
     finish = (lambda h: outs) if grouped else (lambda h: outs[0])
-    return _submit(_C.ALLREDUCE, name, pairs, finish, op=op, prescale=prescale_factor,
+    return submit(_C.ALLREDUCE, name, pairs, finish, op=op, prescale=prescale_factor,
                    postscale=postscale_factor, wire=wire, caller_waits=caller_waits)
 
 
@@ -311,20 +342,25 @@ def _broadcast_async(tensor: Any, root_rank: int, name: str, in_place: bool,
                      caller_waits: bool) -> Handle:
     _require_init()
     root = int(root_rank)  # the C submission checks its range
-    # ---- CUDA tensors: cring._gpu (the GPU layer rewrites this branch) ----
+    submit, info = _submit, _info
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.is_cuda(tensor):
         if not 0 <= root < size():
             raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size "
                              f"{size()}")
-        return _gpu.broadcast_async(tensor, root, name, in_place, caller_waits)
+        if _gpu.host_staged([tensor], name):
+            return _gpu.host_reduce_like(_submit, _C.BROADCAST, [tensor], in_place, name, False,
+                                         root=root, caller_waits=caller_waits)
+        submit, info = functools.partial(_cuda_submit, _gpu.nccl_stream([tensor], name)), \
+            _gpu.info
     src = dlpack_source(tensor)
     if in_place:
-        return _submit(_C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root,
-                       caller_waits=caller_waits)
-    shape, dtype_name = _info(tensor, name)
+        return submit(_C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root,
+                      caller_waits=caller_waits)
+    shape, dtype_name = info(tensor, name)
     out = empty_like(tensor, shape, dtype_name)
-    return _submit(_C.BROADCAST, name, [(src, dlpack_source(out))], lambda h: out, root=root,
-                   caller_waits=caller_waits)
+    return submit(_C.BROADCAST, name, [(src, dlpack_source(out))], lambda h: out, root=root,
+                  caller_waits=caller_waits)
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
@@ -349,20 +385,25 @@ def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
 
 def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> Handle:
     _require_init()
-    # ---- CUDA tensors: cring._gpu (the GPU layer rewrites this branch) ----
+    submit, info, like = _submit, _info, result_like
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
-        return _gpu.allgather_async(tensors, name, grouped, caller_waits)
-    infos = [_info(x, name) for x in tensors]
+        if _gpu.host_staged(tensors, name):
+            return _gpu.host_allgather(_submit, list(tensors), name, grouped, size(),
+                                       caller_waits=caller_waits)
+        submit = functools.partial(_cuda_submit, _gpu.nccl_stream(tensors, name))
+        info, like = _gpu.info, _gpu.result_like
+    infos = [info(x, name) for x in tensors]
     pairs = [(dlpack_source(x), None) for x in tensors]
 
     def finish(h: Any) -> Any:
         outs = []
         for i, (x, (shape, dtype_name)) in enumerate(zip(tensors, infos)):
             dims = _C.first_dims(h, i, size())
-            outs.append(result_like(x, h, i, (sum(dims),) + tuple(shape[1:]), dtype_name))
+            outs.append(like(x, h, i, (sum(dims),) + tuple(shape[1:]), dtype_name))
         return outs if grouped else outs[0]
 
-    return _submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits)
+    return submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits)
 
 
 def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
@@ -392,14 +433,19 @@ def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
                          prescale_factor: float, postscale_factor: float,
                          caller_waits: bool) -> Handle:
     _require_init()
-    # ---- CUDA tensors: cring._gpu (the GPU layer rewrites this branch) ----
-    if _gpu.any_cuda(tensors):
-        return _gpu.reducescatter_async(tensors, op, name, grouped, prescale_factor,
-                                        postscale_factor, caller_waits)
-    pairs, outs = [], []
     p, r = size(), rank()
+    submit, info = _submit, _info
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
+    if _gpu.any_cuda(tensors):
+        if _gpu.host_staged(tensors, name):
+            return _gpu.host_reducescatter(_submit, list(tensors), name, grouped, p, r, op=op,
+                                           prescale=prescale_factor, postscale=postscale_factor,
+                                           caller_waits=caller_waits)
+        stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
+        submit, info = functools.partial(_cuda_submit, stream), _gpu.info
+    pairs, outs = [], []
     for x in tensors:
-        shape, dtype_name = _info(x, name)
+        shape, dtype_name = info(x, name)
         if not shape:
             raise ValueError(f"tensor '{name}': reducescatter needs at least one dimension")
         n = shape[0]
@@ -408,7 +454,7 @@ def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
         pairs.append((dlpack_source(x), dlpack_source(out)))
         outs.append(out)
     finish = (lambda h: outs) if grouped else (lambda h: outs[0])
-    return _submit(_C.REDUCESCATTER, name, pairs, finish, op=op, prescale=prescale_factor,
+    return submit(_C.REDUCESCATTER, name, pairs, finish, op=op, prescale=prescale_factor,
                    postscale=postscale_factor, caller_waits=caller_waits)
 
 

@@ -1,37 +1,42 @@
-"""CUDA tensors: NCCL collectives on the caller's stream, or, with
-CRING_GPU_OPERATIONS=host, a copy through pinned host memory to the CPU
-collectives and back.
+"""CUDA tensors: what cring needs in Python beside the one collective path.
 
-cring._api routes any call whose tensors are CUDA tensors (DLPack device
-kDLCUDA) here; nothing here runs for CPU tensors. NCCL and the CUDA runtime are
-loaded at first use (cring._C.gpu, csrc/gpu): building and importing cring
-never need them.
+A CUDA tensor (DLPack device kDLCUDA) takes the route a CPU tensor takes:
+cring._api builds the request, cring._C.submit reads the tensor through DLPack
+(exported for the caller's stream) and queues it, and the engine negotiates
+it by name like any other (any submission order, the response cache,
+MismatchError on every rank, stall warnings, the timeline). Ready CUDA requests
+go to the engine's CUDA backend (csrc/engine/exec_cuda.c), which enqueues them
+as grouped NCCL calls on the caller's stream; the handle completes once the
+work is enqueued. Nothing here takes part in that.
 
-How GPU collectives are ordered (the NCCL path): every rank must issue them in
-the same order, as with torch.distributed; cring does not reorder them. Before
-each call (a grouped call counts once) the ranks exchange a small descriptor
-through the CPU engine under the call's name (collective, op, root, dtypes,
-shapes, device slot, whether NCCL loaded): a disagreement raises
-cring.MismatchError on every rank instead of corrupting memory or hanging
-inside NCCL, and the descriptor carries what allgather needs (every rank's
-first dimension). Then every tensor's NCCL call is enqueued on the caller's
-stream inside one ncclGroupStart/ncclGroupEnd. Nothing waits for the device:
-the handle is complete once the work is enqueued, and the result is ready for
-any later work on that stream. At world size 1 the exchange is skipped.
+What is here:
+- finding NCCL and the CUDA runtime (loaded into the process's GPU context,
+  which the engine's backend uses), and the availability queries;
+- which stream a tensor's work is ordered on (and making torch's current
+  stream wait for it at synchronize());
+- float16/bfloat16 compression of CUDA tensors (a cast with torch around the
+  allreduce), and the results of CUDA allgathers (device memory the handle
+  owns, handed over through DLPack);
+- the host-staged path (CRING_GPU_OPERATIONS=host): copies into pinned host
+  buffers, submitted as CPU tensors through the submit function cring._api
+  passes in, and copies back.
+
+Imports only cring._C, cring._core and cring._tensors (never cring._api: no import
+loop).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import threading
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from . import _C, _api
+from . import _C
+from ._core import CRingError
 from ._tensors import dlpack_source, empty_like
 
 _gpu = _C.gpu
@@ -54,15 +59,10 @@ _INSTALL_CUDART = (
     "`pip install nvidia-cuda-runtime` (CUDA 13), or point CRING_CUDART_LIBRARY at "
     "libcudart.so")
 
-_lock = threading.RLock()  # GPU collectives are issued one at a time, in call order
 _loaded: dict[str, tuple[bool, str, int]] = {}  # "nccl"/"cudart" -> (ok, path or error, version)
-_slots: dict[int, int] = {}  # CUDA device -> NCCL communicator slot (this init)
 _thread = threading.local()
-
-_DTYPE_CODES = {name: i for i, name in enumerate(
-    ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool"))}
 _FLOATING = frozenset(("float16", "bfloat16", "float32", "float64"))
-_MAGIC = 0x63756461  # "cuda": marks a GPU call's descriptor
+_SUM, _AVERAGE = 1, 0  # cring.Sum, cring.Average
 
 
 # ---- availability ----------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def _load(kind: str) -> tuple[bool, str, int]:
             else:
                 path, version = _gpu.load_cudart(_wheel_paths(_CUDART_WHEEL_FILES))
             found = (True, path, version)
-        except _C.CRingError as error:
+        except CRingError as error:
             found = (False, str(error), 0)
         _loaded[kind] = found
     return found
@@ -132,27 +132,18 @@ def cuda_info() -> dict:
             "error": None if ok and count > 0 else why}
 
 
+def _device_index(x: Any) -> int:
+    try:
+        return int(x.__dlpack_device__()[1])
+    except Exception:  # noqa: BLE001  (only for a message)
+        return 0
+
+
 def _require_cudart(name: str) -> None:
     ok, why, _ = _load("cudart")
     if not ok:
-        raise _api.CRingError(f"tensor '{name}' is a CUDA tensor, and CUDA tensors need the CUDA "
-                              f"runtime, which could not be loaded: {why}; {_INSTALL_CUDART}")
-
-
-def _nccl_problem() -> Optional[str]:
-    """None when the NCCL path can run here, else the message to raise."""
-    ok, why, _ = _load("nccl")
-    if not ok:
-        return f"CUDA tensors go through NCCL, which could not be loaded: {why}; {_INSTALL_NCCL}"
-    ok, why, _ = _load("cudart")
-    if not ok:
-        return (f"NCCL needs the CUDA runtime, which could not be loaded: {why}; "
-                f"{_INSTALL_CUDART}")
-    return None
-
-
-def _raise_problem(name: str, device: int, problem: str) -> None:
-    raise _api.CRingError(f"tensor '{name}' is on cuda:{device}: {problem}")
+        raise CRingError(f"tensor '{name}' is a CUDA tensor, and CUDA tensors need the CUDA "
+                            f"runtime, which could not be loaded: {why}; {_INSTALL_CUDART}")
 
 
 def _mode() -> str:
@@ -187,14 +178,45 @@ def any_cuda(xs: Sequence[Any]) -> bool:
     return False
 
 
-def _same_device(tensors: Sequence[Any], name: str) -> list:
-    """The tensors of one call, all CUDA tensors (else a ValueError)."""
-    tensors = list(tensors)
+def host_staged(tensors: Sequence[Any], name: str) -> bool:
+    """For a call with CUDA tensors: True when CRING_GPU_OPERATIONS=host (the
+    host adapters below run it), False for the NCCL path. Raises ValueError for
+    a call that mixes CUDA and other tensors, or a bad CRING_GPU_OPERATIONS."""
     cpu = [i for i, x in enumerate(tensors) if not is_cuda(x)]
     if cpu:
         raise ValueError(f"tensor '{name}': every tensor of one call must be on the same device, "
                          f"but tensor(s) {cpu} of {len(tensors)} are not CUDA tensors")
-    return tensors
+    return _mode() == "host"
+
+
+def info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
+    """Shape and cring dtype name of a CUDA tensor, from its attributes (the
+    submission reads the tensor itself through DLPack)."""
+    try:
+        return tuple(int(d) for d in x.shape), str(x.dtype).replace("torch.", "")
+    except (AttributeError, TypeError):
+        raise TypeError(f"tensor '{name}': a CUDA tensor of kind {type(x).__name__} needs "
+                        "`shape` and `dtype` for an out-of-place call") from None
+
+
+def nccl_stream(tensors: Sequence[Any], name: str, op: int = _SUM, scale: float = 1.0) -> int:
+    """For the NCCL path: check that NCCL can run here (else CRingError saying
+    what to install) and that NCCL can apply the scaling; return the
+    cudaStream_t (an int) the call is ordered on, for cring._C.submit."""
+    for kind, hint, what in (("nccl", _INSTALL_NCCL, "CUDA tensors go through NCCL"),
+                             ("cudart", _INSTALL_CUDART, "NCCL needs the CUDA runtime")):
+        ok, why, _ = _load(kind)
+        if not ok:
+            raise CRingError(f"tensor '{name}' is on cuda:{_device_index(tensors[0])}: {what}, "
+                                f"which could not be loaded: {why}; {hint}")
+    if scale != 1.0:  # checked here so that every rank raises before submitting
+        for x in tensors:
+            dtype = str(getattr(x, "dtype", "")).replace("torch.", "")
+            if dtype not in _FLOATING or op not in (_SUM, _AVERAGE):
+                raise NotImplementedError(
+                    f"tensor '{name}': prescale_factor/postscale_factor on CUDA tensors apply "
+                    f"to Sum and Average of floating-point tensors, not {dtype}")
+    return raw_stream(tensors[0])
 
 
 # ---- streams ------------------------------------------------------------------------------------
@@ -211,7 +233,7 @@ def use_stream(stream: int) -> Iterator[None]:
         _thread.stream = previous
 
 
-def _raw_stream(x: Any) -> int:
+def raw_stream(x: Any) -> int:
     """The cudaStream_t the caller's work on x is ordered on: use_stream()'s,
     torch's or CuPy's current stream, else the legacy default stream (0)."""
     override = getattr(_thread, "stream", None)
@@ -226,14 +248,12 @@ def _raw_stream(x: Any) -> int:
     return 0
 
 
-def _streams(x: Any) -> tuple[int, int]:
-    """(the value to pass to __dlpack__(stream=...), the cudaStream_t to use).
-    DLPack spells the legacy default stream 1, since 0 is disallowed there."""
-    raw = _raw_stream(x)
-    return (raw if raw != 0 else 1), raw
+def _dlpack_stream(raw: int) -> int:
+    """DLPack spells the legacy default stream 1, since 0 is disallowed there."""
+    return raw if raw != 0 else 1
 
 
-def _device_guard(x: Any) -> Any:
+def device_guard(x: Any) -> Any:
     """torch exports a CUDA tensor only while its device is current."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor) and x.is_cuda and \
@@ -242,7 +262,7 @@ def _device_guard(x: Any) -> Any:
     return contextlib.nullcontext()
 
 
-def _order_after(raw_stream: int, outs: Sequence[Any]) -> None:
+def order_after(stream: int, outs: Sequence[Any]) -> None:
     """At synchronize(): make torch's current stream wait for the stream the
     collective ran on, when they differ (a stream wait, not a host wait)."""
     torch = sys.modules.get("torch")
@@ -250,185 +270,66 @@ def _order_after(raw_stream: int, outs: Sequence[Any]) -> None:
         return
     device = outs[0].device
     current = torch.cuda.current_stream(device)
-    if int(current.cuda_stream) == raw_stream:
+    if int(current.cuda_stream) == stream:
         return
-    ran_on = (torch.cuda.default_stream(device) if raw_stream == 0
-              else torch.cuda.ExternalStream(raw_stream, device=device))
+    ran_on = (torch.cuda.default_stream(device) if stream == 0
+              else torch.cuda.ExternalStream(stream, device=device))
     current.wait_stream(ran_on)
 
 
-# ---- the request object behind a cring.Handle ---------------------------------------------------
-
-class _Enqueued:
-    """The raw handle of a GPU collective: complete once enqueued. wait()
-    raises NCCL's asynchronous error, if any, and drops the tensor views."""
-
-    __slots__ = ("name", "_slot", "_keep")
-
-    def __init__(self, name: str, slot: Optional[int], keep: list):
-        self.name = name
-        self._slot = slot
-        self._keep = keep
-
-    def done(self) -> bool:
-        return True
-
-    def wait(self) -> None:
-        self._keep = None
-        if self._slot is not None:
-            _gpu.check(self._slot)
+def ordered(stream: int, finish: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """finish, then order_after() on its result (a tensor or a list)."""
+    def run(h: Any) -> Any:
+        out = finish(h)
+        order_after(stream, out if isinstance(out, list) else [out])
+        return out
+    return run
 
 
-# ---- agreement ----------------------------------------------------------------------------------
+# ---- results and compression on the NCCL path --------------------------------------------------
 
-def _describe(view: tuple) -> list[int]:
-    """[dtype, ndim, rows, elements per row, shape hash] of a tensor view."""
-    shape, dtype = view[4], view[5]
-    rows = shape[0] if shape else 1
-    row_elems = math.prod(shape[1:])
-    return [_DTYPE_CODES[dtype], len(shape), rows, row_elems,
-            hash(tuple(shape[1:])) & 0x7FFFFFFFFFFFFFFF]
+class _DeviceResult:
+    """A CUDA allgather's result (device memory its handle owns) offered
+    through DLPack, for torch.from_dlpack or an Array-API from_dlpack."""
 
+    __slots__ = ("_capsule", "_device")
 
-def _agree(name: str, collective: int, op: int, root: int, scaled: bool, slot: int,
-           views: list, ready: bool) -> list[list[int]]:
-    """Exchange this call's descriptor with every rank (skipped at size 1) and
-    check it: a disagreement raises MismatchError on every rank. Returns every
-    rank's descriptor (rank 0's nonce is at index 8)."""
-    # a fresh nonce names the store key of a new communicator's NCCL id
-    nonce = int.from_bytes(os.urandom(8), "little") >> 2 if slot == _gpu.comm_count() else 0
-    header = [_MAGIC, collective, op, root, len(views), slot, int(ready), int(scaled), nonce]
-    if _api.size() == 1:
-        return [header]
-    mine = header + [v for view in views for v in _describe(view)]
-    label = f"tensor '{name}'"
-    try:
-        everyone = _gpu.exchange(name, mine)
-    except _api.MismatchError as error:  # a peer ran a CPU collective under this name
-        raise _api.MismatchError(f"{label}: this rank passed CUDA tensors, but not every rank "
-                                 f"did (or a rank called a different collective): {error}") \
-            from None
-    strangers = [r for r, d in enumerate(everyone) if len(d) < 9 or d[0] != _MAGIC]
-    if strangers:
-        raise _api.MismatchError(f"{label}: rank(s) {strangers} did not call a CUDA collective "
-                                 "under this name (a CPU tensor, or a different call order)")
-    unready = [r for r, d in enumerate(everyone) if not d[6]]
-    if unready and ready:
-        raise _api.CRingError(f"{label}: NCCL could not be loaded on rank(s) {unready} (see their "
-                              f"error); every rank needs NCCL, or set CRING_GPU_OPERATIONS=host "
-                              "on every rank")
-    fields = (("collective", 1), ("op", 2), ("root rank", 3), ("number of tensors", 4),
-              ("CUDA device slot", 5), ("scaling", 7))
-    for what, i in fields:
-        values = [d[i] for d in everyone]
-        if len(set(values)) > 1:
-            if what == "collective":
-                names = {_C.ALLREDUCE: "allreduce", _C.BROADCAST: "broadcast",
-                         _C.ALLGATHER: "allgather", _C.REDUCESCATTER: "reducescatter"}
-                values = [names.get(v, v) for v in values]
-            if what == "CUDA device slot":
-                raise _api.MismatchError(
-                    f"{label}: ranks disagree on when to start using a new CUDA device "
-                    f"(communicator slots {values}); each rank should use one device")
-            raise _api.MismatchError(f"{label}: ranks disagree on the {what}: " +
-                                     ", ".join(f"rank {r} {v}" for r, v in enumerate(values)))
-    gathers = collective == _C.ALLGATHER
-    for t in range(len(views)):
-        base = 9 + 5 * t
-        parts = [d[base:base + 5] for d in everyone]
-        dtypes = {p[0] for p in parts}
-        shapes = {(p[1], p[3], p[4]) if gathers else (p[1], p[2], p[3], p[4]) for p in parts}
-        if len(dtypes) > 1 or len(shapes) > 1:
-            dtype_names = {v: k for k, v in _DTYPE_CODES.items()}
-            detail = ", ".join(f"rank {r} {dtype_names.get(p[0], p[0])} with {p[2] * p[3]} "
-                               f"elements in {p[2]} rows" for r, p in enumerate(parts))
-            what = "dtype" if len(dtypes) > 1 else (
-                "trailing dimensions" if gathers else "shape")
-            where = f" (tensor {t} of the group)" if len(views) > 1 else ""
-            raise _api.MismatchError(f"{label}{where}: ranks disagree on the {what}: {detail}")
-    return everyone
+    def __init__(self, capsule: Any, device: int):
+        self._capsule = capsule
+        self._device = device
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
+        # ordering against the consumer's stream is order_after()'s job
+        capsule, self._capsule = self._capsule, None
+        return capsule
+
+    def __dlpack_device__(self) -> tuple:
+        return (_DL_CUDA, self._device)
 
 
-# ---- the NCCL path ------------------------------------------------------------------------------
-
-def _nccl_call(collective: int, name: str, tensors: list, *, in_place: bool, op: int = 0,
-               root: int = 0, scale: float = 1.0, grouped: bool) -> _api.Handle:
-    rank, size = _api.rank(), _api.size()
-    dl_stream, raw_stream = _streams(tensors[0])
-    problem = _nccl_problem()
-    writable = in_place and not (collective == _C.BROADCAST and rank == root)
-    with _device_guard(tensors[0]):
-        views = [_gpu.view(dlpack_source(x), dl_stream, writable, name) for x in tensors]
-    devices = sorted({v[3] for v in views})
-    if len(devices) > 1:
-        raise ValueError(f"tensor '{name}': every tensor of one call must be on the same CUDA "
-                         f"device, got cuda:{devices}")
-    device = devices[0]
-    if problem is not None and size == 1:
-        _raise_problem(name, device, problem)
-    reduces = collective in (_C.ALLREDUCE, _C.REDUCESCATTER)
-    for v in views:
-        if reduces and v[5] == "bool":
-            raise TypeError(f"tensor '{name}': op {_api.ReduceOp(op).name.lower()} cannot "
-                            "reduce dtype bool")
-        if scale != 1.0 and (v[5] not in _FLOATING or op not in (_api.Sum, _api.Average)):
-            raise NotImplementedError(
-                f"tensor '{name}': prescale_factor/postscale_factor on CUDA tensors apply to "
-                f"Sum and Average of floating-point tensors, not {v[5]}")
-    if collective == _C.REDUCESCATTER and any(len(v[4]) == 0 for v in views):
-        raise ValueError(f"tensor '{name}': reducescatter needs at least one dimension")
-    slot = _slots.get(device, len(_slots))
-    everyone = _agree(name, collective, op, root, scale != 1.0, slot, views, problem is None)
-    if problem is not None:
-        _raise_problem(name, device, problem)
-    if slot == _gpu.comm_count():
-        key = f"cring/gpu/nccl/{everyone[0][8]:x}/{slot}"
-        timeout_s = float(os.environ.get("CRING_TIMEOUT_SECONDS") or 600)
-        _gpu.comm_create(slot, device, rank, size, key, timeout_s)
-        _slots[device] = slot
-
-    outs: list = []
-    specs: list = []
-    keep: list = [v[0] for v in views]
-    for t, (x, v) in enumerate(zip(tensors, views)):
-        shape, dtype = v[4], v[5]
-        numel = math.prod(shape)
-        rank_counts = None
-        if collective == _C.ALLGATHER:
-            rows = ([d[9 + 5 * t + 2] for d in everyone] if size > 1
-                    else [shape[0] if shape else 1])
-            row_elems = math.prod(shape[1:])
-            rank_counts = [r * row_elems for r in rows]
-            out_shape = (sum(rows),) + tuple(shape[1:])
-        elif collective == _C.REDUCESCATTER:
-            n = shape[0]
-            rows = [n // size + (1 if r < n % size else 0) for r in range(size)]
-            row_elems = math.prod(shape[1:])
-            rank_counts = [r * row_elems for r in rows]
-            out_shape = (rows[rank],) + tuple(shape[1:])
-        else:
-            out_shape = tuple(shape)
-        if in_place and collective in (_C.ALLREDUCE, _C.BROADCAST):
-            out, recv_ptr = x, v[1]
-        else:
-            out = empty_like(x, out_shape, dtype)
-            with _device_guard(out):
-                out_view = _gpu.view(dlpack_source(out), dl_stream, True, name)
-            keep.append(out_view[0])
-            recv_ptr = out_view[1]
-        outs.append(out)
-        specs.append((v[1], recv_ptr, dtype, numel, rank_counts))
-    _gpu.collective(slot, collective, int(op), int(root), float(scale), raw_stream, name, specs)
-
-    def finish(h: Any) -> Any:
-        _order_after(raw_stream, outs)
-        return outs if grouped else outs[0]
-
-    return _api.Handle(_Enqueued(name, slot, keep), finish)
+def result_like(x: Any, handle: Any, index: int, shape: Sequence[int], dtype_name: str) -> Any:
+    """Result `index` of a completed CUDA allgather as a tensor of x's kind,
+    viewing the device memory the handle owns (it stays alive as long as the
+    result does): torch through torch.from_dlpack, other producers through
+    their Array-API namespace's from_dlpack."""
+    shape = tuple(int(d) for d in shape)
+    device = _device_index(x)
+    if not all(shape):
+        return empty_like(x, shape, dtype_name)
+    capsule = _gpu.output_capsule(handle, index, device, shape, dtype_name)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return torch.from_dlpack(capsule)
+    namespace = getattr(x, "__array_namespace__", None)
+    if namespace is None or not hasattr(namespace(), "from_dlpack"):
+        raise TypeError(f"cannot make a CUDA result of kind {type(x).__name__}: it has no "
+                        "Array-API namespace with from_dlpack")
+    return namespace().from_dlpack(_DeviceResult(capsule, device))
 
 
-def _torch_wire(tensors: list, wire: Optional[str]) -> Optional[Any]:
-    """The torch dtype to compress float32 CUDA tensors to, or None."""
+def wire_dtype(tensors: Sequence[Any], wire: Optional[str]) -> Optional[Any]:
+    """The torch dtype to cast float32 CUDA tensors to for compression, or None."""
     if wire is None:
         return None
     torch = sys.modules.get("torch")
@@ -438,82 +339,65 @@ def _torch_wire(tensors: list, wire: Optional[str]) -> Optional[Any]:
     return {"float16": torch.float16, "bfloat16": torch.bfloat16}[wire]
 
 
-def _nccl_allreduce(tensors: list, in_place: bool, op: int, name: str, compression: Any,
-                    scale: float, grouped: bool) -> _api.Handle:
-    wire = None
-    if compression is not None and compression is not _api.Compression.none:
-        wires = {_api._wire(compression, str(getattr(x, "dtype", "")).replace("torch.", ""))
-                 for x in tensors}
-        wire = _torch_wire(tensors, wires.pop() if len(wires) == 1 else None)
-    if wire is None:
-        return _nccl_call(_C.ALLREDUCE, name, tensors, in_place=in_place, op=op, scale=scale,
-                          grouped=grouped)
-    # float32 travels as float16/bfloat16: cast with torch, reduce, cast back at synchronize().
-    compressed = [x.detach().to(wire) for x in tensors]
-    inner = _nccl_call(_C.ALLREDUCE, name, compressed, in_place=True, op=op, scale=scale,
-                       grouped=True)
+def compressed(tensors: list, in_place: bool, wire: Any, grouped: bool,
+               reduce: Callable[[list], Any], wrap: Callable[[Any, Callable], Any],
+               wait: Callable[[Any], Any]) -> Any:
+    """float32 CUDA tensors travel as float16/bfloat16: cast with torch,
+    allreduce the casts in place (reduce(casts) -> handle), cast back at
+    synchronize(). wrap(inner, finish) makes the caller's handle; wait(inner)
+    synchronizes the inner one."""
+    casts = [x.detach().to(wire) for x in tensors]
+    inner = reduce(casts)
     outs = list(tensors) if in_place else [empty_like(x, tuple(x.shape), "float32")
                                            for x in tensors]
 
     def finish(h: Any) -> Any:
-        reduced = _api.synchronize(inner)
-        for out, c in zip(outs, reduced):
+        for out, c in zip(outs, wait(inner)):
             out.detach().copy_(c)
         return outs if grouped else outs[0]
 
-    return _api.Handle(inner._h, finish)
+    return wrap(inner, finish)
 
 
 # ---- the host-staged path -----------------------------------------------------------------------
+# submit(collective, name, pairs, finish, **options) -> Handle is cring._api._submit.
 
 def _stage_in(tensors: list, name: str) -> tuple[list, int, int]:
     _require_cudart(name)
-    dl_stream, raw_stream = _streams(tensors[0])
+    raw = raw_stream(tensors[0])
+    dl = _dlpack_stream(raw)
     staged = []
     for x in tensors:
-        with _device_guard(x):
-            staged.append(_gpu.stage_in(dlpack_source(x), dl_stream, raw_stream, name))
-    return staged, dl_stream, raw_stream
+        with device_guard(x):
+            staged.append(_gpu.stage_in(dlpack_source(x), dl, raw, name))
+    return staged, dl, raw
 
 
-def _stage_out(pinned: Any, out: Any, dl_stream: int, raw_stream: int, name: str) -> None:
-    with _device_guard(out):
-        _gpu.stage_out(pinned, dlpack_source(out), dl_stream, raw_stream, name)
+def _stage_out(pinned: Any, out: Any, dl: int, raw: int, name: str) -> None:
+    with device_guard(out):
+        _gpu.stage_out(pinned, dlpack_source(out), dl, raw, name)
 
 
-def _host_reduce_like(collective: int, tensors: list, in_place: bool, name: str, grouped: bool,
-                      caller_waits: bool, **submit: Any) -> _api.Handle:
-    """allreduce and broadcast: stage in, run in place on the pinned copies
-    through the engine, copy the results out at synchronize()."""
-    staged, dl_stream, raw_stream = _stage_in(tensors, name)
+def host_reduce_like(submit: Callable, collective: int, tensors: list, in_place: bool,
+                     name: str, grouped: bool, **options: Any) -> Any:
+    """allreduce and broadcast: stage in, run in place on the pinned copies as
+    CPU tensors, copy the results out at synchronize()."""
+    staged, dl, raw = _stage_in(tensors, name)
     outs = list(tensors) if in_place else [empty_like(x, s.shape, s.dtype)
                                            for x, s in zip(tensors, staged)]
     hold = [staged]
 
     def finish(h: Any) -> Any:
         for s, out in zip(hold.pop(), outs):
-            _stage_out(s, out, dl_stream, raw_stream, name)
+            _stage_out(s, out, dl, raw, name)
         return outs if grouped else outs[0]
 
-    return _api._submit(collective, name, [(s, s) for s in staged], finish,
-                        caller_waits=caller_waits, **submit)
+    return submit(collective, name, [(s, s) for s in staged], finish, **options)
 
 
-def _host_allreduce(tensors: list, in_place: bool, op: int, name: str, compression: Any,
-                    prescale: float, postscale: float, grouped: bool,
-                    caller_waits: bool) -> _api.Handle:
-    staged_dtypes = set()
-    for x in tensors:
-        dtype = str(getattr(x, "dtype", "")).replace("torch.", "")
-        staged_dtypes.add(_api._wire(compression, dtype))
-    wire = staged_dtypes.pop() if len(staged_dtypes) == 1 else None
-    return _host_reduce_like(_C.ALLREDUCE, tensors, in_place, name, grouped, caller_waits,
-                             op=op, prescale=prescale, postscale=postscale, wire=wire)
-
-
-def _host_allgather(tensors: list, name: str, grouped: bool, caller_waits: bool) -> _api.Handle:
-    staged, dl_stream, raw_stream = _stage_in(tensors, name)
-    size = _api.size()
+def host_allgather(submit: Callable, tensors: list, name: str, grouped: bool, size: int,
+                   **options: Any) -> Any:
+    staged, dl, raw = _stage_in(tensors, name)
 
     def finish(h: Any) -> Any:
         outs = []
@@ -523,101 +407,41 @@ def _host_allgather(tensors: list, name: str, grouped: bool, caller_waits: bool)
             pinned = _gpu.pinned(shape, s.dtype)
             h.copy_output(i, pinned)
             out = empty_like(x, shape, s.dtype)
-            _stage_out(pinned, out, dl_stream, raw_stream, name)
+            _stage_out(pinned, out, dl, raw, name)
             outs.append(out)
         staged.clear()
         return outs if grouped else outs[0]
 
-    return _api._submit(_C.ALLGATHER, name, [(s, None) for s in staged], finish,
-                        caller_waits=caller_waits)
+    return submit(_C.ALLGATHER, name, [(s, None) for s in staged], finish, **options)
 
 
-def _host_reducescatter(tensors: list, op: int, name: str, grouped: bool, prescale: float,
-                        postscale: float, caller_waits: bool) -> _api.Handle:
-    staged, dl_stream, raw_stream = _stage_in(tensors, name)
-    p, r = _api.size(), _api.rank()
+def host_reducescatter(submit: Callable, tensors: list, name: str, grouped: bool, size: int,
+                       rank: int, **options: Any) -> Any:
+    staged, dl, raw = _stage_in(tensors, name)
     pinned_outs = []
     for s in staged:
         if not s.shape:
             raise ValueError(f"tensor '{name}': reducescatter needs at least one dimension")
         n = s.shape[0]
-        rows = n // p + (1 if r < n % p else 0)
+        rows = n // size + (1 if rank < n % size else 0)
         pinned_outs.append(_gpu.pinned((rows,) + tuple(s.shape[1:]), s.dtype))
 
     def finish(h: Any) -> Any:
         outs = []
         for x, pinned in zip(tensors, pinned_outs):
             out = empty_like(x, pinned.shape, pinned.dtype)
-            _stage_out(pinned, out, dl_stream, raw_stream, name)
+            _stage_out(pinned, out, dl, raw, name)
             outs.append(out)
         staged.clear()
         return outs if grouped else outs[0]
 
-    return _api._submit(_C.REDUCESCATTER, name, list(zip(staged, pinned_outs)), finish, op=op,
-                        prescale=prescale, postscale=postscale, caller_waits=caller_waits)
-
-
-# ---- entry points (called by cring._api for CUDA tensors) ---------------------------------------
-
-def allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compression: Any,
-                    prescale_factor: float, postscale_factor: float, grouped: bool,
-                    caller_waits: bool) -> _api.Handle:
-    _api._require_init()
-    op = _api._op(op)
-    tensors = _same_device(tensors, name)
-    with _lock:
-        if _mode() == "host":
-            return _host_allreduce(list(tensors), in_place, op, name, compression,
-                                   prescale_factor, postscale_factor, grouped, caller_waits)
-        scale = float(prescale_factor) * float(postscale_factor)
-        return _nccl_allreduce(list(tensors), in_place, op, name, compression, scale, grouped)
-
-
-def broadcast_async(tensor: Any, root: int, name: str, in_place: bool,
-                    caller_waits: bool) -> _api.Handle:
-    _api._require_init()
-    with _lock:
-        if _mode() == "host":
-            return _host_reduce_like(_C.BROADCAST, [tensor], in_place, name, False,
-                                     caller_waits, root=root)
-        return _nccl_call(_C.BROADCAST, name, [tensor], in_place=in_place, root=root,
-                          grouped=False)
-
-
-def allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> _api.Handle:
-    _api._require_init()
-    tensors = _same_device(tensors, name)
-    with _lock:
-        if _mode() == "host":
-            return _host_allgather(list(tensors), name, grouped, caller_waits)
-        return _nccl_call(_C.ALLGATHER, name, list(tensors), in_place=False, grouped=grouped)
-
-
-def reducescatter_async(tensors: list, op: Any, name: str, grouped: bool, prescale_factor: float,
-                        postscale_factor: float, caller_waits: bool) -> _api.Handle:
-    _api._require_init()
-    op = _api._op(op)
-    tensors = _same_device(tensors, name)
-    with _lock:
-        if _mode() == "host":
-            return _host_reducescatter(list(tensors), op, name, grouped, prescale_factor,
-                                       postscale_factor, caller_waits)
-        scale = float(prescale_factor) * float(postscale_factor)
-        return _nccl_call(_C.REDUCESCATTER, name, list(tensors), in_place=False, op=op,
-                          scale=scale, grouped=grouped)
-
-
-def shutdown() -> None:
-    """Destroy this init's NCCL communicators (called by cring.shutdown())."""
-    with _lock:
-        _slots.clear()
-        if _loaded.get("nccl", (False,))[0]:
-            _gpu.comms_destroy()
+    return submit(_C.REDUCESCATTER, name, list(zip(staged, pinned_outs)), finish, **options)
 
 
 def stats() -> dict:
     """Counters of the GPU layer: NCCL communicators created, groups and NCCL
-    calls enqueued, bytes staged through host memory, pinned allocations."""
+    calls enqueued, bytes staged through host memory, pinned and device
+    allocations."""
     return dict(_gpu.stats())
 
 

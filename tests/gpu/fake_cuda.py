@@ -40,16 +40,36 @@ class _DLManagedTensor(ctypes.Structure):
 _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 _CODES = {"i": 0, "u": 1, "f": 2, "b": 6}
+_KINDS = {0: "i", 1: "u", 2: "f"}
 
 
 class _Namespace:
-    """Just enough of an Array-API namespace for cring to make outputs."""
+    """Just enough of an Array-API namespace for cring to make outputs and to
+    take results it hands over through DLPack (engine-owned "device" memory)."""
 
     @staticmethod
     def empty(shape: Any, dtype: Any = None, device: Any = None) -> "FakeCudaTensor":
         return FakeCudaTensor(np.empty(shape, dtype=dtype), device=device or 0)
+
+    @staticmethod
+    def from_dlpack(x: Any) -> "FakeCudaTensor":
+        device_type, device = x.__dlpack_device__()
+        assert device_type == KDL_CUDA, device_type
+        capsule = x.__dlpack__()
+        t = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor")).dl_tensor
+        shape = tuple(t.shape[i] for i in range(t.ndim))
+        dtype = np.dtype(np.bool_) if t.dtype.code == 6 else \
+            np.dtype(f"{_KINDS[t.dtype.code]}{t.dtype.bits // 8}")
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        memory = (ctypes.c_char * nbytes).from_address(t.data + t.byte_offset)
+        out = FakeCudaTensor(np.frombuffer(memory, dtype=dtype).reshape(shape), device=device)
+        out._exports.append(capsule)  # its deleter (at collection) releases the memory's owner
+        return out
 
 
 class FakeCudaTensor:

@@ -101,7 +101,7 @@ def main() -> None:
     assert seen and all(v == 0x1234 + r for v in seen), seen
     close(st.array, np.full(4, float(p)), "streamed allreduce")
 
-    mismatch = None
+    mismatch, any_order = None, 0
     if mode == "nccl" and p > 1:
         # ranks disagree on the shape: MismatchError everywhere, then all is well
         try:
@@ -117,11 +117,22 @@ def main() -> None:
         after = F(np.ones(2, np.float32))
         cring.allreduce_(after, op=cring.Sum, name="after_mismatch")
         close(after.array, np.full(2, float(p)), "allreduce after a mismatch")
+        # any submission order: the engine negotiates CUDA requests by name
+        # (the Python path before it needed every rank to issue the same order)
+        names = [f"order{k}" for k in range(6)]
+        xs = {n: F(np.full(3, float(k + r), np.float32)) for k, n in enumerate(names)}
+        order = names if r % 2 == 0 else names[::-1]
+        handles = {n: cring.allreduce_async_(xs[n], op=cring.Sum, name=n) for n in order}
+        for k, n in enumerate(names):
+            assert cring.synchronize(handles[n]) is xs[n]
+            close(xs[n].array, np.full(3, float(k * p + p * (p - 1) // 2)), n)
+        any_order = len(names)
 
     stats = _gpu.stats()
     cring.shutdown()
     with open(outdir / f"rank{r}.json", "w") as f:
         json.dump({"rank": r, "size": p, "stats": stats, "mismatch": mismatch,
+                   "any_order": any_order,
                    "nccl": _gpu.nccl_info(), "default_streams": [s_ for label, s_ in
                                                                  F.streams_seen if label is None][:3]},
                   f)

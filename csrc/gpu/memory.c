@@ -1,7 +1,9 @@
-/* staging.c: pinned host buffers (cached, since cudaHostAlloc/cudaFreeHost
- * are slow and cudaFreeHost may wait for the device) and the stream-ordered
- * copies that move tensors between device and host for the CPU transports.
- * The only waits are cudaStreamSynchronize on the caller's stream. */
+/* memory.c: the GPU layer's memory: pinned host buffers (cached, since
+ * cudaHostAlloc/cudaFreeHost are slow and cudaFreeHost may wait for the
+ * device), device buffers for results the engine allocates, and the
+ * stream-ordered copies (host staging for the CPU transports, device to device
+ * for results). The only waits are cudaStreamSynchronize on the caller's
+ * stream and the one cudaFree implies. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +98,62 @@ cring_status_t cring__gpu_copy_sync(cring__gpu_t *g, void *dst, const void *src,
     pthread_mutex_lock(&g->mu);
     g->stats.staged_bytes += bytes;
     pthread_mutex_unlock(&g->mu);
+    return CRING_OK;
+}
+
+/* ---- device memory ---- */
+cring_status_t cring__gpu_device_alloc(cring__gpu_t *g, int device, size_t bytes, void **ptr_out,
+                                       cring__errmsg_t *err) {
+    *ptr_out = NULL;
+    if (bytes == 0) return CRING_OK;
+    if (!cring__gpu_has_cudart(g))
+        return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "the CUDA runtime is not loaded");
+    int previous = -1;
+    if (g->cudart.GetDevice(&previous) != CRING_CUDA_SUCCESS) previous = -1;
+    cudaError_t e = previous == device ? CRING_CUDA_SUCCESS : g->cudart.SetDevice(device);
+    if (e != CRING_CUDA_SUCCESS)
+        return cring__fail(err, CRING_ERR_SYSTEM, "cudaSetDevice(%d): %s", device,
+                           cring__gpu_cuda_error(g, e));
+    void *p = NULL;
+    e = g->cudart.Malloc(&p, bytes);
+    if (previous >= 0 && previous != device) g->cudart.SetDevice(previous);
+    if (e != CRING_CUDA_SUCCESS || !p)
+        return cring__fail(err, CRING_ERR_NO_MEMORY, "cudaMalloc of %zu bytes on cuda:%d: %s",
+                           bytes, device, cring__gpu_cuda_error(g, e));
+    pthread_mutex_lock(&g->mu);
+    g->stats.device_allocs++;
+    pthread_mutex_unlock(&g->mu);
+    *ptr_out = p;
+    return CRING_OK;
+}
+
+void cring__gpu_device_free(cring__gpu_t *g, void *ptr) {
+    if (ptr && cring__gpu_has_cudart(g)) g->cudart.Free(ptr);
+}
+
+cring_status_t cring__gpu_zero_async(cring__gpu_t *g, void *ptr, size_t bytes, void *stream,
+                                     cring__errmsg_t *err) {
+    if (!bytes) return CRING_OK;
+    if (!cring__gpu_has_cudart(g))
+        return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "the CUDA runtime is not loaded");
+    cudaError_t e = g->cudart.MemsetAsync(ptr, 0, bytes, stream);
+    if (e != CRING_CUDA_SUCCESS)
+        return cring__fail(err, CRING_ERR_SYSTEM, "cudaMemsetAsync of %zu bytes: %s", bytes,
+                           cring__gpu_cuda_error(g, e));
+    return CRING_OK;
+}
+
+cring_status_t cring__gpu_copy_device(cring__gpu_t *g, void *dst, const void *src, size_t bytes,
+                                      void *stream, cring__errmsg_t *err) {
+    if (!bytes) return CRING_OK;
+    if (!cring__gpu_has_cudart(g))
+        return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "the CUDA runtime is not loaded");
+    cudaError_t e = g->cudart.MemcpyAsync(dst, src, bytes, CRING_CUDA_MEMCPY_DEVICE_TO_DEVICE,
+                                          stream);
+    if (e != CRING_CUDA_SUCCESS)
+        return cring__fail(err, CRING_ERR_SYSTEM,
+                           "cudaMemcpyAsync (device to device, %zu bytes): %s", bytes,
+                           cring__gpu_cuda_error(g, e));
     return CRING_OK;
 }
 

@@ -1,0 +1,261 @@
+/* test_engine_cuda.c: CUDA requests through the engine and its NCCL backend
+ * (exec_cuda.c), against the test doubles libfake_nccl.so and
+ * libfake_cudart.so ("device memory" is host memory), at world sizes 1, 2 and
+ * 3. Ranks submit in different orders; many allreduces and a group reach NCCL
+ * as grouped calls; broadcast, allgather with unequal first dimensions (its
+ * result in engine-allocated device memory), reducescatter and scaled
+ * averages give exact values; CPU on one rank and CUDA on another under one
+ * name is a mismatch on every rank; a joined rank takes part with zeros;
+ * the engine's stop destroys the communicator. The fake NCCL matches calls by
+ * their order on each rank, so a wrong order shows as wrong values or a
+ * time-out. */
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cring/cring.h"
+#include "gpu/gpu.h"
+#include "testutil.h"
+
+#define MANY 40
+
+static char fake_nccl[PATH_MAX], fake_cudart[PATH_MAX];
+
+static void find_fakes(void) {
+    char exe[PATH_MAX - 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    CHECK(n > 0);
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    CHECK(slash != NULL);
+    *slash = '\0';
+    snprintf(fake_nccl, sizeof fake_nccl, "%s/libfake_nccl.so", exe);
+    snprintf(fake_cudart, sizeof fake_cudart, "%s/libfake_cudart.so", exe);
+    CHECK(access(fake_nccl, R_OK) == 0);
+    CHECK(access(fake_cudart, R_OK) == 0);
+}
+
+static void *stream_of(int rank) { return (void *)(uintptr_t)(0x1000 + rank); }
+
+/* Submit a request of ntensors 1-d or 2-d tensors on cuda:0 (or the CPU). */
+static cring_handle_t *submit(cring_engine_t *e, const char *name, cring_collective_t coll,
+                              cring_op_t op, int root, const cring_tensor_t *ts, int nt,
+                              cring_device_type_t type, int rank) {
+    cring_request_t q = {.name = name, .collective = coll, .op = op, .root = root,
+                         .prescale = 1, .postscale = 1, .compression = CRING_DTYPE_COUNT,
+                         .ntensors = nt, .tensors = ts,
+                         .device = {.type = type, .id = 0,
+                                    .stream = type == CRING_DEVICE_CUDA ? stream_of(rank) : NULL}};
+    cring_handle_t *h = NULL;
+    cring_status_t st = cring_engine_submit(e, &q, &h);
+    if (st != CRING_OK) {
+        fprintf(stderr, "submit %s: %s\n", name, cring_engine_error_message());
+        exit(1);
+    }
+    return h;
+}
+
+static void run_rank(int rank, int size, int port, int unused) {
+    alarm(120);
+    cring_config_t cfg = testutil_config(rank, size, port, CRING_TRANSPORT_AUTO, 60);
+    char job[32];
+    snprintf(job, sizeof job, "engine-cuda-%d", size);
+    cfg.job_key = job;
+    cring_comm_t *comm;
+    CHECK_OK(cring_comm_init(&cfg, &comm));
+    cring_engine_t *e;
+    CHECK_OK(cring_engine_start(comm, &e));
+    cring__gpu_t *g = cring__gpu_global();
+    CHECK(g != NULL);
+    const int S = size;
+
+    /* 1. Many allreduces, submitted in a different order on every rank. */
+    static float many[MANY][5];
+    static int64_t dims5 = 5;
+    cring_tensor_t mt[MANY];
+    cring_handle_t *mh[MANY];
+    for (int k = 0; k < MANY; k++) {
+        int i = rank == 1 ? MANY - 1 - k : (k + 13 * rank) % MANY; /* an order per rank */
+        char name[32];
+        snprintf(name, sizeof name, "many%d", i);
+        for (int j = 0; j < 5; j++) many[i][j] = (float)(rank * 100 + i + j);
+        mt[i] = (cring_tensor_t){.send = many[i], .recv = many[i], .dtype = CRING_FLOAT32,
+                                 .ndim = 1, .shape = &dims5};
+        mh[i] = submit(e, name, CRING_COLL_ALLREDUCE, CRING_SUM, 0, &mt[i], 1, CRING_DEVICE_CUDA,
+                       rank);
+    }
+    for (int i = 0; i < MANY; i++) {
+        CHECK_OK(cring_handle_wait(mh[i]));
+        for (int j = 0; j < 5; j++)
+            CHECK(many[i][j] == (float)(100 * S * (S - 1) / 2 + S * (i + j)));
+        cring_handle_free(mh[i]);
+    }
+    cring__gpu_stats_t st1;
+    cring__gpu_get_stats(g, &st1);
+    CHECK(st1.communicators == 1);
+    CHECK(st1.nccl_calls == MANY);
+    if (S > 1) CHECK(st1.groups < MANY); /* ready requests of one key: one NCCL group */
+
+    /* 2. A group of three (0, 1 and 1001 elements) and a scaled average, in
+     * opposite orders on odd ranks. */
+    float a0[1], a1[1] = {(float)rank + 1}, a2[1001], sc[7];
+    int64_t d0 = 0, d1 = 1, d2 = 1001, d7 = 7;
+    for (int i = 0; i < 1001; i++) a2[i] = (float)(rank * 3 + i % 11);
+    for (int i = 0; i < 7; i++) sc[i] = (float)(rank + i);
+    cring_tensor_t grp[3] = {{a0, a0, CRING_FLOAT32, 1, &d0},
+                             {a1, a1, CRING_FLOAT32, 1, &d1},
+                             {a2, a2, CRING_FLOAT32, 1, &d2}};
+    cring_tensor_t sct = {sc, sc, CRING_FLOAT32, 1, &d7};
+    cring_request_t scaled = {.name = "scaled", .collective = CRING_COLL_ALLREDUCE,
+                              .op = CRING_AVERAGE, .prescale = 0.5, .postscale = 2.0,
+                              .compression = CRING_DTYPE_COUNT, .ntensors = 1, .tensors = &sct,
+                              .device = {CRING_DEVICE_CUDA, 0, stream_of(rank)}};
+    cring_handle_t *gh = NULL, *sh = NULL;
+    if (rank % 2) CHECK_OK(cring_engine_submit(e, &scaled, &sh));
+    gh = submit(e, "group", CRING_COLL_ALLREDUCE, CRING_SUM, 0, grp, 3, CRING_DEVICE_CUDA, rank);
+    if (rank % 2 == 0) CHECK_OK(cring_engine_submit(e, &scaled, &sh));
+    CHECK_OK(cring_handle_wait(gh));
+    CHECK_OK(cring_handle_wait(sh));
+    CHECK(a1[0] == (float)(S * (S + 1) / 2));
+    for (int i = 0; i < 1001; i++) CHECK(a2[i] == (float)(3 * S * (S - 1) / 2 + S * (i % 11)));
+    for (int i = 0; i < 7; i++) /* average of rank + i, times 0.5 * 2 */
+        CHECK(sc[i] == (float)((S - 1) / 2.0 + i));
+    cring_handle_free(gh);
+    cring_handle_free(sh);
+
+    /* 3. Broadcast from the last rank, out of place, two tensors; and a CPU
+     * allreduce beside it (the CPU backend and NCCL in one round). */
+    double bs[9], br[9];
+    int32_t bi[4] = {rank, rank, rank, rank}, cpu[3] = {rank, 1, 2};
+    int64_t d9 = 9, d4 = 4, d3 = 3;
+    for (int i = 0; i < 9; i++) {
+        bs[i] = rank * 100.0 + i;
+        br[i] = -1;
+    }
+    cring_tensor_t bt[2] = {{bs, br, CRING_FLOAT64, 1, &d9}, {bi, bi, CRING_INT32, 1, &d4}};
+    cring_tensor_t ct = {cpu, cpu, CRING_INT32, 1, &d3};
+    cring_handle_t *cpuh = submit(e, "cpu", CRING_COLL_ALLREDUCE, CRING_SUM, 0, &ct, 1,
+                                  CRING_DEVICE_CPU, rank);
+    cring_handle_t *bh = submit(e, "bcast", CRING_COLL_BROADCAST, CRING_SUM, S - 1, bt, 2,
+                                CRING_DEVICE_CUDA, rank);
+    CHECK_OK(cring_handle_wait(bh));
+    CHECK_OK(cring_handle_wait(cpuh));
+    for (int i = 0; i < 9; i++) CHECK(br[i] == (S - 1) * 100.0 + i);
+    for (int i = 0; i < 4; i++) CHECK(bi[i] == S - 1);
+    CHECK(cpu[0] == S * (S - 1) / 2 && cpu[1] == S && cpu[2] == 2 * S);
+    cring_handle_free(bh);
+    cring_handle_free(cpuh);
+
+    /* 4. Allgather: rank r sends r + 1 rows of 3; the result is device memory
+     * the handle owns. Submitted after a reducescatter on odd ranks, before
+     * it on even ones. */
+    int64_t gsend[8 * 3], gshape[2] = {rank + 1, 3};
+    for (int i = 0; i < (rank + 1) * 3; i++) gsend[i] = rank * 1000 + i;
+    cring_tensor_t gt = {gsend, NULL, CRING_INT64, 2, gshape};
+    float rsend[14], rrecv[6];
+    int64_t rshape[2] = {7, 2};
+    for (int i = 0; i < 14; i++) rsend[i] = (float)(i * (rank + 1));
+    cring_tensor_t rt = {rsend, rrecv, CRING_FLOAT32, 2, rshape};
+    cring_handle_t *agh = NULL, *rsh = NULL;
+    if (rank % 2)
+        rsh = submit(e, "rs", CRING_COLL_REDUCESCATTER, CRING_SUM, 0, &rt, 1, CRING_DEVICE_CUDA,
+                     rank);
+    agh = submit(e, "gather", CRING_COLL_ALLGATHER, CRING_SUM, 0, &gt, 1, CRING_DEVICE_CUDA, rank);
+    if (rank % 2 == 0)
+        rsh = submit(e, "rs", CRING_COLL_REDUCESCATTER, CRING_SUM, 0, &rt, 1, CRING_DEVICE_CUDA,
+                     rank);
+    CHECK_OK(cring_handle_wait(agh));
+    CHECK_OK(cring_handle_wait(rsh));
+    size_t bytes = 0;
+    const int64_t *first = NULL;
+    const int64_t *all = cring_handle_output(agh, 0, &bytes, &first);
+    CHECK(all != NULL && first != NULL);
+    CHECK(bytes == (size_t)(S * (S + 1) / 2) * 3 * sizeof(int64_t));
+    size_t at = 0;
+    for (int q = 0; q < S; q++) {
+        CHECK(first[q] == q + 1);
+        for (int i = 0; i < (q + 1) * 3; i++) CHECK(all[at++] == q * 1000 + i);
+    }
+    cring_handle_free(agh); /* frees the device result through the backend */
+    int rows = 7 / S + (rank < 7 % S), start = 0;
+    for (int q = 0; q < rank; q++) start += 7 / S + (q < 7 % S);
+    for (int i = 0; i < rows * 2; i++)
+        CHECK(rrecv[i] == (float)((start * 2 + i) * S * (S + 1) / 2));
+    cring_handle_free(rsh);
+
+    /* 5. CUDA on rank 0, CPU elsewhere, under one name: a mismatch on every
+     * rank (no NCCL call is made), and the next CUDA request runs. */
+    if (S > 1) {
+        float mx[3] = {1, 2, 3};
+        int64_t m3 = 3;
+        cring_tensor_t mxt = {mx, mx, CRING_FLOAT32, 1, &m3};
+        cring__gpu_get_stats(g, &st1);
+        cring_handle_t *mh1 = submit(e, "mixed", CRING_COLL_ALLREDUCE, CRING_SUM, 0, &mxt, 1,
+                                     rank == 0 ? CRING_DEVICE_CUDA : CRING_DEVICE_CPU, rank);
+        CHECK(cring_handle_wait(mh1) == CRING_ERR_MISMATCH);
+        CHECK(strstr(cring_handle_error(mh1), "cuda") != NULL);
+        cring_handle_free(mh1);
+        cring__gpu_stats_t st2;
+        cring__gpu_get_stats(g, &st2);
+        CHECK(st2.nccl_calls == st1.nccl_calls);
+        cring_handle_t *after = submit(e, "after", CRING_COLL_ALLREDUCE, CRING_SUM, 0, &mxt, 1,
+                                       CRING_DEVICE_CUDA, rank);
+        CHECK_OK(cring_handle_wait(after));
+        CHECK(mx[0] == (float)S && mx[2] == 3.0f * (float)S);
+        cring_handle_free(after);
+    }
+
+    /* 6. Alltoall of CUDA tensors is refused on every rank, and nothing breaks. */
+    int32_t a2a[4 * 8];
+    int64_t a2shape = 2 * S;
+    cring_tensor_t a2t = {a2a, NULL, CRING_INT32, 1, &a2shape};
+    cring_handle_t *a2h = submit(e, "a2a", CRING_COLL_ALLTOALL, CRING_SUM, 0, &a2t, 1,
+                                 CRING_DEVICE_CUDA, rank);
+    CHECK(cring_handle_wait(a2h) == CRING_ERR_NOT_SUPPORTED);
+    CHECK(strstr(cring_handle_error(a2h), "CRING_GPU_OPERATIONS=host") != NULL);
+    cring_handle_free(a2h);
+
+    /* 7. The last rank joins: the others' CUDA allreduces run with zeros (in
+     * device memory) as its part. */
+    if (S > 1) {
+        cring_request_t jq = {.name = "join", .collective = CRING_COLL_JOIN,
+                              .compression = CRING_DTYPE_COUNT};
+        cring_handle_t *jh = NULL;
+        if (rank == S - 1) {
+            CHECK_OK(cring_engine_submit(e, &jq, &jh));
+            CHECK_OK(cring_handle_wait(jh));
+        } else {
+            float jx[6];
+            int64_t j6 = 6;
+            for (int i = 0; i < 6; i++) jx[i] = (float)(rank + i);
+            cring_tensor_t jt = {jx, jx, CRING_FLOAT32, 1, &j6};
+            cring_handle_t *h = submit(e, "while_joined", CRING_COLL_ALLREDUCE, CRING_SUM, 0, &jt,
+                                       1, CRING_DEVICE_CUDA, rank);
+            CHECK_OK(cring_handle_wait(h));
+            for (int i = 0; i < 6; i++) /* ranks 0 .. S-2 */
+                CHECK(jx[i] == (float)((S - 1) * (S - 2) / 2 + (S - 1) * i));
+            cring_handle_free(h);
+            CHECK_OK(cring_engine_submit(e, &jq, &jh));
+            CHECK_OK(cring_handle_wait(jh));
+        }
+        cring_handle_free(jh);
+    }
+
+    cring__gpu_get_stats(g, &st1);
+    CHECK(st1.communicators == 1);
+    cring_engine_stop(e);
+    CHECK(cring__gpu_comm_count(g) == 0); /* the engine's stop destroyed it */
+    exit(0);
+}
+
+int main(void) {
+    find_fakes();
+    setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
+    setenv("CRING_CUDART_LIBRARY", fake_cudart, 1);
+    for (int size = 1; size <= 3; size++) testutil_run_world(size, run_rank, 0, "engine on cuda");
+    TEST_DONE("test_engine_cuda");
+    return 0;
+}
