@@ -155,7 +155,7 @@ static void run_rank(int rank, int size, int port, int unused) {
     int64_t gsend[8 * 3], gshape[2] = {rank + 1, 3};
     for (int i = 0; i < (rank + 1) * 3; i++) gsend[i] = rank * 1000 + i;
     cring_tensor_t gt = {gsend, NULL, CRING_INT64, 2, gshape};
-    float rsend[14], rrecv[6];
+    float rsend[14], rrecv[14]; /* rank 0 of 1 receives all 7 rows */
     int64_t rshape[2] = {7, 2};
     for (int i = 0; i < 14; i++) rsend[i] = (float)(i * (rank + 1));
     cring_tensor_t rt = {rsend, rrecv, CRING_FLOAT32, 2, rshape};
