@@ -1,13 +1,9 @@
-"""horovod.torch's collective API on cring's engine: the same names,
-signatures, defaults and semantics, so that `import cring.torch as hvd` is the
-one line a Horovod script changes.
-
-Thin: it translates Horovod's arguments (the deprecated `average=`,
-`process_set=`, Horovod's compressor classes), adds autograd functions with
-Horovod's gradients and turns communication failures into
-HorovodInternalError. Every collective runs through cring's engine
-(cring._api); nothing here communicates on its own. Must not import anything
-but torch, numpy and cring.
+"""cring.torch's collectives, as horovod.torch names them: allreduce,
+allgather, broadcast, reducescatter, alltoall (plain, async, in-place,
+grouped), join, barrier, poll/synchronize and the object collectives. Each
+translates Horovod's arguments (`average=`, `process_set=`, compressors),
+picks the autograd Function when a gradient is wanted and calls cring's
+engine through _run; nothing here communicates on its own.
 """
 
 from __future__ import annotations
@@ -15,315 +11,35 @@ from __future__ import annotations
 import io
 import pickle
 import warnings
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import torch
 
 import cring
 from cring import _core
-from cring import elastic as _elastic
 
-# ---- reduction ops (Horovod's numbering; cring uses the same values) -----------------------------
-
-ReduceOp = cring.ReduceOp
-Average = cring.Average
-Sum = cring.Sum
-Adasum = cring.Adasum
-Min = cring.Min
-Max = cring.Max
-Product = cring.Product
-
-# ---- errors --------------------------------------------------------------------------------------
-
-
-class HorovodInternalError(cring.CRingError):
-    """A collective failed because of the communicator (a peer died or timed
-    out, a stall was shut down): as in Horovod, shutdown() and init() again
-    (elastic training catches this and restores its state). The cring error
-    it replaces is its __cause__. Ranks that disagree (cring.MismatchError)
-    and bad arguments (TypeError, ValueError) are raised unchanged."""
-
-
-class PeerFailureInternalError(HorovodInternalError, cring.PeerFailureError):
-    """A peer died or closed its connection: both a HorovodInternalError and a
-    cring.PeerFailureError."""
-
-
-class TimeoutInternalError(HorovodInternalError, cring.TimeoutError):
-    """A peer did not arrive in time (or a stall was shut down): both a
-    HorovodInternalError and a cring.TimeoutError."""
-
-
-# Horovod's elastic signal that the set of workers changed (cring.elastic raises it).
-HostsUpdatedInterrupt = _elastic.HostsUpdatedInterrupt
-
-
-_PASS_THROUGH = (cring.MismatchError, cring.NotInitializedError, HorovodInternalError)
-
-
-def _internal_error(error: BaseException) -> Optional[BaseException]:
-    """The HorovodInternalError that replaces a cring error, or None when the
-    error is raised unchanged (mismatches, not initialised, argument errors)."""
-    if not isinstance(error, cring.CRingError) or isinstance(error, _PASS_THROUGH):
-        return None
-    if isinstance(error, cring.PeerFailureError):
-        return PeerFailureInternalError(str(error))
-    if isinstance(error, cring.TimeoutError):
-        return TimeoutInternalError(str(error))
-    return HorovodInternalError(str(error))
-
-
-def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call a cring function, raising communication failures as HorovodInternalError."""
-    try:
-        return fn(*args, **kwargs)
-    except cring.CRingError as error:
-        wrapped = _internal_error(error)
-        if wrapped is None:
-            raise
-        raise wrapped from error
-
-
-# ---- basics --------------------------------------------------------------------------------------
-
-
-class ProcessSet:
-    """Horovod's handle for a subset of ranks. cring runs every collective on
-    all ranks, so the only usable set is `global_process_set`; passing any
-    other raises NotImplementedError."""
-
-    def __init__(self, ranks_or_comm: Any = None):
-        self._ranks = None if ranks_or_comm is None else list(ranks_or_comm)
-        self.process_set_id = 0 if ranks_or_comm is None else None
-
-    @property
-    def ranks(self) -> list:
-        return list(range(cring.size())) if self._ranks is None else list(self._ranks)
-
-    def size(self) -> int:
-        return cring.size() if self._ranks is None else len(self._ranks)
-
-    def rank(self) -> int:
-        return cring.rank() if self._ranks is None else self._ranks.index(cring.rank())
-
-    def included(self) -> bool:
-        return True if self._ranks is None else cring.rank() in self._ranks
-
-    def __repr__(self) -> str:
-        return "ProcessSet(global)" if self is global_process_set else f"ProcessSet({self._ranks})"
-
-
-global_process_set = ProcessSet()
-
-_NO_PROCESS_SETS = ("process sets are not supported yet: cring runs every collective on all "
-                    "ranks; use process_set=global_process_set (the default)")
-
-
-def _check_process_set(process_set: Any) -> None:
-    if process_set is not global_process_set:
-        raise NotImplementedError(f"{_NO_PROCESS_SETS} (got {process_set!r})")
-
-
-def add_process_set(process_set: Any) -> ProcessSet:
-    """Not supported: cring has no process sets yet."""
-    raise NotImplementedError(_NO_PROCESS_SETS)
-
-
-def remove_process_set(process_set: Any) -> bool:
-    """Not supported: cring has no process sets yet."""
-    raise NotImplementedError(_NO_PROCESS_SETS)
-
-
-def init(comm: Any = None, process_sets: Any = None, *, rank: Optional[int] = None,
-         size: Optional[int] = None, addr: Optional[str] = None, port: Optional[int] = None,
-         secret: Optional[str] = None, transport: Optional[str] = None,
-         timeout_s: Optional[float] = None) -> None:
-    """Join the job (Horovod's hvd.init()). Rank, size and the rendezvous come
-    from the environment (HOROVOD_RANK/HOROVOD_SIZE, torchrun, mpirun, SLURM,
-    cringrun) or from cring.init()'s keyword arguments. A second call while
-    initialised does nothing. `comm` (an MPI communicator or a list of ranks)
-    and `process_sets` are not supported: cring always uses every rank."""
-    if comm is not None:
-        raise NotImplementedError("init(comm=...) is not supported: cring does not run on MPI "
-                                  "communicators or subsets of ranks; every process of the job "
-                                  "takes part")
-    if process_sets:
-        raise NotImplementedError(f"init(process_sets=...): {_NO_PROCESS_SETS}")
-    cring.init(rank=rank, size=size, addr=addr, port=port, secret=secret, transport=transport,
-               timeout_s=timeout_s)
-
-
-shutdown = cring.shutdown
-is_initialized = cring.is_initialized
-rank = cring.rank
-size = cring.size
-local_rank = cring.local_rank
-local_size = cring.local_size
-cross_rank = cring.cross_rank
-cross_size = cring.cross_size
-
-
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Write a Chrome-trace timeline from now on (cring writes one file per
-    rank: trace.json becomes trace.<rank>.json). `mark_cycles` is accepted and
-    ignored."""
-    cring.start_timeline(file_path)
-
-
-def stop_timeline() -> None:
-    """Stop writing the timeline."""
-    cring.stop_timeline()
-
-
-# What this build has, answered truthfully: cring talks over its own shared
-# memory and TCP transports, with no MPI, Gloo, NCCL, DDL, oneCCL, CUDA or ROCm.
-def mpi_built() -> bool:
-    return False
-
-
-def mpi_enabled() -> bool:
-    return False
-
-
-def mpi_threads_supported() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def nccl_built() -> bool:
-    """True when NCCL can be loaded at run time (cring never links it)."""
-    return cring.nccl_available()
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    """True when the CUDA runtime loads and a device is usable."""
-    return cring.cuda_available()
-
-
-def rocm_built() -> bool:
-    return False
-
-
-def cring_built() -> bool:
-    return True
-
-
-# ---- compression ---------------------------------------------------------------------------------
-
-
-class Compressor:
-    """Horovod's compression interface: compress(tensor) -> (tensor, ctx)
-    before the allreduce, decompress(tensor, ctx) -> tensor after it."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """No compression (the default)."""
-
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> tuple:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    """Floating-point tensors travel as `_dtype` and are cast back after.
-    In allreduce, float32 tensors are not cast here: they go to cring as they
-    are and travel as `_dtype` on the wire (`_wire`), which saves a copy."""
-
-    _dtype: torch.dtype
-    _wire: Any
-
-    @classmethod
-    def compress(cls, tensor: torch.Tensor) -> tuple:
-        if tensor.dtype.is_floating_point and tensor.dtype != cls._dtype:
-            return tensor.type(cls._dtype), tensor.dtype
-        return tensor, tensor.dtype
-
-    @classmethod
-    def decompress(cls, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        if ctx is not None and ctx.is_floating_point and tensor.dtype != ctx:
-            return tensor.type(ctx)
-        return tensor
-
-
-class FP16Compressor(_CastCompressor):
-    """Floating-point tensors travel as float16."""
-
-    _dtype = torch.float16
-    _wire = cring.Compression.fp16
-
-
-class BF16Compressor(_CastCompressor):
-    """Floating-point tensors travel as bfloat16."""
-
-    _dtype = torch.bfloat16
-    _wire = cring.Compression.bf16
-
-
-class Compression:
-    """Choices for `compression=` (as in horovod.torch): Compression.none,
-    .fp16, .bf16, or any class with Horovod's compress/decompress."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
-    bf16 = BF16Compressor
-
-
-_WIRE_COMPRESSORS = (FP16Compressor, BF16Compressor)
-
-
-def _plan_compression(compression: Any, tensors: Sequence[torch.Tensor]) -> tuple:
-    """(compressor to run in Python or None, cring wire compression or None)."""
-    if compression is None or compression is NoneCompressor or \
-            compression is cring.Compression.none:
-        return None, None
-    if isinstance(compression, cring.Compressor):  # cring's own: float32 on the wire
-        return None, compression
-    if compression in _WIRE_COMPRESSORS and all(t.dtype == torch.float32 for t in tensors):
-        return None, compression._wire
-    return compression, None
-
-
-def _python_compressor(compression: Any) -> Any:
-    """The compressor to run in Python for collectives without wire compression."""
-    if compression is None or compression is NoneCompressor or \
-            compression is cring.Compression.none:
-        return None
-    if isinstance(compression, cring.Compressor):
-        return {"float16": FP16Compressor, "bfloat16": BF16Compressor}[compression.wire_dtype]
-    return compression
-
-
-def _compress_all(compressor: Any, tensors: list) -> tuple:
-    pairs = [compressor.compress(t) for t in tensors]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
-
+from ._autograd import (
+    _AllgatherFunction,
+    _AllreduceFunction,
+    _alltoall_result,
+    _AlltoallFunction,
+    _BroadcastFunction,
+    _GroupedAllgatherFunction,
+    _GroupedAllreduceFunction,
+    _GroupedReducescatterFunction,
+    _ReducescatterFunction,
+)
+from ._basics import (
+    Average,
+    ProcessSet,
+    Sum,
+    _check_process_set,
+    _run,
+    global_process_set,
+    rank,
+)
+from ._compression import Compression, _compress_all, _plan_compression, _python_compressor
 
 # ---- arguments -----------------------------------------------------------------------------------
 
@@ -349,152 +65,6 @@ def _check_op(op: Any) -> Any:
 
 def _wants_grad(tensors: Sequence[torch.Tensor]) -> bool:
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
-
-
-def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
-    # Incoming gradients are often expanded views (stride 0), which cring refuses.
-    return tensor if tensor.is_contiguous() else tensor.contiguous()
-
-
-# ---- autograd functions (Horovod's gradients) ----------------------------------------------------
-
-
-class _AllreduceFunction(torch.autograd.Function):
-    """Gradient: the incoming gradient, allreduced with the same op and scale factors."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], op: Any, prescale: float,
-                postscale: float, wire: Any) -> torch.Tensor:
-        ctx.reduction = (op, prescale, postscale, wire)
-        return _run(cring.allreduce, tensor, op=op, name=name, compression=wire,
-                    prescale_factor=prescale, postscale_factor=postscale)
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
-        op, prescale, postscale, wire = ctx.reduction
-        grad = _run(cring.allreduce, _contiguous(grad_output), op=op, compression=wire,
-                    prescale_factor=prescale, postscale_factor=postscale)
-        return grad, None, None, None, None, None
-
-
-class _GroupedAllreduceFunction(torch.autograd.Function):
-    """Gradient: the incoming gradients, grouped-allreduced with the same op and factors."""
-
-    @staticmethod
-    def forward(ctx: Any, name: Optional[str], op: Any, prescale: float, postscale: float,
-                wire: Any, *tensors: torch.Tensor) -> tuple:
-        ctx.reduction = (op, prescale, postscale, wire)
-        return tuple(_run(cring.grouped_allreduce, list(tensors), op=op, name=name,
-                          compression=wire, prescale_factor=prescale,
-                          postscale_factor=postscale))
-
-    @staticmethod
-    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
-        op, prescale, postscale, wire = ctx.reduction
-        grads = _run(cring.grouped_allreduce, [_contiguous(g) for g in grad_outputs], op=op,
-                     compression=wire, prescale_factor=prescale, postscale_factor=postscale)
-        return (None, None, None, None, None, *grads)
-
-
-def _row_offsets(rows: list) -> list:
-    """Every rank's first dimension for each tensor ([rank][tensor]), by one allgather."""
-    counts = torch.tensor(rows, dtype=torch.int64)
-    gathered = _run(cring.allgather, counts).view(size(), len(rows))
-    before = gathered[:rank()].sum(dim=0) if rank() else torch.zeros(len(rows), dtype=torch.int64)
-    return [int(v) for v in before]
-
-
-class _AllgatherFunction(torch.autograd.Function):
-    """Gradient (as Horovod since 0.22): the incoming gradient averaged over
-    ranks, then this rank's rows."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str]) -> torch.Tensor:
-        ctx.input_shape = tensor.shape
-        return _run(cring.allgather, tensor, name=name)
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
-        grad = _run(cring.allreduce, _contiguous(grad_output), op=Average)
-        rows = 1 if len(ctx.input_shape) == 0 else int(ctx.input_shape[0])
-        (offset,) = _row_offsets([rows])
-        return grad.narrow(0, offset, rows).reshape(ctx.input_shape), None
-
-
-class _GroupedAllgatherFunction(torch.autograd.Function):
-    """Gradient: as for allgather, for every tensor of the group."""
-
-    @staticmethod
-    def forward(ctx: Any, name: Optional[str], *tensors: torch.Tensor) -> tuple:
-        ctx.input_shapes = [t.shape for t in tensors]
-        return tuple(_run(cring.grouped_allgather, list(tensors), name=name))
-
-    @staticmethod
-    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
-        grads = _run(cring.grouped_allreduce, [_contiguous(g) for g in grad_outputs], op=Average)
-        rows = [1 if len(s) == 0 else int(s[0]) for s in ctx.input_shapes]
-        offsets = _row_offsets(rows)
-        return (None, *(g.narrow(0, o, n).reshape(s)
-                        for g, o, n, s in zip(grads, offsets, rows, ctx.input_shapes)))
-
-
-class _BroadcastFunction(torch.autograd.Function):
-    """Gradient (as Horovod since 0.22): the incoming gradient averaged over
-    ranks on the root, zero elsewhere."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int,
-                name: Optional[str]) -> torch.Tensor:
-        ctx.root_rank = root_rank
-        return _run(cring.broadcast, tensor, root_rank, name=name)
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
-        grad = _run(cring.allreduce, _contiguous(grad_output), op=Average)
-        if rank() != ctx.root_rank:
-            grad.zero_()
-        return grad, None, None
-
-
-def _reducescatter_grad_scale(op: Any, prescale: float, postscale: float) -> float:
-    # Horovod's reducescatter gradient: allgather of the incoming gradient,
-    # times size() for Sum (times 1 for Average), times the scale factors.
-    return (size() if op == Sum else 1) * prescale * postscale
-
-
-class _ReducescatterFunction(torch.autograd.Function):
-    """Gradient (Horovod's): the incoming gradient allgathered, times size()
-    for Sum, times the scale factors."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], op: Any, prescale: float,
-                postscale: float) -> torch.Tensor:
-        ctx.scale = _reducescatter_grad_scale(op, prescale, postscale)
-        return _run(cring.reducescatter, tensor, op=op, name=name, prescale_factor=prescale,
-                    postscale_factor=postscale)
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
-        grad = _contiguous(grad_output)
-        if ctx.scale != 1:
-            grad = grad * ctx.scale
-        return _run(cring.allgather, grad), None, None, None, None
-
-
-class _GroupedReducescatterFunction(torch.autograd.Function):
-    """Gradient: as for reducescatter, for every tensor of the group."""
-
-    @staticmethod
-    def forward(ctx: Any, name: Optional[str], op: Any, prescale: float, postscale: float,
-                *tensors: torch.Tensor) -> tuple:
-        ctx.scale = _reducescatter_grad_scale(op, prescale, postscale)
-        return tuple(_run(cring.grouped_reducescatter, list(tensors), op=op, name=name,
-                          prescale_factor=prescale, postscale_factor=postscale))
-
-    @staticmethod
-    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
-        grads = [_contiguous(g) if ctx.scale == 1 else g * ctx.scale for g in grad_outputs]
-        return (None, None, None, None, *_run(cring.grouped_allgather, grads))
 
 
 # ---- allreduce -----------------------------------------------------------------------------------
@@ -763,7 +333,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
                 prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
-# ---- not in cring's core yet ---------------------------------------------------------------------
+# ---- alltoall and join ---------------------------------------------------------------------------
 
 
 def _splits_list(splits: Any) -> Optional[list]:
@@ -775,29 +345,6 @@ def _splits_list(splits: Any) -> Optional[list]:
                              f"with shape {tuple(splits.shape)}")
         return [int(v) for v in splits.tolist()]
     return [int(v) for v in splits]
-
-
-def _alltoall_result(result: tuple) -> tuple:
-    output, received = result
-    return output, torch.tensor(received, dtype=torch.int32)
-
-
-class _AlltoallFunction(torch.autograd.Function):
-    """Gradient (Horovod's): the incoming gradient sent back where its rows
-    came from, an alltoall with the received splits."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, splits: Optional[list],
-                name: Optional[str]) -> tuple:
-        output, received = _alltoall_result(_run(cring.alltoall, tensor, splits=splits, name=name))
-        ctx.received = received.tolist()
-        ctx.mark_non_differentiable(received)
-        return output, received
-
-    @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor, grad_splits: Any) -> tuple:
-        grad, _ = _run(cring.alltoall, _contiguous(grad_output), splits=ctx.received)
-        return grad, None, None
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
