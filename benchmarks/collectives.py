@@ -71,8 +71,17 @@ QUICK_SIZES = [8, KiB, MiB, 64 * MiB]
 TARGET_REP_S = 0.005  # small sizes: back-to-back calls per repetition, about this long
 MAX_CALLS_PER_REP = 20000
 # set by an outer cringrun; the libraries' own launchers set their own
-LAUNCHER_VARS = ("CRING_RANK", "CRING_SIZE", "CRING_LOCAL_RANK", "CRING_LOCAL_SIZE", "CRING_ADDR",
-                 "CRING_PORT", "CRING_SECRET", "CRING_JOB_ID", "CRING_STORE_EXTERNAL")
+LAUNCHER_VARS = (
+    "CRING_RANK",
+    "CRING_SIZE",
+    "CRING_LOCAL_RANK",
+    "CRING_LOCAL_SIZE",
+    "CRING_ADDR",
+    "CRING_PORT",
+    "CRING_SECRET",
+    "CRING_JOB_ID",
+    "CRING_STORE_EXTERNAL",
+)
 ROTATE_FROM_BYTES = MiB  # rotate buffers once a call touches this much (L2 is 2 MiB here)
 
 
@@ -83,13 +92,26 @@ def busbw_factor(collective: str, n: int) -> float:
 
 
 def parse_size(text: str) -> int:
-    units = {"": 1, "B": 1, "K": KiB, "KB": KiB, "KIB": KiB, "M": MiB, "MB": MiB, "MIB": MiB,
-             "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+    units = {
+        "": 1,
+        "B": 1,
+        "K": KiB,
+        "KB": KiB,
+        "KIB": KiB,
+        "M": MiB,
+        "MB": MiB,
+        "MIB": MiB,
+        "G": 1 << 30,
+        "GB": 1 << 30,
+        "GIB": 1 << 30,
+    }
     t = text.strip().upper()
     digits = t.rstrip("KMGIB")
-    if not digits or t[len(digits):] not in units:
-        raise argparse.ArgumentTypeError(f"size {text!r}: expected a byte count like 8, 4K, 1M, 64M")
-    value = int(float(digits) * units[t[len(digits):]])
+    if not digits or t[len(digits) :] not in units:
+        raise argparse.ArgumentTypeError(
+            f"size {text!r}: expected a byte count like 8, 4K, 1M, 64M"
+        )
+    value = int(float(digits) * units[t[len(digits) :]])
     if value < 4 * WORLD:
         raise argparse.ArgumentTypeError(f"size {text!r}: at least {4 * WORLD} bytes")
     return value
@@ -124,11 +146,16 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": model or platform.processor(),
-            "llc_bytes": llc_bytes(), "python": platform.python_version()}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model or platform.processor(),
+        "llc_bytes": llc_bytes(),
+        "python": platform.python_version(),
+    }
 
 
 # --------------------------------------------------------------------------- workers
+
 
 class Backend:
     """One library's calls on its own kind of buffer. bind() returns a
@@ -329,8 +356,14 @@ def measure(b: Backend, collective: str, nbytes: int, reps: int, rotate_bytes: i
 
     calls.clear()  # free the rotation set before checking
     check(b, collective, in_elems, name)
-    return {"collective": collective, "bytes": nbytes, "calls_per_rep": per_rep,
-            "buffers": count, "buffer_bytes": footprint * count, "times_s": times}
+    return {
+        "collective": collective,
+        "bytes": nbytes,
+        "calls_per_rep": per_rep,
+        "buffers": count,
+        "buffer_bytes": footprint * count,
+        "times_s": times,
+    }
 
 
 def check(b: Backend, collective: str, in_elems: int, name: str) -> None:
@@ -352,8 +385,10 @@ def check(b: Backend, collective: str, in_elems: int, name: str) -> None:
         got = b.values(result if b.allocates_output else out)
         want = np.repeat(np.arange(1, n + 1, dtype=np.float32), in_elems)
     if not np.array_equal(got, want):
-        raise SystemExit(f"rank {r}: {collective} of {in_elems} float32 gave wrong values "
-                         f"(first {got[:4]!r}, expected {want[:4]!r})")
+        raise SystemExit(
+            f"rank {r}: {collective} of {in_elems} float32 gave wrong values "
+            f"(first {got[:4]!r}, expected {want[:4]!r})"
+        )
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -367,21 +402,27 @@ def worker(args: argparse.Namespace) -> None:
         raise SystemExit(f"{library}: expected {WORLD} ranks, got {b.size}")
     host, port = args.control.rsplit(":", 1)
     with socket.create_connection((host, int(port))) as conn, conn.makefile("rw") as f:
-        f.write(json.dumps({"library": library, "rank": b.rank,
-                            "transport": getattr(b, "transport", "")}) + "\n")
+        f.write(
+            json.dumps(
+                {"library": library, "rank": b.rank, "transport": getattr(b, "transport", "")}
+            )
+            + "\n"
+        )
         f.flush()
         for line in f:
             request = json.loads(line)
             if request["cmd"] == "exit":
                 break
-            result = measure(b, request["collective"], request["bytes"], request["reps"],
-                             request["rotate_bytes"])
+            result = measure(
+                b, request["collective"], request["bytes"], request["reps"], request["rotate_bytes"]
+            )
             f.write(json.dumps(result) + "\n")
             f.flush()
     b.close()
 
 
 # --------------------------------------------------------------------------- parent
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -415,15 +456,24 @@ def start(library: str, control: str) -> tuple:
     env.setdefault("OMP_NUM_THREADS", "1")
     if library.startswith("cring"):
         env["CRING_TRANSPORT"] = library.split("-")[1]
-        cmds = [[sys.executable, "-m", "cring.run", "-np", str(WORLD), sys.executable,
-                 *worker_args]]
+        cmds = [
+            [sys.executable, "-m", "cring.run", "-np", str(WORLD), sys.executable, *worker_args]
+        ]
         envs = [env]
     elif library == "gloo":
         if importlib.util.find_spec("torch") is None:
             return [], "torch is not installed"
         port = free_port()
-        envs = [dict(env, RANK=str(r), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(port)) for r in range(WORLD)]
+        envs = [
+            dict(
+                env,
+                RANK=str(r),
+                WORLD_SIZE=str(WORLD),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+            for r in range(WORLD)
+        ]
         cmds = [[sys.executable, *worker_args]] * WORLD
     else:
         mpirun = shutil.which("mpirun")
@@ -431,8 +481,17 @@ def start(library: str, control: str) -> tuple:
             return [], "mpirun not found (apt-get install -y openmpi-bin libopenmpi-dev)"
         if importlib.util.find_spec("mpi4py") is None:
             return [], "mpi4py is not installed"
-        cmds = [[mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(WORLD),
-                 sys.executable, *worker_args]]
+        cmds = [
+            [
+                mpirun,
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                str(WORLD),
+                sys.executable,
+                *worker_args,
+            ]
+        ]
         envs = [env]
     return [subprocess.Popen(c, env=e, start_new_session=True) for c, e in zip(cmds, envs)], None
 
@@ -465,8 +524,11 @@ class Group:
             replies: dict = {}
             deadline = time.monotonic() + timeout_s
             while len(replies) < len(self.files):
-                waiting = {self.conns[rank].fileno(): (rank, f) for rank, f in self.files.items()
-                           if rank not in replies}
+                waiting = {
+                    self.conns[rank].fileno(): (rank, f)
+                    for rank, f in self.files.items()
+                    if rank not in replies
+                }
                 ready, _, _ = select.select(list(waiting), [], [], 0.5)
                 for fd in ready:
                     rank, f = waiting[fd]
@@ -480,8 +542,10 @@ class Group:
                     raise TimeoutError(f"no answer within {timeout_s:.0f} s")
             return [replies[rank] for rank in sorted(replies)]
         except (OSError, ValueError, ConnectionError) as e:
-            self.fail(f"{message.get('collective', '')} {fmt_size(message.get('bytes', 0))}: "
-                      f"{e or type(e).__name__}")
+            self.fail(
+                f"{message.get('collective', '')} {fmt_size(message.get('bytes', 0))}: "
+                f"{e or type(e).__name__}"
+            )
             return None
 
 
@@ -507,8 +571,11 @@ def start_groups(libraries: list, timeout_s: float) -> tuple:
             conn, _ = server.accept()
         except socket.timeout:
             for g in groups.values():  # a library whose ranks died will not connect
-                if g.failed is None and len(g.files) < WORLD and any(
-                        p.poll() not in (None, 0) for p in g.procs):
+                if (
+                    g.failed is None
+                    and len(g.files) < WORLD
+                    and any(p.poll() not in (None, 0) for p in g.procs)
+                ):
                     pending -= WORLD - len(g.files)
                     g.fail("a rank exited during start-up")
             continue
@@ -535,10 +602,15 @@ def summarise(samples: dict) -> dict:
         t = statistics.median(reps)
         algbw = first["bytes"] / t / 1e9
         rows[key] = {
-            "time_s": t, "algbw": algbw, "busbw": algbw * busbw_factor(key[0], WORLD),
-            "calls_per_rep": first["calls_per_rep"], "reps": len(reps),
-            "buffers": first["buffers"], "buffer_bytes": first["buffer_bytes"],
-            "spread": (max(reps) - min(reps)) / t if t else 0.0}
+            "time_s": t,
+            "algbw": algbw,
+            "busbw": algbw * busbw_factor(key[0], WORLD),
+            "calls_per_rep": first["calls_per_rep"],
+            "reps": len(reps),
+            "buffers": first["buffers"],
+            "buffer_bytes": first["buffer_bytes"],
+            "spread": (max(reps) - min(reps)) / t if t else 0.0,
+        }
     return rows
 
 
@@ -564,11 +636,19 @@ def print_tables(data: dict, libs: list, collectives: list, sizes: list) -> None
     ratios = [(c, p) for c in cring_libs for p in peers]
     short = {"cring-shm": "shm", "cring-tcp": "tcp", "gloo": "gloo", "mpi": "mpi"}
     for collective in collectives:
-        keys = sorted({k[1] for l in libs for k in data.get(l, {}) if isinstance(k, tuple)
-                       and k[0] == collective})
-        print(f"\n{collective}{' (float32 sum, in place)' if collective == 'allreduce' else ''}"
-              f"   time per call | algbw GB/s | busbw GB/s (x{busbw_factor(collective, WORLD):g})"
-              f" | ratio = cring time / peer time")
+        keys = sorted(
+            {
+                k[1]
+                for l in libs
+                for k in data.get(l, {})
+                if isinstance(k, tuple) and k[0] == collective
+            }
+        )
+        print(
+            f"\n{collective}{' (float32 sum, in place)' if collective == 'allreduce' else ''}"
+            f"   time per call | algbw GB/s | busbw GB/s (x{busbw_factor(collective, WORLD):g})"
+            f" | ratio = cring time / peer time"
+        )
         head = f"{'size':>8s} |" + "".join(f"{short[l]:>9s}" for l in libs) + " |"
         head += "".join(f"{short[l]:>7s}" for l in libs) + " |"
         head += "".join(f"{short[l]:>7s}" for l in libs) + " |"
@@ -591,21 +671,51 @@ def print_tables(data: dict, libs: list, collectives: list, sizes: list) -> None
 def write_csv(path: Path, data: dict, libs: list) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["collective", "bytes", "library", "time_us", "algbw_GBps", "busbw_GBps",
-                    "vs_gloo", "vs_mpi", "calls_per_rep", "reps", "buffers", "buffer_bytes",
-                    "rep_spread"])
+        w.writerow(
+            [
+                "collective",
+                "bytes",
+                "library",
+                "time_us",
+                "algbw_GBps",
+                "busbw_GBps",
+                "vs_gloo",
+                "vs_mpi",
+                "calls_per_rep",
+                "reps",
+                "buffers",
+                "buffer_bytes",
+                "rep_spread",
+            ]
+        )
         for lib in libs:
-            for key, row in sorted((k, v) for k, v in data.get(lib, {}).items()
-                                   if isinstance(k, tuple)):
+            for key, row in sorted(
+                (k, v) for k, v in data.get(lib, {}).items() if isinstance(k, tuple)
+            ):
                 vs = []
                 for peer in PEERS:
                     other = data.get(peer, {}).get(key)
-                    vs.append(f"{row['time_s'] / other['time_s']:.4g}"
-                              if other and lib.startswith("cring") else "")
-                w.writerow([key[0], key[1], lib, f"{row['time_s'] * 1e6:.4g}",
-                            f"{row['algbw']:.4g}", f"{row['busbw']:.4g}", *vs,
-                            row["calls_per_rep"], row["reps"], row["buffers"],
-                            row["buffer_bytes"], f"{row['spread']:.3g}"])
+                    vs.append(
+                        f"{row['time_s'] / other['time_s']:.4g}"
+                        if other and lib.startswith("cring")
+                        else ""
+                    )
+                w.writerow(
+                    [
+                        key[0],
+                        key[1],
+                        lib,
+                        f"{row['time_s'] * 1e6:.4g}",
+                        f"{row['algbw']:.4g}",
+                        f"{row['busbw']:.4g}",
+                        *vs,
+                        row["calls_per_rep"],
+                        row["reps"],
+                        row["buffers"],
+                        row["buffer_bytes"],
+                        f"{row['spread']:.3g}",
+                    ]
+                )
 
 
 def plot(path: Path, data: dict, libs: list, collectives: list, title: str) -> Optional[str]:
@@ -616,20 +726,38 @@ def plot(path: Path, data: dict, libs: list, collectives: list, title: str) -> O
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    style = {"cring-shm": ("tab:red", "o"), "cring-tcp": ("tab:orange", "s"),
-             "gloo": ("tab:blue", "^"), "mpi": ("tab:green", "v")}
-    label = {"cring-shm": "cring (shared memory)", "cring-tcp": "cring (TCP)",
-             "gloo": "torch.distributed gloo", "mpi": "Open MPI (mpi4py)"}
-    fig, axes = plt.subplots(1, len(collectives), figsize=(5 * len(collectives), 4.4),
-                             squeeze=False)
+    style = {
+        "cring-shm": ("tab:red", "o"),
+        "cring-tcp": ("tab:orange", "s"),
+        "gloo": ("tab:blue", "^"),
+        "mpi": ("tab:green", "v"),
+    }
+    label = {
+        "cring-shm": "cring (shared memory)",
+        "cring-tcp": "cring (TCP)",
+        "gloo": "torch.distributed gloo",
+        "mpi": "Open MPI (mpi4py)",
+    }
+    fig, axes = plt.subplots(
+        1, len(collectives), figsize=(5 * len(collectives), 4.4), squeeze=False
+    )
     for ax, collective in zip(axes[0], collectives):
         for lib in libs:
-            pts = sorted((k[1], v["busbw"]) for k, v in data.get(lib, {}).items()
-                         if isinstance(k, tuple) and k[0] == collective)
+            pts = sorted(
+                (k[1], v["busbw"])
+                for k, v in data.get(lib, {}).items()
+                if isinstance(k, tuple) and k[0] == collective
+            )
             if pts:
                 color, marker = style[lib]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color,
-                        label=label[lib], markersize=4)
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    marker=marker,
+                    color=color,
+                    label=label[lib],
+                    markersize=4,
+                )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(collective + (" (float32 sum)" if collective == "allreduce" else ""))
@@ -651,12 +779,16 @@ TARGETS = [
     ("allreduce 64 MiB vs Open MPI", "cring-shm", "mpi", "allreduce", [64 * MiB], 0.5),
     ("allreduce 64 MiB vs gloo", "cring-shm", "gloo", "allreduce", [64 * MiB], 0.25),
     ("allreduce 1 MiB vs Open MPI", "cring-shm", "mpi", "allreduce", [MiB], 0.7),
-    ("allreduce 8 B..1 KiB vs mpi4py (worst size)", "cring-shm", "mpi", "allreduce",
-     "small", 1.0),
-    ("allreduce 8 B..1 KiB vs gloo (worst size)", "cring-shm", "gloo", "allreduce",
-     "small", 0.05),
-    ("allreduce 64 MiB, CRING_TRANSPORT=tcp vs gloo", "cring-tcp", "gloo", "allreduce",
-     [64 * MiB], 0.7),
+    ("allreduce 8 B..1 KiB vs mpi4py (worst size)", "cring-shm", "mpi", "allreduce", "small", 1.0),
+    ("allreduce 8 B..1 KiB vs gloo (worst size)", "cring-shm", "gloo", "allreduce", "small", 0.05),
+    (
+        "allreduce 64 MiB, CRING_TRANSPORT=tcp vs gloo",
+        "cring-tcp",
+        "gloo",
+        "allreduce",
+        [64 * MiB],
+        0.7,
+    ),
     ("broadcast 1 MiB vs Open MPI", "cring-shm", "mpi", "broadcast", [MiB], 1.0),
     ("broadcast 64 MiB vs Open MPI", "cring-shm", "mpi", "broadcast", [64 * MiB], 1.0),
     ("allgather 1 MiB vs Open MPI", "cring-shm", "mpi", "allgather", [MiB], 1.0),
@@ -667,8 +799,11 @@ TARGETS = [
 def worst_ratio(data: dict, lib: str, peer: str, collective: str, sizes: Any) -> tuple:
     """(largest cring/peer time ratio over `sizes`, the size where it is)."""
     if sizes == "small":
-        sizes = sorted(k[1] for k in data.get(lib, {}) if isinstance(k, tuple)
-                       and k[0] == collective and 8 <= k[1] <= KiB)
+        sizes = sorted(
+            k[1]
+            for k in data.get(lib, {})
+            if isinstance(k, tuple) and k[0] == collective and 8 <= k[1] <= KiB
+        )
     worst, worst_size = None, None
     for s in sizes:
         a = data.get(lib, {}).get((collective, s))
@@ -697,10 +832,13 @@ def parent(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     info = machine()
     rotate_bytes = int(info["llc_bytes"] * args.rotate_factor)
-    print(f"collectives benchmark: {WORLD} ranks, {info['nproc']} CPUs ({info['cpu']}), "
-          f"last-level cache {fmt_size(info['llc_bytes'])}; {args.reps} repetitions x "
-          f"{args.rounds} rounds per size; buffers rotated over >= {fmt_size(rotate_bytes)} "
-          f"per rank\nstarting {', '.join(args.libraries)} ...", flush=True)
+    print(
+        f"collectives benchmark: {WORLD} ranks, {info['nproc']} CPUs ({info['cpu']}), "
+        f"last-level cache {fmt_size(info['llc_bytes'])}; {args.reps} repetitions x "
+        f"{args.rounds} rounds per size; buffers rotated over >= {fmt_size(rotate_bytes)} "
+        f"per rank\nstarting {', '.join(args.libraries)} ...",
+        flush=True,
+    )
     t_start = time.monotonic()
     groups, notes, server = start_groups(args.libraries, args.timeout)
     # samples[lib][(collective, bytes)] = one list of rank replies per round
@@ -716,18 +854,29 @@ def parent(args: argparse.Namespace) -> int:
                     for lib, g in groups.items():
                         if g.failed:
                             continue
-                        replies = g.request({"cmd": "measure", "collective": collective,
-                                             "bytes": nbytes, "reps": args.reps,
-                                             "rotate_bytes": rotate_bytes}, args.timeout)
+                        replies = g.request(
+                            {
+                                "cmd": "measure",
+                                "collective": collective,
+                                "bytes": nbytes,
+                                "reps": args.reps,
+                                "rotate_bytes": rotate_bytes,
+                            },
+                            args.timeout,
+                        )
                         if replies is None:
                             continue
                         key = (collective, replies[0]["bytes"])
                         samples[lib].setdefault(key, []).append(replies)
-                        t = statistics.median(max(ts) for ts in
-                                              zip(*(x["times_s"] for x in replies)))
+                        t = statistics.median(
+                            max(ts) for ts in zip(*(x["times_s"] for x in replies))
+                        )
                         line.append(f"{short[lib]} {fmt_time(t)}")
-                    print(f"  round {r + 1}/{args.rounds} {collective:9s} {fmt_size(nbytes):>8s}: "
-                          + ", ".join(line), flush=True)
+                    print(
+                        f"  round {r + 1}/{args.rounds} {collective:9s} {fmt_size(nbytes):>8s}: "
+                        + ", ".join(line),
+                        flush=True,
+                    )
     except KeyboardInterrupt:
         print("interrupted: reporting what was measured", flush=True)
     finally:
@@ -750,11 +899,17 @@ def parent(args: argparse.Namespace) -> int:
         if samples.get(lib):
             data[lib] = summarise(samples[lib])
             for r, one in enumerate(per_round):
-                one[lib] = summarise({k: v[r:r + 1] for k, v in samples[lib].items()
-                                      if len(v) > r})
-    (out / "collectives_raw.json").write_text(json.dumps(
-        {lib: [{"collective": k[0], "bytes": k[1], "rounds": v} for k, v in s.items()]
-         for lib, s in samples.items()}))
+                one[lib] = summarise(
+                    {k: v[r : r + 1] for k, v in samples[lib].items() if len(v) > r}
+                )
+    (out / "collectives_raw.json").write_text(
+        json.dumps(
+            {
+                lib: [{"collective": k[0], "bytes": k[1], "rounds": v} for k, v in s.items()]
+                for lib, s in samples.items()
+            }
+        )
+    )
     libs = [l for l in LIBRARIES if l in data]
     if not libs:
         print("no library produced results", file=sys.stderr)
@@ -762,53 +917,92 @@ def parent(args: argparse.Namespace) -> int:
     print_tables(data, libs, args.collectives, args.sizes)
     csv_path, png_path = out / "collectives.csv", out / "collectives.png"
     write_csv(csv_path, data, libs)
-    title = (f"{WORLD} ranks on {info['nproc']} CPUs ({info['cpu']}); median of "
-             f"{args.reps * args.rounds}; "
-             f"buffers rotated over > last-level cache")
+    title = (
+        f"{WORLD} ranks on {info['nproc']} CPUs ({info['cpu']}); median of "
+        f"{args.reps * args.rounds}; "
+        f"buffers rotated over > last-level cache"
+    )
     why = plot(png_path, data, libs, args.collectives, title)
     print(f"\nwrote {csv_path}" + (f" and {png_path}" if why is None else f" (no plot: {why})"))
-    (out / "collectives.json").write_text(json.dumps({
-        "machine": info, "libraries": notes, "reps": args.reps, "rounds": args.rounds,
-        "sizes": args.sizes, "collectives": args.collectives,
-        "rows": [{"library": l, "collective": k[0], "bytes": k[1], **v}
-                 for l in libs for k, v in data[l].items()]}, indent=1))
+    (out / "collectives.json").write_text(
+        json.dumps(
+            {
+                "machine": info,
+                "libraries": notes,
+                "reps": args.reps,
+                "rounds": args.rounds,
+                "sizes": args.sizes,
+                "collectives": args.collectives,
+                "rows": [
+                    {"library": l, "collective": k[0], "bytes": k[1], **v}
+                    for l in libs
+                    for k, v in data[l].items()
+                ],
+            },
+            indent=1,
+        )
+    )
 
     print("\ntargets (issue 7): cring's time / the peer's time in this run")
     multi = args.rounds > 1
-    print(f"{'case':48s} {'measured':>9s} {'target':>8s}  result" +
-          ("   per round" if multi else ""))
+    print(
+        f"{'case':48s} {'measured':>9s} {'target':>8s}  result" + ("   per round" if multi else "")
+    )
     for label, ratio, size, limit, verdict, rounds in check_targets(data, per_round):
         where = f" (worst at {fmt_size(size)})" if "worst" in label and size else ""
         m = f"{ratio:.3f}" if ratio is not None else "-"
         each = " ".join("-" if r is None else f"{r:.3f}" for r in rounds) if multi else ""
-        print(f"{label:48s} {m:>9s} {'<= ' + format(limit, 'g'):>8s}  {verdict:4s}  {each}"
-              f"{where}")
+        print(f"{label:48s} {m:>9s} {'<= ' + format(limit, 'g'):>8s}  {verdict:4s}  {each}{where}")
     print("training targets: see python benchmarks/train.py")
     return 0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", type=parse_size, default=None,
-                        help="message sizes in bytes (suffixes K, M, G); default 8 B and "
-                             "powers of 4 from 16 B to 256 MiB")
-    parser.add_argument("--quick", action="store_true",
-                        help="sizes 8 B, 1 KiB, 1 MiB, 64 MiB, 5 repetitions (about a minute)")
-    parser.add_argument("--reps", type=int, default=None,
-                        help="timed repetitions per size and round (default 10, --quick 5)")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="measure every size this many times; the median is taken over "
-                             "the repetitions of all rounds (default 2)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        type=parse_size,
+        default=None,
+        help="message sizes in bytes (suffixes K, M, G); default 8 B and "
+        "powers of 4 from 16 B to 256 MiB",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="sizes 8 B, 1 KiB, 1 MiB, 64 MiB, 5 repetitions (about a minute)",
+    )
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=None,
+        help="timed repetitions per size and round (default 10, --quick 5)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="measure every size this many times; the median is taken over "
+        "the repetitions of all rounds (default 2)",
+    )
     parser.add_argument("--libraries", nargs="+", choices=LIBRARIES, default=list(LIBRARIES))
-    parser.add_argument("--collectives", nargs="+", choices=COLLECTIVES,
-                        default=list(COLLECTIVES))
+    parser.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=list(COLLECTIVES))
     parser.add_argument("--out", default=str(RESULTS), help="output folder (default %(default)s)")
-    parser.add_argument("--rotate-factor", type=float, default=1.1,
-                        help="rotated buffers per rank total this times the last-level cache")
-    parser.add_argument("--timeout", type=float, default=600,
-                        help="seconds allowed for start-up and for each size (default "
-                             "%(default)s); a library that takes longer is stopped")
+    parser.add_argument(
+        "--rotate-factor",
+        type=float,
+        default=1.1,
+        help="rotated buffers per rank total this times the last-level cache",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        help="seconds allowed for start-up and for each size (default "
+        "%(default)s); a library that takes longer is stopped",
+    )
     parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
     parser.add_argument("--control", help=argparse.SUPPRESS)
     args = parser.parse_args()

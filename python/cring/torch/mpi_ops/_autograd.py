@@ -24,17 +24,37 @@ class _AllreduceFunction(torch.autograd.Function):
     """Gradient: the incoming gradient, allreduced with the same op and scale factors."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], op: Any, prescale: float,
-                postscale: float, wire: Any) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        name: Optional[str],
+        op: Any,
+        prescale: float,
+        postscale: float,
+        wire: Any,
+    ) -> torch.Tensor:
         ctx.reduction = (op, prescale, postscale, wire)
-        return _run(cring.allreduce, tensor, op=op, name=name, compression=wire,
-                    prescale_factor=prescale, postscale_factor=postscale)
+        return _run(
+            cring.allreduce,
+            tensor,
+            op=op,
+            name=name,
+            compression=wire,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+        )
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
         op, prescale, postscale, wire = ctx.reduction
-        grad = _run(cring.allreduce, _contiguous(grad_output), op=op, compression=wire,
-                    prescale_factor=prescale, postscale_factor=postscale)
+        grad = _run(
+            cring.allreduce,
+            _contiguous(grad_output),
+            op=op,
+            compression=wire,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+        )
         return grad, None, None, None, None, None
 
 
@@ -42,18 +62,39 @@ class _GroupedAllreduceFunction(torch.autograd.Function):
     """Gradient: the incoming gradients, grouped-allreduced with the same op and factors."""
 
     @staticmethod
-    def forward(ctx: Any, name: Optional[str], op: Any, prescale: float, postscale: float,
-                wire: Any, *tensors: torch.Tensor) -> tuple:
+    def forward(
+        ctx: Any,
+        name: Optional[str],
+        op: Any,
+        prescale: float,
+        postscale: float,
+        wire: Any,
+        *tensors: torch.Tensor,
+    ) -> tuple:
         ctx.reduction = (op, prescale, postscale, wire)
-        return tuple(_run(cring.grouped_allreduce, list(tensors), op=op, name=name,
-                          compression=wire, prescale_factor=prescale,
-                          postscale_factor=postscale))
+        return tuple(
+            _run(
+                cring.grouped_allreduce,
+                list(tensors),
+                op=op,
+                name=name,
+                compression=wire,
+                prescale_factor=prescale,
+                postscale_factor=postscale,
+            )
+        )
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
         op, prescale, postscale, wire = ctx.reduction
-        grads = _run(cring.grouped_allreduce, [_contiguous(g) for g in grad_outputs], op=op,
-                     compression=wire, prescale_factor=prescale, postscale_factor=postscale)
+        grads = _run(
+            cring.grouped_allreduce,
+            [_contiguous(g) for g in grad_outputs],
+            op=op,
+            compression=wire,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+        )
         return (None, None, None, None, None, *grads)
 
 
@@ -61,7 +102,7 @@ def _row_offsets(rows: list) -> list:
     """Every rank's first dimension for each tensor ([rank][tensor]), by one allgather."""
     counts = torch.tensor(rows, dtype=torch.int64)
     gathered = _run(cring.allgather, counts).view(size(), len(rows))
-    before = gathered[:rank()].sum(dim=0) if rank() else torch.zeros(len(rows), dtype=torch.int64)
+    before = gathered[: rank()].sum(dim=0) if rank() else torch.zeros(len(rows), dtype=torch.int64)
     return [int(v) for v in before]
 
 
@@ -95,8 +136,13 @@ class _GroupedAllgatherFunction(torch.autograd.Function):
         grads = _run(cring.grouped_allreduce, [_contiguous(g) for g in grad_outputs], op=Average)
         rows = [1 if len(s) == 0 else int(s[0]) for s in ctx.input_shapes]
         offsets = _row_offsets(rows)
-        return (None, *(g.narrow(0, o, n).reshape(s)
-                        for g, o, n, s in zip(grads, offsets, rows, ctx.input_shapes)))
+        return (
+            None,
+            *(
+                g.narrow(0, o, n).reshape(s)
+                for g, o, n, s in zip(grads, offsets, rows, ctx.input_shapes)
+            ),
+        )
 
 
 class _BroadcastFunction(torch.autograd.Function):
@@ -104,8 +150,9 @@ class _BroadcastFunction(torch.autograd.Function):
     ranks on the root, zero elsewhere."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int,
-                name: Optional[str]) -> torch.Tensor:
+    def forward(
+        ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str]
+    ) -> torch.Tensor:
         ctx.root_rank = root_rank
         return _run(cring.broadcast, tensor, root_rank, name=name)
 
@@ -128,11 +175,23 @@ class _ReducescatterFunction(torch.autograd.Function):
     for Sum, times the scale factors."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str], op: Any, prescale: float,
-                postscale: float) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        name: Optional[str],
+        op: Any,
+        prescale: float,
+        postscale: float,
+    ) -> torch.Tensor:
         ctx.scale = _reducescatter_grad_scale(op, prescale, postscale)
-        return _run(cring.reducescatter, tensor, op=op, name=name, prescale_factor=prescale,
-                    postscale_factor=postscale)
+        return _run(
+            cring.reducescatter,
+            tensor,
+            op=op,
+            name=name,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+        )
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
@@ -146,11 +205,25 @@ class _GroupedReducescatterFunction(torch.autograd.Function):
     """Gradient: as for reducescatter, for every tensor of the group."""
 
     @staticmethod
-    def forward(ctx: Any, name: Optional[str], op: Any, prescale: float, postscale: float,
-                *tensors: torch.Tensor) -> tuple:
+    def forward(
+        ctx: Any,
+        name: Optional[str],
+        op: Any,
+        prescale: float,
+        postscale: float,
+        *tensors: torch.Tensor,
+    ) -> tuple:
         ctx.scale = _reducescatter_grad_scale(op, prescale, postscale)
-        return tuple(_run(cring.grouped_reducescatter, list(tensors), op=op, name=name,
-                          prescale_factor=prescale, postscale_factor=postscale))
+        return tuple(
+            _run(
+                cring.grouped_reducescatter,
+                list(tensors),
+                op=op,
+                name=name,
+                prescale_factor=prescale,
+                postscale_factor=postscale,
+            )
+        )
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
@@ -168,8 +241,9 @@ class _AlltoallFunction(torch.autograd.Function):
     came from, an alltoall with the received splits."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, splits: Optional[list],
-                name: Optional[str]) -> tuple:
+    def forward(
+        ctx: Any, tensor: torch.Tensor, splits: Optional[list], name: Optional[str]
+    ) -> tuple:
         output, received = _alltoall_result(_run(cring.alltoall, tensor, splits=splits, name=name))
         ctx.received = received.tolist()
         ctx.mark_non_differentiable(received)

@@ -103,8 +103,10 @@ class ProcessSet:
 
 global_process_set = ProcessSet()
 
-_NO_PROCESS_SETS = ("process sets are not supported yet: cring runs every collective on all "
-                    "ranks; use process_set=global_process_set (the default)")
+_NO_PROCESS_SETS = (
+    "process sets are not supported yet: cring runs every collective on all "
+    "ranks; use process_set=global_process_set (the default)"
+)
 
 
 def _check_process_set(process_set: Any) -> None:
@@ -122,23 +124,40 @@ def remove_process_set(process_set: Any) -> bool:
     raise NotImplementedError(_NO_PROCESS_SETS)
 
 
-def init(comm: Any = None, process_sets: Any = None, *, rank: Optional[int] = None,
-         size: Optional[int] = None, addr: Optional[str] = None, port: Optional[int] = None,
-         secret: Optional[str] = None, transport: Optional[str] = None,
-         timeout_s: Optional[float] = None) -> None:
+def init(
+    comm: Any = None,
+    process_sets: Any = None,
+    *,
+    rank: Optional[int] = None,
+    size: Optional[int] = None,
+    addr: Optional[str] = None,
+    port: Optional[int] = None,
+    secret: Optional[str] = None,
+    transport: Optional[str] = None,
+    timeout_s: Optional[float] = None,
+) -> None:
     """Join the job (Horovod's hvd.init()). Rank, size and the rendezvous come
     from the environment (HOROVOD_RANK/HOROVOD_SIZE, torchrun, mpirun, SLURM,
     cringrun) or from cring.init()'s keyword arguments. A second call while
     initialised does nothing. `comm` (an MPI communicator or a list of ranks)
     and `process_sets` are not supported: cring always uses every rank."""
     if comm is not None:
-        raise NotImplementedError("init(comm=...) is not supported: cring does not run on MPI "
-                                  "communicators or subsets of ranks; every process of the job "
-                                  "takes part")
+        raise NotImplementedError(
+            "init(comm=...) is not supported: cring does not run on MPI "
+            "communicators or subsets of ranks; every process of the job "
+            "takes part"
+        )
     if process_sets:
         raise NotImplementedError(f"init(process_sets=...): {_NO_PROCESS_SETS}")
-    cring.init(rank=rank, size=size, addr=addr, port=port, secret=secret, transport=transport,
-               timeout_s=timeout_s)
+    cring.init(
+        rank=rank,
+        size=size,
+        addr=addr,
+        port=port,
+        secret=secret,
+        transport=transport,
+        timeout_s=timeout_s,
+    )
 
 
 shutdown = cring.shutdown

@@ -87,8 +87,11 @@ _WIRE_COMPRESSORS = (FP16Compressor, BF16Compressor)
 
 def _plan_compression(compression: Any, tensors: Sequence[torch.Tensor]) -> tuple:
     """(compressor to run in Python or None, cring wire compression or None)."""
-    if compression is None or compression is NoneCompressor or \
-            compression is cring.Compression.none:
+    if (
+        compression is None
+        or compression is NoneCompressor
+        or compression is cring.Compression.none
+    ):
         return None, None
     if isinstance(compression, cring.Compressor):  # cring's own: float32 on the wire
         return None, compression
@@ -99,8 +102,11 @@ def _plan_compression(compression: Any, tensors: Sequence[torch.Tensor]) -> tupl
 
 def _python_compressor(compression: Any) -> Any:
     """The compressor to run in Python for collectives without wire compression."""
-    if compression is None or compression is NoneCompressor or \
-            compression is cring.Compression.none:
+    if (
+        compression is None
+        or compression is NoneCompressor
+        or compression is cring.Compression.none
+    ):
         return None
     if isinstance(compression, cring.Compressor):
         return {"float16": FP16Compressor, "bfloat16": BF16Compressor}[compression.wire_dtype]
