@@ -74,8 +74,7 @@ static cring_status_t comm_for(cring_engine_t *e, int device, cring__gpu_t **g_o
         if (count > 0 && device >= count)
             mine = cring__fail(&err, CRING_ERR_INVALID_ARGUMENT,
                                "this process sees %d CUDA device(s)", count);
-        else if (count == 0)
-            mine = CRING_ERR_NOT_SUPPORTED; /* err says why */
+        else if (count == 0) mine = CRING_ERR_NOT_SUPPORTED; /* err says why */
     }
     setup_t *all = calloc((size_t)e->size, sizeof *all);
     size_t *sizes = malloc(sizeof *sizes * (size_t)e->size);
@@ -460,8 +459,10 @@ static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
         ts[i] = (cring__gpu_tensor_t){.send = t->send, .recv = t->recv, .dtype = t->dtype,
                                       .count = t->count, .rank_counts = rc, .stream = L.stream};
     }
-    cring__gpu_coll_t c = {.collective = CRING_COLL_REDUCESCATTER, .op = r->op,
-                           .scale = r->prescale * r->postscale, .ntensors = (int)nt,
+    cring__gpu_coll_t c = {.collective = CRING_COLL_REDUCESCATTER,
+                           .op = r->op,
+                           .scale = r->prescale * r->postscale,
+                           .ntensors = (int)nt,
                            .tensors = ts};
     st = run_one(e, &L, r, &c);
 done:

@@ -14,7 +14,7 @@
 #define CRING__GPU_MAX_DEVICES 64    /* device ordinals with a lane (stream.c) */
 
 typedef struct cring__gpu_library {
-    int tried;             /* a search has run; status and message below are final */
+    int tried; /* a search has run; status and message below are final */
     cring_status_t status;
     cring__errmsg_t message;
     void *handle;

@@ -15,8 +15,8 @@
 static int same_layout(const cring__dl_ref_t *a, const cring__dl_ref_t *b, const char *name) {
     if (a->dtype != b->dtype || a->numel != b->numel) {
         PyErr_Format(PyExc_ValueError,
-                     "tensor '%s': output has %zu elements of %s, input %zu of %s", name,
-                     b->numel, cring_dtype_name(b->dtype), a->numel, cring_dtype_name(a->dtype));
+                     "tensor '%s': output has %zu elements of %s, input %zu of %s", name, b->numel,
+                     cring_dtype_name(b->dtype), a->numel, cring_dtype_name(a->dtype));
         return -1;
     }
     return 0;
@@ -126,7 +126,8 @@ static int bind_allreduce(PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         int j = 0;
         while (j < NPARAMS && key != interned[j]) j++;
         if (j == NPARAMS) /* not interned: compare the text */
-            while (--j >= 0 && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) {}
+            while (--j >= 0 && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) {
+            }
         if (j < 0 || v[j]) fast = 0; /* the fallback raises the TypeError */
         else v[j] = args[nargs + k];
     }
@@ -341,9 +342,9 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
     const char *name, *compression;
     PyObject *list, *op_obj, *splits_obj = Py_None, *stream_obj = Py_None;
     double prescale, postscale;
-    if (!PyArg_ParseTuple(args, "isO!Oiddzi|OO", &coll, &name, &PyList_Type, &list, &op_obj,
-                          &root, &prescale, &postscale, &compression, &caller_waits,
-                          &splits_obj, &stream_obj))
+    if (!PyArg_ParseTuple(args, "isO!Oiddzi|OO", &coll, &name, &PyList_Type, &list, &op_obj, &root,
+                          &prescale, &postscale, &compression, &caller_waits, &splits_obj,
+                          &stream_obj))
         return NULL;
     int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
     int op = reduces ? parse_op(op_obj) : 0; /* an argument error before "not initialized" */
@@ -383,8 +384,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
     cring_tensor_t stack_ts[STACK_TENSORS];
     int64_t stack_scalars[STACK_TENSORS];
     int on_stack = caller_waits == 2 && n <= STACK_TENSORS;
-    cring__dl_ref_t *refs =
-        on_stack ? stack_refs : PyMem_Calloc((size_t)(2 * n + 1), sizeof *refs);
+    cring__dl_ref_t *refs = on_stack ? stack_refs : PyMem_Calloc((size_t)(2 * n + 1), sizeof *refs);
     cring_tensor_t *ts = on_stack ? stack_ts : PyMem_Calloc((size_t)(n + 1), sizeof *ts);
     int64_t *scalar_shapes =
         on_stack ? stack_scalars : PyMem_Calloc((size_t)(n + 1), sizeof(int64_t));
@@ -456,11 +456,18 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
             goto done;
         }
     }
-    cring_request_t req = {.name = name, .collective = (cring_collective_t)coll,
-                           .op = (cring_op_t)op, .root = root, .prescale = prescale,
-                           .postscale = postscale, .compression = comp, .ntensors = (int)n,
-                           .tensors = ts, .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0,
-                           .splits = splits, .device = device};
+    cring_request_t req = {.name = name,
+                           .collective = (cring_collective_t)coll,
+                           .op = (cring_op_t)op,
+                           .root = root,
+                           .prescale = prescale,
+                           .postscale = postscale,
+                           .compression = comp,
+                           .ntensors = (int)n,
+                           .tensors = ts,
+                           .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0,
+                           .splits = splits,
+                           .device = device};
     if (caller_waits == 2) {
         if (submit_wait_here(s, &req, refs, &nrefs) == 0) result = Py_NewRef(Py_None);
         goto done; /* the views are released below, after the engine is done */

@@ -98,7 +98,8 @@ EXPORT const char *cudaGetErrorString(int error) {
     switch (error) {
     case SUCCESS: return "no error";
     case ERROR_MEMORY_ALLOCATION: return "out of memory";
-    case ERROR_INSUFFICIENT_DRIVER: return "CUDA driver version is insufficient for CUDA runtime version";
+    case ERROR_INSUFFICIENT_DRIVER:
+        return "CUDA driver version is insufficient for CUDA runtime version";
     case ERROR_INVALID_DEVICE: return "invalid device ordinal";
     case ERROR_INVALID_RESOURCE_HANDLE: return "invalid resource handle";
     default: return "unknown error";
@@ -121,8 +122,11 @@ EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t bytes, int kind, v
     memmove(dst, src, bytes);
     if (kind == 3) atomic_fetch_add(&n_memcpy_d2d, 1);
     log_line("memcpy kind=%s bytes=%zu stream=0x%lx",
-             kind == 1 ? "H2D" : kind == 2 ? "D2H" : kind == 3 ? "D2D" : "other", bytes,
-             (unsigned long)(uintptr_t)stream);
+             kind == 1   ? "H2D"
+             : kind == 2 ? "D2H"
+             : kind == 3 ? "D2D"
+                         : "other",
+             bytes, (unsigned long)(uintptr_t)stream);
     return SUCCESS;
 }
 
