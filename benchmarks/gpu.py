@@ -162,6 +162,7 @@ def measure(mode: str, repeats: int, sizes: list) -> list:
 
 # ---- per-call cost and training steps, world size 1 (issue 16) ---------------------------------
 
+
 def per_call(torch, calls: int = 2000) -> list:
     """Seconds per call of a 4 KiB in-place allreduce, loop + one device sync."""
     import torch.distributed as dist
@@ -187,8 +188,12 @@ def per_call(torch, calls: int = 2000) -> list:
     rows = [
         ["cring.allreduce_", loop(lambda: cring.allreduce_(x, op=cring.Sum, name="percall"))],
         ["cring.torch.allreduce_", loop(lambda: hvd.allreduce_(x, op=hvd.Sum, name="percall"))],
-        ["cring.allreduce_async_+synchronize",
-         loop(lambda: cring.synchronize(cring.allreduce_async_(x, op=cring.Sum, name="percall")))],
+        [
+            "cring.allreduce_async_+synchronize",
+            loop(
+                lambda: cring.synchronize(cring.allreduce_async_(x, op=cring.Sum, name="percall"))
+            ),
+        ],
         ["torch.distributed.all_reduce", loop(lambda: dist.all_reduce(x))],
     ]
     return rows
@@ -199,8 +204,11 @@ def models(torch):
     imports, else models of the same shape of work written here."""
     try:
         import torchvision
-        return [("resnet50", lambda: torchvision.models.resnet50()),
-                ("vit_b_16", lambda: torchvision.models.vit_b_16())]
+
+        return [
+            ("resnet50", lambda: torchvision.models.resnet50()),
+            ("vit_b_16", lambda: torchvision.models.vit_b_16()),
+        ]
     except ImportError:
         pass
     nn = torch.nn
@@ -210,18 +218,33 @@ def models(torch):
             super().__init__()
             cout = mid * 4
             self.body = nn.Sequential(
-                nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(inplace=True),
-                nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid),
-                nn.ReLU(inplace=True), nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
-            self.skip = (nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+                nn.Conv2d(cin, mid, 1, bias=False),
+                nn.BatchNorm2d(mid),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(mid, mid, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(mid),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(mid, cout, 1, bias=False),
+                nn.BatchNorm2d(cout),
+            )
+            self.skip = (
+                nn.Identity()
+                if stride == 1 and cin == cout
+                else nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
+            )
 
         def forward(self, x):
             return torch.relu(self.body(x) + self.skip(x))
 
     def resnet50():
-        layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
-                  nn.MaxPool2d(3, 2, 1)]
+        layers = [
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, 2, 1),
+        ]
         cin = 64
         for mid, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
             for b in range(blocks):
@@ -236,8 +259,9 @@ def models(torch):
             self.patch = nn.Conv2d(3, 768, 16, 16)
             self.cls = nn.Parameter(torch.zeros(1, 1, 768))
             self.pos = nn.Parameter(torch.zeros(1, 197, 768))
-            layer = nn.TransformerEncoderLayer(768, 12, 3072, activation="gelu",
-                                               batch_first=True, norm_first=True)
+            layer = nn.TransformerEncoderLayer(
+                768, 12, 3072, activation="gelu", batch_first=True, norm_first=True
+            )
             self.encoder = nn.TransformerEncoder(layer, 12)
             self.head = nn.Linear(768, 1000)
 
@@ -302,11 +326,17 @@ def issue16(torch) -> None:
     import torch.distributed as dist
 
     import cring
+
     os.environ.pop("CRING_GPU_OPERATIONS", None)
     torch.cuda.set_device(0)
     cring.init(rank=0, size=1)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1, device_id=torch.device("cuda", 0))
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        device_id=torch.device("cuda", 0),
+    )
     calls = per_call(torch)
     ref = calls[-1][1]
     print(f"\n{'per call, 4 KiB, world size 1':40s} {'time':>10s} {'vs torch':>9s}")
@@ -314,21 +344,25 @@ def issue16(torch) -> None:
         print(f"{who:40s} {t * 1e6:8.1f} us {t / ref:8.2f}x")
     print("(goal: cring <= 1.0x torch.distributed; stretch 0.5x)")
     rows = steps(torch)
-    print(f"\n{'model':20s} {'with':6s} {'step':>10s} {'vs none':>8s} {'NCCL/step':>10s} "
-          f"{'goal':>5s}")
+    print(
+        f"\n{'model':20s} {'with':6s} {'step':>10s} {'vs none':>8s} {'NCCL/step':>10s} {'goal':>5s}"
+    )
     none = {r[0]: r[2] for r in rows if r[1] == "none"}
     for name, how, t, launches, _bytes, goal in rows:
         shown = f"{launches:.1f}" if launches != "" else ""
-        print(f"{name:20s} {how:6s} {t * 1e3:7.2f} ms {t / none[name]:7.3f}x {shown:>10s} "
-              f"{goal if how == 'cring' else '':>5}")
+        print(
+            f"{name:20s} {how:6s} {t * 1e3:7.2f} ms {t / none[name]:7.3f}x {shown:>10s} "
+            f"{goal if how == 'cring' else '':>5}"
+        )
     print("(goals: cring <= DDP's step time and within 1.03x of none; NCCL/step <= goal)")
     dist.destroy_process_group()
     cring.shutdown()
     RESULTS.mkdir(exist_ok=True)
     with open(RESULTS / "gpu_steps.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["case", "with", "seconds", "nccl_launches_per_step", "gradient_bytes",
-                    "launch_goal"])
+        w.writerow(
+            ["case", "with", "seconds", "nccl_launches_per_step", "gradient_bytes", "launch_goal"]
+        )
         w.writerows([["per call 4 KiB", who, t, "", "", ""] for who, t in calls] + rows)
 
 
@@ -388,8 +422,11 @@ def main() -> int:
     parser.add_argument("--worker", choices=("nccl", "host"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--only", choices=("sizes", "steps"),
-                        help="only the message-size tables, or only the issue-16 parts")
+    parser.add_argument(
+        "--only",
+        choices=("sizes", "steps"),
+        help="only the message-size tables, or only the issue-16 parts",
+    )
     args = parser.parse_args()
     if args.worker:
         rows = measure(args.worker, args.repeats, HOST_SIZES if args.worker == "host" else SIZES)
@@ -404,8 +441,10 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     tmp = RESULTS / "gpu_tmp"
     tmp.mkdir(exist_ok=True)
-    print(f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch "
-          f"{torch.__version__} (CUDA {torch.version.cuda})")
+    print(
+        f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch "
+        f"{torch.__version__} (CUDA {torch.version.cuda})"
+    )
     if args.only != "sizes":
         issue16(torch)
     if args.only == "steps":

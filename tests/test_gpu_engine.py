@@ -24,6 +24,7 @@ import sys
 
 import pytest
 import test_gpu_loader as loader
+
 from test_bootstrap import free_port
 
 fakes = loader.fakes  # the fixture that builds the test doubles
@@ -36,11 +37,22 @@ def start_ranks(world_size: int, mode: str, env: dict) -> list[dict]:
     port = str(free_port())
     procs = []
     for r in range(world_size):
-        e = dict(env, CRING_RANK=str(r), CRING_SIZE=str(world_size), CRING_ADDR="127.0.0.1",
-                 CRING_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, str(GPU_TESTS / "engine_worker.py"), mode],
-                                      env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+        e = dict(
+            env,
+            CRING_RANK=str(r),
+            CRING_SIZE=str(world_size),
+            CRING_ADDR="127.0.0.1",
+            CRING_PORT=port,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(GPU_TESTS / "engine_worker.py"), mode],
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = []
     try:
         for p in procs:
@@ -52,14 +64,23 @@ def start_ranks(world_size: int, mode: str, env: dict) -> list[dict]:
     results = []
     for p, (out, err) in zip(procs, outs):
         lines = out.strip().splitlines()
-        results.append({"returncode": p.returncode, "stderr": err[-4000:],
-                        **(json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {})})
+        results.append(
+            {
+                "returncode": p.returncode,
+                "stderr": err[-4000:],
+                **(json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}),
+            }
+        )
     return results
 
 
 def fake_env(fakes: dict, **extra: str) -> dict:
-    return clean_env(CRING_NCCL_LIBRARY=fakes["nccl"], CRING_CUDART_LIBRARY=fakes["cudart"],
-                     CRING_FAKE_NCCL_TIMEOUT_S="20", **extra)
+    return clean_env(
+        CRING_NCCL_LIBRARY=fakes["nccl"],
+        CRING_CUDART_LIBRARY=fakes["cudart"],
+        CRING_FAKE_NCCL_TIMEOUT_S="20",
+        **extra,
+    )
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -77,8 +98,9 @@ def test_one_hundred_small_tensors_take_at_most_two_nccl_calls(fakes, tmp_path, 
     log = tmp_path / "nccl.log"
     # the Python path of FakeCudaTensor costs tens of microseconds per call: a
     # cycle of 100 ms lets all 100 arrive before the first round takes them
-    ranks = start_ranks(world_size, "fuse",
-                        fake_env(fakes, CRING_FAKE_NCCL_LOG=str(log), CRING_CYCLE_TIME="100"))
+    ranks = start_ranks(
+        world_size, "fuse", fake_env(fakes, CRING_FAKE_NCCL_LOG=str(log), CRING_CYCLE_TIME="100")
+    )
     lines = log.read_text().splitlines()
     for r in ranks:
         assert r["returncode"] == 0, r["stderr"]
@@ -90,8 +112,9 @@ def test_one_hundred_small_tensors_take_at_most_two_nccl_calls(fakes, tmp_path, 
         assert r["fused_copies"] == 200  # packed into and out of the device fusion buffer
         calls = [ln for ln in lines if ln.startswith(f"pid={r['pid']} allreduce ")]
         assert 1 <= len(calls) <= 2, calls  # what the fake NCCL itself was called with
-        assert sum(int(re.search(r"count=(\d+)", ln).group(1)) for ln in calls) == \
-            sum(k % 7 + 1 for k in range(100))
+        assert sum(int(re.search(r"count=(\d+)", ln).group(1)) for ln in calls) == sum(
+            k % 7 + 1 for k in range(100)
+        )
 
 
 def test_mismatch_and_any_order_at_three_ranks(fakes, tmp_path):
@@ -119,7 +142,11 @@ def test_events_order_the_callers_stream_and_crings(fakes, tmp_path):
     stream wait on the completion event."""
     nccl_log, cuda_log = tmp_path / "nccl.log", tmp_path / "cuda.log"
     env = fake_env(fakes, CRING_FAKE_NCCL_LOG=str(nccl_log), CRING_FAKE_CUDA_LOG=str(cuda_log))
-    proc = subprocess.run([sys.executable, "-c", """
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            """
 import json, numpy as np, cring
 from cring import _gpu
 from fake_cuda import FakeCudaTensor as F
@@ -130,7 +157,13 @@ with _gpu.use_stream(0x5150):
     assert cring.synchronize(h) is x
 print(json.dumps({"x": x.array.tolist(), "stats": _gpu.stats()}))
 cring.shutdown()
-"""], env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+""",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["x"] == [1.0] * 5

@@ -444,8 +444,9 @@ def test_two_ranks_through_nccl(fakes, tmp_path):
     for rank, stream in (("0", "0x1234"), ("1", "0x1235")):
         assert any("eventrecord " in ln and f"stream={stream}" in ln for ln in cuda)
         assert any(f"streamwait stream={stream} " in ln for ln in cuda)  # synchronize()
-        assert any(f"allreduce rank={rank} count=4 " in ln and "stream=0xc0de" in ln
-                   for ln in lines)
+        assert any(
+            f"allreduce rank={rank} count=4 " in ln and "stream=0xc0de" in ln for ln in lines
+        )
     assert not any(" kind=H2D" in ln or " kind=D2H" in ln for ln in cuda)  # nothing staged
     assert not any(" sync stream" in ln or "eventsync" in ln for ln in cuda)  # no host wait
     assert any(" setdevice 0" in ln for ln in cuda)

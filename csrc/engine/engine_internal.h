@@ -43,8 +43,8 @@ typedef struct req {
     tensor_spec_t *t;
     int64_t *splits;       /* alltoall: rows sent to each rank (size entries) */
     cring_device_t device; /* where every tensor lives (copied from the request) */
-    void *ghost;     /* a joined rank's stand-in: its zero buffer (handle is NULL) */
-    void *ready_event; /* CUDA: the event its backend's prepare recorded on the
+    void *ghost;           /* a joined rank's stand-in: its zero buffer (handle is NULL) */
+    void *ready_event;     /* CUDA: the event its backend's prepare recorded on the
                           producer's stream; taken by execution, else discarded */
     cring_handle_t *handle;
     uint8_t *record; /* this rank's description of the request */

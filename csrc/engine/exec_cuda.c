@@ -189,7 +189,8 @@ static cring_status_t record_done(cring_engine_t *e, const lane_t *L, req_t **ba
     cring__errmsg_t err = {{0}};
     cring__gpu_event_t *ev = NULL;
     cring_status_t st = cring__gpu_event_record(L->g, L->device, L->stream, &ev, &err);
-    if (st != CRING_OK) return fail(e, st, "the completion event on cuda:%d: %s", L->device, err.text);
+    if (st != CRING_OK)
+        return fail(e, st, "the completion event on cuda:%d: %s", L->device, err.text);
     for (int b = 0; b < n; b++) {
         cring_handle_t *h = batch[b]->handle;
         if (!h) continue;
@@ -274,11 +275,14 @@ static cring_status_t fused(cring_engine_t *e, const lane_t *L, const cring__gpu
                                     L->stream, &err);
         off += items[i].bytes;
     }
-    if (st != CRING_OK) return fail(e, st, "packing the fusion buffer on cuda:%d: %s", L->device,
-                                    err.text);
+    if (st != CRING_OK)
+        return fail(e, st, "packing the fusion buffer on cuda:%d: %s", L->device, err.text);
     cring_dtype_t dt = bcast ? CRING_UINT8 : items[0].dtype;
-    cring__gpu_tensor_t t = {.send = buf, .recv = buf, .dtype = dt,
-                             .count = bytes / cring_dtype_size(dt), .stream = L->stream};
+    cring__gpu_tensor_t t = {.send = buf,
+                             .recv = buf,
+                             .dtype = dt,
+                             .count = bytes / cring_dtype_size(dt),
+                             .stream = L->stream};
     cring__gpu_coll_t c = *tmpl;
     c.ntensors = 1;
     c.tensors = &t;
@@ -322,17 +326,23 @@ static cring_status_t run_batch(cring_engine_t *e, req_t **batch, int n) {
         if (!r->handle && r->ghost) st = ghost_buffers(e, &L, r, &ghosts[b]);
         for (int i = 0; i < r->ntensors && st == CRING_OK; i++)
             if (r->t[i].count)
-                items[k++] = (item_t){.send = r->t[i].send, .recv = r->t[i].recv,
-                                      .bytes = r->t[i].bytes, .count = r->t[i].count,
+                items[k++] = (item_t){.send = r->t[i].send,
+                                      .recv = r->t[i].recv,
+                                      .bytes = r->t[i].bytes,
+                                      .count = r->t[i].count,
                                       .dtype = r->t[i].dtype};
     }
     if (st != CRING_OK) goto done;
-    cring__gpu_coll_t tmpl = {.collective = first->coll, .op = first->op, .root = first->root,
+    cring__gpu_coll_t tmpl = {.collective = first->coll,
+                              .op = first->op,
+                              .root = first->root,
                               .scale = first->prescale * first->postscale};
     /* what NCCL cannot do fails before anything is enqueued */
     for (int i = 0; i < k && st == CRING_OK; i++) {
-        cring__gpu_tensor_t t = {.send = items[i].send, .recv = items[i].recv,
-                                 .dtype = items[i].dtype, .count = items[i].count};
+        cring__gpu_tensor_t t = {.send = items[i].send,
+                                 .recv = items[i].recv,
+                                 .dtype = items[i].dtype,
+                                 .count = items[i].count};
         cring__gpu_coll_t c = tmpl;
         c.ntensors = 1;
         c.tensors = &t;
@@ -351,8 +361,10 @@ static cring_status_t run_batch(cring_engine_t *e, req_t **batch, int n) {
             st = fused(e, &L, &tmpl, items + i, j - i, bytes);
             nfused += j - i;
         } else {
-            cring__gpu_tensor_t t = {.send = items[i].send, .recv = items[i].recv,
-                                     .dtype = items[i].dtype, .count = items[i].count,
+            cring__gpu_tensor_t t = {.send = items[i].send,
+                                     .recv = items[i].recv,
+                                     .dtype = items[i].dtype,
+                                     .count = items[i].count,
                                      .stream = L.stream};
             cring__gpu_coll_t c = tmpl;
             c.ntensors = 1;
@@ -376,8 +388,7 @@ static void free_device_output(void *ctx, void *ptr, size_t bytes) {
 }
 
 /* One request's grouped call on the lane, after its producer, then its completion. */
-static cring_status_t run_one(cring_engine_t *e, const lane_t *L, req_t *r,
-                              cring__gpu_coll_t *c) {
+static cring_status_t run_one(cring_engine_t *e, const lane_t *L, req_t *r, cring__gpu_coll_t *c) {
     double t0 = cring__engine_tl_now(e);
     CRING_CHECK(call(e, L, c));
     if (c->ntensors > 1) cring__engine_stats_add(&e->stats.fused_tensors, (uint64_t)c->ntensors);
@@ -425,12 +436,16 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
             break;
         }
         h->output_bytes[i] = bytes;
-        ts[i] = (cring__gpu_tensor_t){.send = t->send, .recv = h->outputs[i], .dtype = t->dtype,
-                                      .count = t->count, .rank_counts = rc, .stream = L.stream};
+        ts[i] = (cring__gpu_tensor_t){.send = t->send,
+                                      .recv = h->outputs[i],
+                                      .dtype = t->dtype,
+                                      .count = t->count,
+                                      .rank_counts = rc,
+                                      .stream = L.stream};
     }
     if (st == CRING_OK) {
-        cring__gpu_coll_t c = {.collective = CRING_COLL_ALLGATHER, .scale = 1.0,
-                               .ntensors = (int)nt, .tensors = ts};
+        cring__gpu_coll_t c = {
+            .collective = CRING_COLL_ALLGATHER, .scale = 1.0, .ntensors = (int)nt, .tensors = ts};
         st = run_one(e, &L, r, &c);
     }
 done:
@@ -456,8 +471,12 @@ static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
         tensor_spec_t *t = &r->t[i];
         size_t rows = (size_t)t->shape[0], *rc = counts + i * P;
         for (size_t q = 0; q < P; q++) rc[q] = (rows / P + (q < rows % P)) * t->row_elems;
-        ts[i] = (cring__gpu_tensor_t){.send = t->send, .recv = t->recv, .dtype = t->dtype,
-                                      .count = t->count, .rank_counts = rc, .stream = L.stream};
+        ts[i] = (cring__gpu_tensor_t){.send = t->send,
+                                      .recv = t->recv,
+                                      .dtype = t->dtype,
+                                      .count = t->count,
+                                      .rank_counts = rc,
+                                      .stream = L.stream};
     }
     cring__gpu_coll_t c = {.collective = CRING_COLL_REDUCESCATTER,
                            .op = r->op,

@@ -10,14 +10,14 @@
 #include "../reduce/reduce.h"
 #include "engine_internal.h"
 
-/* A request and everything it owns (tensor specs, shapes, name, record) is
- * one allocation. */
 /* A request that never ran gives back what its backend's prepare attached. */
 static void drop_ready_event(req_t *r) {
     if (r->ready_event && r->device.type == CRING_DEVICE_CUDA && cring__backend_cuda.discard)
         cring__backend_cuda.discard(r);
 }
 
+/* A request and everything it owns (tensor specs, shapes, name, record) is
+ * one allocation. */
 void cring__req_free(req_t *r) {
     if (r) {
         drop_ready_event(r);

@@ -20,15 +20,24 @@ typedef struct {
 #define CUDART_SYM(field, req)                                                                     \
     { "cuda" #field, offsetof(cring__cudart_api_t, field), req }
 static const symbol_t cudart_symbols[] = {
-    CUDART_SYM(GetDeviceCount, 1),   CUDART_SYM(GetDevice, 1),
-    CUDART_SYM(SetDevice, 1),        CUDART_SYM(RuntimeGetVersion, 1),
-    CUDART_SYM(GetErrorString, 1),   CUDART_SYM(HostAlloc, 1),
-    CUDART_SYM(FreeHost, 1),         CUDART_SYM(MemcpyAsync, 1),
-    CUDART_SYM(StreamSynchronize, 1), CUDART_SYM(Malloc, 1),
-    CUDART_SYM(Free, 1),             CUDART_SYM(MemsetAsync, 1),
-    CUDART_SYM(EventCreateWithFlags, 1), CUDART_SYM(EventDestroy, 1),
-    CUDART_SYM(EventRecord, 1),      CUDART_SYM(EventQuery, 1),
-    CUDART_SYM(EventSynchronize, 1), CUDART_SYM(StreamWaitEvent, 1),
+    CUDART_SYM(GetDeviceCount, 1),
+    CUDART_SYM(GetDevice, 1),
+    CUDART_SYM(SetDevice, 1),
+    CUDART_SYM(RuntimeGetVersion, 1),
+    CUDART_SYM(GetErrorString, 1),
+    CUDART_SYM(HostAlloc, 1),
+    CUDART_SYM(FreeHost, 1),
+    CUDART_SYM(MemcpyAsync, 1),
+    CUDART_SYM(StreamSynchronize, 1),
+    CUDART_SYM(Malloc, 1),
+    CUDART_SYM(Free, 1),
+    CUDART_SYM(MemsetAsync, 1),
+    CUDART_SYM(EventCreateWithFlags, 1),
+    CUDART_SYM(EventDestroy, 1),
+    CUDART_SYM(EventRecord, 1),
+    CUDART_SYM(EventQuery, 1),
+    CUDART_SYM(EventSynchronize, 1),
+    CUDART_SYM(StreamWaitEvent, 1),
     CUDART_SYM(StreamCreateWithFlags, 1),
 };
 

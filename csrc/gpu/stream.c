@@ -100,8 +100,8 @@ cring_status_t cring__gpu_event_sync(cring__gpu_t *g, const cring__gpu_event_t *
     CRING_CHECK(need_runtime(g, ev->device, err));
     cudaError_t e = g->cudart.EventSynchronize(ev->event);
     if (e != CRING_CUDA_SUCCESS)
-        return cring__fail(err, CRING_ERR_SYSTEM, "cudaEventSynchronize on cuda:%d: %s",
-                           ev->device, cring__gpu_cuda_error(g, e));
+        return cring__fail(err, CRING_ERR_SYSTEM, "cudaEventSynchronize on cuda:%d: %s", ev->device,
+                           cring__gpu_cuda_error(g, e));
     count(g, &g->stats.host_waits, 1);
     return CRING_OK;
 }
@@ -117,11 +117,10 @@ cring_status_t cring__gpu_device_stream(cring__gpu_t *g, int device, void **stre
         int previous = -1;
         st = cring__gpu_enter_device(g, device, 0, &previous, err);
         if (st == CRING_OK) {
-            cudaError_t e = g->cudart.StreamCreateWithFlags(&lane->stream,
-                                                            CRING_CUDA_STREAM_NON_BLOCKING);
+            cudaError_t e =
+                g->cudart.StreamCreateWithFlags(&lane->stream, CRING_CUDA_STREAM_NON_BLOCKING);
             cring__gpu_leave_device(g, device, previous);
-            if (e == CRING_CUDA_SUCCESS)
-                lane->has_stream = 1;
+            if (e == CRING_CUDA_SUCCESS) lane->has_stream = 1;
             else
                 st = cring__fail(err, CRING_ERR_SYSTEM, "cudaStreamCreateWithFlags on cuda:%d: %s",
                                  device, cring__gpu_cuda_error(g, e));

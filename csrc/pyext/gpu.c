@@ -182,8 +182,7 @@ int cring__pyext_cuda_after(module_state *s, cring_handle_t *h, const char *name
     if (st == CRING_OK && producer != consumer)
         st = cring__gpu_stream_wait(g, device, producer, ev, &err);
     if (st == CRING_OK && block_host) {
-        Py_BEGIN_ALLOW_THREADS
-        st = cring__gpu_event_sync(g, ev, &err);
+        Py_BEGIN_ALLOW_THREADS st = cring__gpu_event_sync(g, ev, &err);
         Py_END_ALLOW_THREADS
     }
     if (st == CRING_OK) return 0;
@@ -379,12 +378,11 @@ static PyObject *Gpu_stage_out(GpuState *self, PyObject *args) {
 static PyObject *Gpu_stats(GpuState *self, PyObject *unused) {
     cring__gpu_stats_t s;
     cring__gpu_get_stats(self->g, &s);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "communicators",
-                         s.communicators, "groups", s.groups, "nccl_calls", s.nccl_calls,
-                         "staged_bytes", s.staged_bytes, "pinned_allocs", s.pinned_allocs,
-                         "device_allocs", s.device_allocs, "events", s.events, "stream_waits",
-                         s.stream_waits, "host_waits", s.host_waits, "fused_copies",
-                         s.fused_copies);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "communicators", s.communicators, "groups",
+        s.groups, "nccl_calls", s.nccl_calls, "staged_bytes", s.staged_bytes, "pinned_allocs",
+        s.pinned_allocs, "device_allocs", s.device_allocs, "events", s.events, "stream_waits",
+        s.stream_waits, "host_waits", s.host_waits, "fused_copies", s.fused_copies);
 }
 
 /* PinnedBuffer: host memory that exports itself through DLPack as

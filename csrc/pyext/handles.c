@@ -41,10 +41,9 @@ void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs
     }
     cring__pyext_dropped_t *d = PyMem_Malloc(sizeof *d);
     if (!d) { /* nowhere to keep the views: the only safe thing left is to wait */
-        Py_BEGIN_ALLOW_THREADS
-        cring_handle_wait(h);
-        Py_END_ALLOW_THREADS
-        if (cuda_device >= 0 && nrefs) cring__pyext_cuda_order_release(h, cuda_device, cuda_stream);
+        Py_BEGIN_ALLOW_THREADS cring_handle_wait(h);
+        Py_END_ALLOW_THREADS if (cuda_device >= 0 && nrefs)
+            cring__pyext_cuda_order_release(h, cuda_device, cuda_stream);
         release_refs(refs, nrefs);
         cring_handle_free(h);
         return;

@@ -44,7 +44,7 @@ typedef struct {
     int nrefs;
     int collective;
     char *name;
-    int released; /* the views were released (the handle completed and was waited on) */
+    int released;      /* the views were released (the handle completed and was waited on) */
     int cuda_device;   /* CUDA requests: the device; -1 otherwise */
     int cuda_torch;    /* the tensors are torch's (its current stream is the consumer's) */
     void *cuda_stream; /* the producer's stream at submission */

@@ -56,10 +56,9 @@ static void drop_views(module_state *s, cring_handle_t *h, cring__dl_ref_t *view
     int cuda_device = device->type == CRING_DEVICE_CUDA ? device->id : -1;
     cring__dl_ref_t *kept = n ? PyMem_Calloc((size_t)n, sizeof *kept) : NULL;
     if (n && !kept) { /* nowhere to keep them: wait, then release */
-        Py_BEGIN_ALLOW_THREADS
-        cring_handle_wait(h);
-        Py_END_ALLOW_THREADS
-        if (cuda_device >= 0) cring__pyext_cuda_order_release(h, cuda_device, device->stream);
+        Py_BEGIN_ALLOW_THREADS cring_handle_wait(h);
+        Py_END_ALLOW_THREADS if (cuda_device >= 0)
+            cring__pyext_cuda_order_release(h, cuda_device, device->stream);
         cring_handle_free(h);
         for (int i = 0; i < n; i++) cring__dl_release(&views[i]);
         return;
@@ -113,8 +112,8 @@ static int is_one(PyObject *x) {
 enum { NPARAMS = 6 };
 static int bind_allreduce(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                           PyObject **v) {
-    static const char *const names[] = {"tensor", "op", "name", "compression",
-                                        "prescale_factor", "postscale_factor"};
+    static const char *const names[] = {
+        "tensor", "op", "name", "compression", "prescale_factor", "postscale_factor"};
     static PyObject *interned[NPARAMS]; /* call sites' keywords are interned: compare pointers */
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     int fast = nargs <= NPARAMS;
@@ -160,11 +159,19 @@ static int cuda_fast_ok(void) {
 static void one_tensor_request(cring_request_t *req, cring_tensor_t *t, int64_t *one,
                                const cring__dl_ref_t *ref, const char *name, int op) {
     *one = 1;
-    *t = (cring_tensor_t){.send = ref->data, .recv = ref->data, .dtype = ref->dtype,
-                          .ndim = ref->t->ndim, .shape = ref->t->ndim ? ref->t->shape : one};
-    *req = (cring_request_t){.name = name, .collective = CRING_COLL_ALLREDUCE,
-                             .op = (cring_op_t)op, .prescale = 1.0, .postscale = 1.0,
-                             .compression = CRING_DTYPE_COUNT, .ntensors = 1, .tensors = t};
+    *t = (cring_tensor_t){.send = ref->data,
+                          .recv = ref->data,
+                          .dtype = ref->dtype,
+                          .ndim = ref->t->ndim,
+                          .shape = ref->t->ndim ? ref->t->shape : one};
+    *req = (cring_request_t){.name = name,
+                             .collective = CRING_COLL_ALLREDUCE,
+                             .op = (cring_op_t)op,
+                             .prescale = 1.0,
+                             .postscale = 1.0,
+                             .compression = CRING_DTYPE_COUNT,
+                             .ntensors = 1,
+                             .tensors = t};
 }
 
 /* For a taken CUDA view: its device and the caller's stream, read once. */
@@ -211,7 +218,8 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
             cring_request_t req;
             one_tensor_request(&req, &t, &one, &ref, name, op);
             req.flags = CRING_REQUEST_CALLER_WAITS;
-            if (ref.t->device.device_type == CRING_DL_CUDA && cuda_device_of(&ref, &req.device) < 0) {
+            if (ref.t->device.device_type == CRING_DL_CUDA &&
+                cuda_device_of(&ref, &req.device) < 0) {
                 cring__dl_release(&ref);
                 return NULL;
             }
@@ -265,8 +273,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     }
     if (!taken) {
         PyMem_Free(ref);
-        return fall_back(module, &fallback_name, "allreduce_async_fallback", args, nargs,
-                         kwnames);
+        return fall_back(module, &fallback_name, "allreduce_async_fallback", args, nargs, kwnames);
     }
     for (int j = 0; j < 4; j++)
         if (!attr[j] && !(attr[j] = PyUnicode_InternFromString(attr_names[j]))) goto fail;
@@ -283,8 +290,8 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
         cring__pyext_raise_submit(s, st, CRING_COLL_ALLREDUCE, name);
         goto fail;
     }
-    HandleObject *h = (HandleObject *)cring__pyext_handle_new(s, handle, ref, 1,
-                                                              CRING_COLL_ALLREDUCE, name);
+    HandleObject *h =
+        (HandleObject *)cring__pyext_handle_new(s, handle, ref, 1, CRING_COLL_ALLREDUCE, name);
     if (!h) return NULL; /* it took the view */
     h->cuda_device = req.device.id;
     h->cuda_torch = 1;

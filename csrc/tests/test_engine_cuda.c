@@ -127,11 +127,11 @@ static void run_rank(int rank, int size, int port, int unused) {
     cring__gpu_stats_t st1;
     cring__gpu_get_stats(g, &st1);
     CHECK(st1.communicators == 1);
-    CHECK(st1.nccl_calls < MANY);                    /* fused through the device buffer */
+    CHECK(st1.nccl_calls < MANY);                     /* fused through the device buffer */
     CHECK((long)st1.nccl_calls == fake_nccl_count()); /* what NCCL itself saw */
-    CHECK(st1.stream_waits == MANY);                 /* cring's stream waited on each producer */
-    CHECK(st1.events >= MANY + st1.nccl_calls);      /* producers' and completions */
-    CHECK(fake_cuda("stream_create") == 1);          /* one cring stream for cuda:0 */
+    CHECK(st1.stream_waits == MANY);                  /* cring's stream waited on each producer */
+    CHECK(st1.events >= MANY + st1.nccl_calls);       /* producers' and completions */
+    CHECK(fake_cuda("stream_create") == 1);           /* one cring stream for cuda:0 */
 
     /* 2. A group of three (0, 1 and 1001 elements) and a scaled average, in
      * opposite orders on odd ranks. */
@@ -293,7 +293,8 @@ static void run_rank(int rank, int size, int port, int unused) {
         static int64_t lens[N];
         cring_tensor_t ts[N];
         cring_handle_t *hs[N];
-        cring_request_t bq = {.name = "barrier8", .collective = CRING_COLL_BARRIER,
+        cring_request_t bq = {.name = "barrier8",
+                              .collective = CRING_COLL_BARRIER,
                               .compression = CRING_DTYPE_COUNT,
                               .flags = CRING_REQUEST_CALLER_WAITS};
         cring_handle_t *bh;
@@ -315,13 +316,12 @@ static void run_rank(int rank, int size, int port, int unused) {
         for (int i = 0; i < N; i++) {
             CHECK_OK(cring_handle_wait(hs[i]));
             CHECK(cring_handle_device_event(hs[i]) != NULL);
-            for (int j = 0; j <= i; j++)
-                CHECK(xs[i][j] == (float)(S * (S - 1) / 2 + S * i * j));
+            for (int j = 0; j <= i; j++) CHECK(xs[i][j] == (float)(S * (S - 1) / 2 + S * i * j));
             cring_handle_free(hs[i]);
         }
         long calls = fake_nccl_count() - calls0;
-        if (calls > 2) fprintf(stderr, "rank %d: 100 small tensors took %ld NCCL calls\n", rank,
-                               calls);
+        if (calls > 2)
+            fprintf(stderr, "rank %d: 100 small tensors took %ld NCCL calls\n", rank, calls);
         CHECK(calls >= 1 && calls <= 2);
         CHECK(fake_cuda("memcpy_d2d") - copies0 == 2 * N);
         CHECK(fake_cuda("stream_wait") - waits0 == N);

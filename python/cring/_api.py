@@ -242,8 +242,19 @@ def _cuda_submit(
     event the engine's CUDA backend waits for; at synchronize() the caller's
     current stream waits on the collective's completion event (in C)."""
     with _gpu.device_guard(pairs[0][0]):
-        h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
-                      _CALLER_WAITS if caller_waits else _ASYNC, None, stream)
+        h = _C.submit(
+            collective,
+            name,
+            pairs,
+            op,
+            root,
+            float(prescale),
+            float(postscale),
+            wire,
+            _CALLER_WAITS if caller_waits else _ASYNC,
+            None,
+            stream,
+        )
     return Handle(h, finish)
 
 
@@ -353,13 +364,27 @@ def allreduce_async(
     )
 
 
-def _allreduce_async_inplace_general(tensor: Any, op: int = Average, name: Optional[str] = None,
-                                     compression: Any = None, prescale_factor: float = 1.0,
-                                     postscale_factor: float = 1.0) -> Handle:
+def _allreduce_async_inplace_general(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """allreduce_async_ for what _C.allreduce_async_ does not do itself
     (everything but a named torch CUDA tensor on the NCCL path)."""
-    return _allreduce_async([tensor], True, op, _name("allreduce", name), compression,
-                            prescale_factor, postscale_factor, False, False)
+    return _allreduce_async(
+        [tensor],
+        True,
+        op,
+        _name("allreduce", name),
+        compression,
+        prescale_factor,
+        postscale_factor,
+        False,
+        False,
+    )
 
 
 # cring.allreduce_async_(tensor, op=Average, name=None, compression=None,

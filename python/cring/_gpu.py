@@ -34,7 +34,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Callable, Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -309,8 +310,14 @@ class _DeviceResult:
         self._capsule = capsule
         self._device = device
 
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
-                   copy: Any = None) -> Any:
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Any = None,
+        dl_device: Any = None,
+        copy: Any = None,
+    ) -> Any:
         # the consumer's stream already waits for the collective (Handle.wait)
         capsule, self._capsule = self._capsule, None
         return capsule

@@ -19,10 +19,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fake_cuda import FakeCudaTensor as F  # noqa: E402
-
 import cring  # noqa: E402
 from cring import _gpu  # noqa: E402
+
+from fake_cuda import FakeCudaTensor as F  # noqa: E402
 
 
 def late(r: int, p: int, out: dict) -> None:

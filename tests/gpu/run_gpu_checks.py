@@ -347,17 +347,22 @@ def world_one(torch: Any, cring: Any) -> None:
                 return torch.optim.SGD(self.parameters(), lr=0.1)
 
         model = Tiny()
-        trainer = L.Trainer(strategy="cring", accelerator="gpu", devices=1, max_epochs=2,
-                            logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False)
+        trainer = L.Trainer(
+            strategy="cring",
+            accelerator="gpu",
+            devices=1,
+            max_epochs=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+        )
         trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=32))
         expect(next(model.parameters()).device.type == "cuda", "the model is not on the GPU")
         return "Trainer(strategy='cring', accelerator='gpu', devices=1).fit() ran"
 
     check("nccl world 1: C fast path for torch CUDA tensors", c_fast_path)
     check("nccl world 1: 100 small tensors fuse into at most 2 NCCL calls", fusion)
-    check("nccl world 1: synchronize() leaves the host free, block_host=True waits",
-          host_blocking)
+    check("nccl world 1: synchronize() leaves the host free, block_host=True waits", host_blocking)
     check("nccl world 1: the collective is ordered after the producer's stream", stream_order)
     check("nccl world 1: no device-wide wait on the fast path", no_device_wait)
     check("nccl world 1: cring.torch DistributedOptimizer on CUDA", optimizer)
