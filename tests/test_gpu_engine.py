@@ -11,7 +11,9 @@ every process under a hard timeout:
   (tests/gpu/fake_worker.py, also at 3 ranks);
 - a killed peer makes the survivors' CUDA allreduce raise PeerFailureError;
 - the order of events on the fake runtime: an event recorded on the
-  caller's stream, cring's stream waiting on it, NCCL on cring's stream.
+  caller's stream, cring's stream waiting on it, NCCL on cring's stream;
+- the C fast path of cring.allreduce_/allreduce_async_ for torch CUDA
+  tensors (torch dressed as a CUDA build): no frame of cring's Python code.
 What only a real GPU shows is listed in docs/gpu.md.
 """
 
@@ -182,3 +184,77 @@ cring.shutdown()
     assert not any(ln.startswith(("sync ", "eventsync")) for ln in cuda)  # no host wait
     calls = [ln for ln in nccl_log.read_text().splitlines() if " allreduce " in ln]
     assert len(calls) == 1 and f"stream={cring_stream} " in calls[0]
+
+
+FAST_PATH = """
+import json, sys
+import torch, cring
+from cring import _gpu
+from fake_cuda import FakeCudaTensor as F
+
+# torch without CUDA, dressed as a CUDA build for cring's C fast path: the
+# export it calls (torch._C._to_dlpack_versioned) hands over the CPU memory
+# as kDLCUDA, the current stream is 0x4242, and tensors say is_cuda
+keep = []
+
+
+def fake_export(t):
+    f = F(t.numpy())
+    keep.append(f)
+    return f.__dlpack__()
+
+
+torch._C._to_dlpack_versioned = fake_export
+torch._C._cuda_getCurrentRawStream = lambda index: 0x4242
+torch.Tensor.is_cuda = property(lambda self: True)
+cring.init(rank=0, size=1)
+assert cring.nccl_available() and cring.cuda_available()  # what the first CUDA call does
+x = torch.ones(6)
+frames = []
+
+
+def profile(frame, event, arg):
+    if event == "call":
+        frames.append(frame.f_code.co_filename + ":" + frame.f_code.co_name)
+
+
+before = _gpu.stats()
+sys.setprofile(profile)
+r1 = cring.allreduce_(x, op=cring.Sum, name="fast")
+h = cring.allreduce_async_(x, op=cring.Sum, name="fast_async")
+sys.setprofile(None)
+r2 = cring.synchronize(h)
+after = _gpu.stats()
+cring.shutdown()
+print(json.dumps({"same": r1 is x and r2 is x, "x": x.tolist(), "frames": frames,
+                  "events": after["events"] - before["events"],
+                  "stream_waits": after["stream_waits"] - before["stream_waits"]}))
+"""
+
+
+def test_c_fast_path_for_torch_cuda_tensors(fakes, tmp_path):
+    """cring.allreduce_ and allreduce_async_ of a (pretend) torch CUDA tensor
+    reach the queue from C: no frame of cring's Python code runs (the only
+    frames are this test's stand-ins for torch's CUDA functions), the current
+    stream is read and gets the producer's event, and it waits on the result."""
+    pytest.importorskip("torch")
+    cuda_log = tmp_path / "cuda.log"
+    env = fake_env(fakes, CRING_FAKE_CUDA_LOG=str(cuda_log))
+    proc = subprocess.run(
+        [sys.executable, "-c", FAST_PATH],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["same"] and out["x"] == [1.0] * 6  # sums over one rank, in place
+    cring_frames = [f for f in out["frames"] if "/cring/" in f]
+    assert cring_frames == [], cring_frames
+    assert out["events"] == 4  # a producer's and a completion event per call
+    assert out["stream_waits"] == 4  # cring's stream on the producer, 0x4242 on the result
+    cuda = cuda_log.read_text()
+    assert cuda.count("eventrecord") == 4
+    assert "eventrecord event=1 stream=0x4242" in cuda  # the producer's, on its stream
+    assert "streamwait stream=0x4242 " in cuda  # the caller's stream after the result
