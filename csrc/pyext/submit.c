@@ -318,6 +318,106 @@ fail:
     return NULL;
 }
 
+/* cring.torch's allreduce_(tensor, average=None, name=None, op=None,
+ * prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set)
+ * and allreduce_async_: Horovod's arguments resolved here (op None is
+ * Average), then cring's own allreduce_/allreduce_async_ above, so a torch
+ * CUDA tensor reaches the queue from cring.torch without a Python frame too.
+ * cring's errors are raised as cring.torch raises them (the module's
+ * `torch_error_hook`, cring.torch's _internal_error: a replacement or None).
+ * A deprecated `average`, another process set or a keyword cring does not
+ * know goes to the Python function (`torch_allreduce_fallback` /
+ * `torch_allreduce_async_fallback`). */
+static void torch_wrap_error(PyObject *module) {
+    static PyObject *hook_name;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb && value) PyException_SetTraceback(value, tb);
+    if (!hook_name && !(hook_name = PyUnicode_InternFromString("torch_error_hook"))) goto restore;
+    PyObject *hook = PyObject_GetAttr(module, hook_name);
+    PyObject *wrapped = hook ? PyObject_CallOneArg(hook, value) : NULL;
+    Py_XDECREF(hook);
+    if (!wrapped) { /* the hook's own error stands */
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return;
+    }
+    if (wrapped == Py_None || !PyExceptionInstance_Check(wrapped)) {
+        Py_DECREF(wrapped);
+        goto restore;
+    }
+    PyException_SetCause(wrapped, Py_NewRef(value)); /* raise wrapped from value */
+    PyErr_SetObject((PyObject *)Py_TYPE(wrapped), wrapped);
+    Py_DECREF(wrapped);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return;
+restore:
+    PyErr_Restore(type, value, tb);
+}
+
+static PyObject *torch_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames, int is_async) {
+    static const char *const names[] = {"tensor",          "average",          "name",       "op",
+                                        "prescale_factor", "postscale_factor", "process_set"};
+    enum { N = 7 };
+    static PyObject *interned[N], *fallback_sync, *fallback_async, *global_name, *one, *average;
+    PyObject *v[N] = {0};
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int fast = nargs <= N;
+    for (int j = 0; j < N && !interned[j]; j++)
+        if (!(interned[j] = PyUnicode_InternFromString(names[j]))) return NULL;
+    if (!one && !(one = PyFloat_FromDouble(1.0))) return NULL;
+    if (!average && !(average = PyLong_FromLong(CRING_AVERAGE))) return NULL;
+    if (!global_name && !(global_name = PyUnicode_InternFromString("torch_global_process_set")))
+        return NULL;
+    for (Py_ssize_t i = 0; fast && i < nargs; i++) v[i] = args[i];
+    for (Py_ssize_t k = 0; fast && k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int j = 0;
+        while (j < N && key != interned[j]) j++;
+        if (j == N)
+            while (--j >= 0 && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) {
+            }
+        if (j < 0 || v[j]) fast = 0;
+        else v[j] = args[nargs + k];
+    }
+    fast = fast && v[0] && (!v[1] || v[1] == Py_None);
+    if (fast && v[6]) {
+        PyObject *global = PyObject_GetAttr(module, global_name);
+        fast = global && v[6] == global;
+        Py_XDECREF(global);
+        PyErr_Clear();
+    }
+    if (!fast)
+        return fall_back(module, is_async ? &fallback_async : &fallback_sync,
+                         is_async ? "torch_allreduce_async_fallback" : "torch_allreduce_fallback",
+                         args, nargs, kwnames);
+    PyObject *forward[6] = {v[0],
+                            v[3] && v[3] != Py_None ? v[3] : average,
+                            v[2] ? v[2] : Py_None,
+                            Py_None,
+                            v[4] ? v[4] : one,
+                            v[5] ? v[5] : one};
+    PyObject *res = is_async ? py_allreduce_async_(module, forward, 6, NULL)
+                             : py_allreduce_(module, forward, 6, NULL);
+    if (!res) torch_wrap_error(module);
+    return res;
+}
+
+static PyObject *py_torch_allreduce_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames) {
+    return torch_forward(module, args, nargs, kwnames, 0);
+}
+
+static PyObject *py_torch_allreduce_async_(PyObject *module, PyObject *const *args,
+                                           Py_ssize_t nargs, PyObject *kwnames) {
+    return torch_forward(module, args, nargs, kwnames, 1);
+}
+
 /* A CUDA call's tensors share one device: the first sets device->id, the
  * others (index > 0) must match. Returns 0, or -1 with ValueError. */
 static int cuda_device(const cring__dl_ref_t *ref, Py_ssize_t index, cring_device_t *device,
@@ -554,6 +654,12 @@ PyMethodDef cring__pyext_submit_functions[] = {
      "allreduce_async_($module, /, tensor, op=0, name=None, compression=None,\n"
      "                 prescale_factor=1.0, postscale_factor=1.0)\n--\n\n"
      "Start an in-place allreduce; synchronize() returns the tensor itself."},
+    {"torch_allreduce_", (PyCFunction)(void (*)(void))py_torch_allreduce_,
+     METH_FASTCALL | METH_KEYWORDS,
+     "cring.torch.allreduce_ (Horovod's arguments) forwarded to allreduce_ in C"},
+    {"torch_allreduce_async_", (PyCFunction)(void (*)(void))py_torch_allreduce_async_,
+     METH_FASTCALL | METH_KEYWORDS,
+     "cring.torch.allreduce_async_ (Horovod's arguments) forwarded to allreduce_async_ in C"},
     {"submit", py_submit, METH_VARARGS,
      "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
      "compression, caller_waits[, splits[, stream]]) -> Handle"},
