@@ -191,9 +191,18 @@ def fit_trainer(strategy: str, devices: int, precision: str, out: str) -> None:
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
+        def train_dataloader(self) -> Any:
+            # The same shards in the same order for every strategy and world size:
+            # Lightning's own sampler shuffles, and only when the strategy is
+            # distributed (DDP always, cring from 2 ranks on).
+            data = _data(torch)
+            sampler = torch.utils.data.DistributedSampler(
+                data, num_replicas=self.trainer.world_size, rank=self.global_rank, shuffle=False
+            )
+            return torch.utils.data.DataLoader(data, batch_size=32, sampler=sampler)
+
     pl.seed_everything(SEED, workers=True)
     model = Model()
-    loader = torch.utils.data.DataLoader(_data(torch), batch_size=32, shuffle=False)
     trainer = pl.Trainer(
         strategy=strategy,
         accelerator="gpu",
@@ -203,13 +212,14 @@ def fit_trainer(strategy: str, devices: int, precision: str, out: str) -> None:
         gradient_clip_val=1.0,
         accumulate_grad_batches=2,
         deterministic=True,
+        use_distributed_sampler=False,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tempfile.gettempdir(),
     )
-    trainer.fit(model, loader)
+    trainer.fit(model)
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     _write_rank(
         out,
