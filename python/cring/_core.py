@@ -2,7 +2,7 @@
 the exceptions, the names of unnamed collectives and the job's topology.
 
 The bottom of the Python package: it imports only cring._C, and the API
-(cring._api) and the device modules (cring._gpu) import from it, never the
+(cring._api, cring._collectives) and the device modules (cring._gpu) import from it, never the
 other way round. It submits requests but builds none of its own.
 """
 

@@ -1,7 +1,7 @@
 """CUDA tensors: what cring needs in Python beside the one collective path.
 
 A CUDA tensor (DLPack device kDLCUDA) takes the route a CPU tensor takes:
-cring._api builds the request, cring._C.submit reads the tensor through DLPack
+cring._collectives builds the request, cring._C.submit reads the tensor through DLPack
 (exported for the caller's stream) and queues it, and the engine negotiates
 it by name like any other (any submission order, the response cache,
 MismatchError on every rank, stall warnings, the timeline). The submission
@@ -22,10 +22,10 @@ What is here:
   allreduce), and the results of CUDA allgathers (device memory the handle
   owns, handed over through DLPack);
 - the host-staged path (CRING_GPU_OPERATIONS=host): copies into pinned host
-  buffers, submitted as CPU tensors through the submit function cring._api
+  buffers, submitted as CPU tensors through the submit function cring._collectives
   passes in, and copies back.
 
-Imports only cring._C, cring._core and cring._tensors (never cring._api: no import
+Imports only cring._C, cring._core and cring._tensors (never cring._collectives: no import
 loop).
 """
 
@@ -389,7 +389,8 @@ def compressed(
 
 
 # ---- the host-staged path -----------------------------------------------------------------------
-# submit(collective, name, pairs, finish, **options) -> Handle is cring._api._submit.
+# submit(collective, name, pairs, finish, **options) -> Handle is cring._core._submit,
+# passed in by cring._collectives.
 
 
 def _stage_in(tensors: list, name: str) -> tuple[list, int, int]:

@@ -37,7 +37,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from . import _api, _discovery
+from . import _api, _collectives, _core, _discovery
 from ._elastic_protocol import Keys, StoreClient
 
 __all__ = [
@@ -165,7 +165,7 @@ class _Worker:
             return self._checked(record)
         now = time.monotonic()
         deadline = now + self.timeout_s
-        peer_died = isinstance(failure, _api.PeerFailureError)
+        peer_died = isinstance(failure, _core.PeerFailureError)
         request_at = now + _PEER_FAILURE_GRACE_S if peer_died else now
         requested = False
         while True:
@@ -224,7 +224,7 @@ class _Worker:
                         record = self._checked(newer)
                         break
                 if time.monotonic() >= deadline:
-                    raise _api.TimeoutError(
+                    raise _core.TimeoutError(
                         f"elastic rendezvous: workers of generation {g} did not arrive within "
                         f"{self.timeout_s:g} s (CRING_TIMEOUT_SECONDS)"
                     )
@@ -261,16 +261,16 @@ def _current_worker() -> _Worker | None:
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str = "cring.elastic.object") -> Any:
     """root_rank's `obj` on every rank (pickled; NumPy buffers only)."""
-    is_root = _api.rank() == root_rank
+    is_root = _core.rank() == root_rank
     if is_root:
         payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
         length = np.array([payload.size], np.int64)
     else:
         length = np.zeros(1, np.int64)
-    _api.broadcast_(length, root_rank, name=f"{name}.bytes")
+    _collectives.broadcast_(length, root_rank, name=f"{name}.bytes")
     if not is_root:
         payload = np.empty(int(length[0]), np.uint8)
-    _api.broadcast_(payload, root_rank, name=f"{name}.data")
+    _collectives.broadcast_(payload, root_rank, name=f"{name}.data")
     return obj if is_root else pickle.loads(payload.tobytes())
 
 
@@ -320,9 +320,9 @@ class State:
         # rank 0 asks the store (one request per commit, not one per rank); the
         # allreduce makes every rank take the same decision
         newest = np.array(
-            [worker.latest_generation() if _api.rank() == 0 else worker.generation], np.int64
+            [worker.latest_generation() if _core.rank() == 0 else worker.generation], np.int64
         )
-        _api.allreduce_(newest, op=_api.Max, name="cring.elastic.host_updates")
+        _collectives.allreduce_(newest, op=_core.Max, name="cring.elastic.host_updates")
         if int(newest[0]) <= worker.generation:
             return
         members = set(worker.current_record()["ranks"])
@@ -387,8 +387,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _communication_failure(error: BaseException) -> bool:
     """A failure elastic training recovers from: any CRingError but a mismatch
     (a bug: every rank disagrees the same way again) or a missing init()."""
-    return isinstance(error, _api.CRingError) and not isinstance(
-        error, (_api.MismatchError, _api.NotInitializedError)
+    return isinstance(error, _core.CRingError) and not isinstance(
+        error, (_core.MismatchError, _core.NotInitializedError)
     )
 
 
@@ -447,7 +447,7 @@ def run(func: _F) -> _F:
             except hosts_updated as interrupt:
                 skip_sync = bool(getattr(interrupt, "skip_sync", False))
                 failure, reset_due = None, True
-            except _api.CRingError as error:
+            except _core.CRingError as error:
                 if not _communication_failure(error) or _current_worker() is None:
                     raise
                 state.restore()

@@ -6,7 +6,7 @@ Thin: it translates Horovod's arguments (the deprecated `average=`,
 `process_set=`, Horovod's compressor classes), adds autograd functions with
 Horovod's gradients and turns communication failures into
 HorovodInternalError. Every collective runs through cring's engine
-(cring._api); nothing here communicates on its own. Must not import anything
+(cring._collectives); nothing here communicates on its own. Must not import anything
 but torch, numpy and cring. This package only gathers the names; its modules,
 each importing only those above it:
 

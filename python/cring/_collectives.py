@@ -1,0 +1,705 @@
+"""The collectives on NumPy, torch or any DLPack tensor: allreduce,
+broadcast, allgather, reducescatter, alltoall, each synchronous, asynchronous
+and (where Horovod has them) grouped or in place.
+
+Thin: output allocation of the caller's kind, names, and submission to the C
+engine (cring._C), which negotiates, fuses and runs every collective with the
+GIL released. Synchronous calls are an async submission plus synchronize():
+one code path. Ranks may submit named collectives in any order; unnamed ones
+get deterministic names, so those must be called in the same order. CUDA
+tensors take the same submission (the marked branches hand cring._gpu what
+only it knows: the caller's stream, host staging). Job set-up is in cring._api.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys as _sys
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import numpy as _np
+from numpy import ndarray as _ndarray
+
+from . import (
+    _C,
+    _gpu,  # CUDA tensors (see the marked branches below)
+)
+from ._core import (
+    _ASYNC,
+    _CALLER_WAITS,
+    _WAIT_HERE,
+    Average,
+    Compression,
+    Handle,
+    _name,
+    _op,
+    _require_init,
+    _submit,
+    _wire,
+    rank,
+    size,
+    synchronize,
+)
+from ._tensors import dlpack_source, empty_like, result_like
+
+
+def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
+    """Shape and cring dtype name, without reading the tensor through DLPack
+    for NumPy arrays and torch tensors (the submission reads it, and checks
+    it, once); anything else is described through DLPack."""
+    if type(x) is _ndarray:
+        dtype_name = _NUMPY_NAMES.get(x.dtype)
+        if dtype_name is not None:
+            return x.shape, dtype_name
+    elif _is_torch(x):
+        dtype_name = _TORCH_NAMES.get(x.dtype)
+        if dtype_name is not None:
+            return tuple(x.shape), dtype_name
+    shape, dtype_name, _read_only = _C.tensor_info(dlpack_source(x), name)
+    return shape, dtype_name
+
+
+# keyed by dtype object: NumPy computes `dtype.name` in Python, about 2 us
+_NUMPY_NAMES = {
+    _np.dtype(n): n
+    for n in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
+}
+_TORCH_NAMES: dict = {}  # torch dtype -> cring name, filled when torch is first seen
+
+
+def _is_torch(x: Any) -> bool:
+    torch = _sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return False
+    if not _TORCH_NAMES:
+        for n in (
+            "float16",
+            "bfloat16",
+            "float32",
+            "float64",
+            "int8",
+            "uint8",
+            "int32",
+            "int64",
+            "bool",
+        ):
+            _TORCH_NAMES[getattr(torch, n)] = n
+    return True
+
+
+def _cuda_submit(
+    stream: int,
+    collective: int,
+    name: str,
+    pairs: list,
+    finish: Callable[[Any], Any],
+    *,
+    op: Any = 0,
+    root: int = 0,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    wire: Optional[str] = None,
+    caller_waits: bool = False,
+) -> Handle:
+    """_submit for CUDA tensors on the NCCL path: exported for `stream` (the
+    caller's, from _gpu.nccl_stream), on which the submission records the
+    event the engine's CUDA backend waits for; at synchronize() the caller's
+    current stream waits on the collective's completion event (in C)."""
+    with _gpu.device_guard(pairs[0][0]):
+        h = _C.submit(
+            collective,
+            name,
+            pairs,
+            op,
+            root,
+            float(prescale),
+            float(postscale),
+            wire,
+            _CALLER_WAITS if caller_waits else _ASYNC,
+            None,
+            stream,
+        )
+    return Handle(h, finish)
+
+
+def _allreduce_async(
+    tensors: list,
+    in_place: bool,
+    op: Any,
+    name: str,
+    compression: Any,
+    prescale_factor: float,
+    postscale_factor: float,
+    grouped: bool,
+    caller_waits: bool,
+) -> Handle:
+    submit, info = _submit, _info
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
+    if _gpu.any_cuda(tensors):
+        _require_init()
+        if _gpu.host_staged(tensors, name):
+            wires = {_wire(compression, _gpu.info(x, name)[1]) for x in tensors}
+            return _gpu.host_reduce_like(
+                _submit,
+                _C.ALLREDUCE,
+                list(tensors),
+                in_place,
+                name,
+                grouped,
+                op=op,
+                prescale=prescale_factor,
+                postscale=postscale_factor,
+                caller_waits=caller_waits,
+                wire=wires.pop() if len(wires) == 1 else None,
+            )
+        stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
+        submit, info = functools.partial(_cuda_submit, stream), _gpu.info
+        if not (compression is None or compression is Compression.none):
+            wires = {_wire(compression, info(x, name)[1]) for x in tensors}
+            wire = _gpu.wire_dtype(tensors, wires.pop() if len(wires) == 1 else None)
+            compression = None
+            if wire is not None:  # cast with torch around an allreduce of the casts
+                return _gpu.compressed(
+                    list(tensors),
+                    in_place,
+                    wire,
+                    grouped,
+                    lambda casts: _allreduce_async(
+                        casts,
+                        True,
+                        op,
+                        name,
+                        None,
+                        prescale_factor,
+                        postscale_factor,
+                        True,
+                        caller_waits,
+                    ),
+                    lambda inner, finish: Handle(inner._h, finish),
+                    synchronize,
+                )
+    pairs, outs, wires = [], [], set()
+    plain = compression is None or compression is Compression.none
+    for x in tensors:
+        src = dlpack_source(x)
+        if in_place and plain:  # the common case: no shape or dtype needed here
+            pairs.append((src, src))
+            outs.append(x)
+            continue
+        shape, dtype_name = info(x, name)
+        wires.add(_wire(compression, dtype_name))
+        out = x if in_place else empty_like(x, shape, dtype_name)
+        pairs.append((src, src if in_place else dlpack_source(out)))
+        outs.append(out)
+    wire = wires.pop() if len(wires) == 1 else None
+    finish = (lambda h: outs) if grouped else (lambda h: outs[0])
+    return submit(
+        _C.ALLREDUCE,
+        name,
+        pairs,
+        finish,
+        op=op,
+        prescale=prescale_factor,
+        postscale=postscale_factor,
+        wire=wire,
+        caller_waits=caller_waits,
+    )
+
+
+def allreduce_async(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Start an allreduce into a new tensor; synchronize() returns it."""
+    return _allreduce_async(
+        [tensor],
+        False,
+        op,
+        _name("allreduce", name),
+        compression,
+        prescale_factor,
+        postscale_factor,
+        False,
+        False,
+    )
+
+
+def _allreduce_async_inplace_general(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """allreduce_async_ for what _C.allreduce_async_ does not do itself
+    (everything but a named torch CUDA tensor on the NCCL path)."""
+    return _allreduce_async(
+        [tensor],
+        True,
+        op,
+        _name("allreduce", name),
+        compression,
+        prescale_factor,
+        postscale_factor,
+        False,
+        False,
+    )
+
+
+# cring.allreduce_async_(tensor, op=Average, name=None, compression=None,
+# prescale_factor=1.0, postscale_factor=1.0): start an in-place allreduce;
+# synchronize() returns the tensor itself. A named torch CUDA tensor goes from
+# _C.allreduce_async_ to the engine's queue without a Python frame; the rest
+# comes back to _allreduce_async_inplace_general.
+_C.allreduce_async_fallback = _allreduce_async_inplace_general
+allreduce_async_ = _C.allreduce_async_
+
+
+def _plain(compression: Any, prescale_factor: float, postscale_factor: float) -> bool:
+    return (
+        (compression is None or compression is Compression.none)
+        and prescale_factor == 1.0
+        and postscale_factor == 1.0
+    )
+
+
+def allreduce(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Any:
+    """Return a new tensor of the caller's kind holding the reduction of
+    `tensor` over all ranks; the input is unchanged.
+    op: cring.Average (default, as in Horovod), Sum, Min, Max or Product."""
+    return synchronize(
+        _allreduce_async(
+            [tensor],
+            False,
+            op,
+            _name("allreduce", name),
+            compression,
+            prescale_factor,
+            postscale_factor,
+            False,
+            True,
+        )
+    )
+
+
+def _allreduce_inplace_general(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Any:
+    """allreduce_ for what _C.allreduce_ does not do itself: generated names,
+    compression and scaling, CUDA tensors and other libraries' tensors."""
+    name = _name("allreduce", name)
+    if not _plain(compression, prescale_factor, postscale_factor) or _gpu.is_cuda(tensor):
+        return synchronize(
+            _allreduce_async(
+                [tensor],
+                True,
+                op,
+                name,
+                compression,
+                prescale_factor,
+                postscale_factor,
+                False,
+                True,
+            )
+        )
+    src = tensor if type(tensor) is _ndarray else dlpack_source(tensor)
+    _C.submit(_C.ALLREDUCE, name, [(src, src)], op, 0, 1.0, 1.0, None, _WAIT_HERE)
+    return tensor
+
+
+# cring.allreduce_(tensor, op=Average, name=None, compression=None,
+# prescale_factor=1.0, postscale_factor=1.0): reduce `tensor` over all ranks
+# in place and return the same object. A NumPy array or CPU torch tensor with
+# a name is bound and reduced by _C.allreduce_ without a Python frame; the
+# rest comes back to _allreduce_inplace_general.
+_C.allreduce_fallback = _allreduce_inplace_general
+allreduce_ = _C.allreduce_
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Start one allreduce over a list of tensors, negotiated and run as one
+    unit; synchronize() returns the list of results."""
+    return _allreduce_async(
+        list(tensors),
+        False,
+        op,
+        _name("grouped_allreduce", name),
+        compression,
+        prescale_factor,
+        postscale_factor,
+        True,
+        False,
+    )
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """In-place form of grouped_allreduce_async."""
+    return _allreduce_async(
+        list(tensors),
+        True,
+        op,
+        _name("grouped_allreduce", name),
+        compression,
+        prescale_factor,
+        postscale_factor,
+        True,
+        False,
+    )
+
+
+def grouped_allreduce(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list:
+    """Allreduce a list of tensors as one unit; returns new tensors."""
+    return synchronize(
+        _allreduce_async(
+            list(tensors),
+            False,
+            op,
+            _name("grouped_allreduce", name),
+            compression,
+            prescale_factor,
+            postscale_factor,
+            True,
+            True,
+        )
+    )
+
+
+def grouped_allreduce_(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list:
+    """Allreduce a list of tensors as one unit, in place; returns the list."""
+    return synchronize(
+        _allreduce_async(
+            list(tensors),
+            True,
+            op,
+            _name("grouped_allreduce", name),
+            compression,
+            prescale_factor,
+            postscale_factor,
+            True,
+            True,
+        )
+    )
+
+
+def _broadcast_async(
+    tensor: Any, root_rank: int, name: str, in_place: bool, caller_waits: bool
+) -> Handle:
+    _require_init()
+    root = int(root_rank)  # the C submission checks its range
+    submit, info = _submit, _info
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
+    if _gpu.is_cuda(tensor):
+        if not 0 <= root < size():
+            raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size {size()}")
+        if _gpu.host_staged([tensor], name):
+            return _gpu.host_reduce_like(
+                _submit,
+                _C.BROADCAST,
+                [tensor],
+                in_place,
+                name,
+                False,
+                root=root,
+                caller_waits=caller_waits,
+            )
+        submit, info = functools.partial(_cuda_submit, _gpu.nccl_stream([tensor], name)), _gpu.info
+    src = dlpack_source(tensor)
+    if in_place:
+        return submit(
+            _C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root, caller_waits=caller_waits
+        )
+    shape, dtype_name = info(tensor, name)
+    out = empty_like(tensor, shape, dtype_name)
+    return submit(
+        _C.BROADCAST,
+        name,
+        [(src, dlpack_source(out))],
+        lambda h: out,
+        root=root,
+        caller_waits=caller_waits,
+    )
+
+
+def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
+    """Start a broadcast into a new tensor."""
+    return _broadcast_async(tensor, root_rank, _name("broadcast", name), False, False)
+
+
+def broadcast_async_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
+    """Start an in-place broadcast."""
+    return _broadcast_async(tensor, root_rank, _name("broadcast", name), True, False)
+
+
+def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
+    """Return a new tensor holding root_rank's values; the input is unchanged."""
+    return synchronize(_broadcast_async(tensor, root_rank, _name("broadcast", name), False, True))
+
+
+def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
+    """Overwrite `tensor` on every rank with root_rank's values; returns it."""
+    return synchronize(_broadcast_async(tensor, root_rank, _name("broadcast", name), True, True))
+
+
+def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> Handle:
+    _require_init()
+    submit, info, like = _submit, _info, result_like
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
+    if _gpu.any_cuda(tensors):
+        if _gpu.host_staged(tensors, name):
+            return _gpu.host_allgather(
+                _submit, list(tensors), name, grouped, size(), caller_waits=caller_waits
+            )
+        submit = functools.partial(_cuda_submit, _gpu.nccl_stream(tensors, name))
+        info, like = _gpu.info, _gpu.result_like
+    infos = [info(x, name) for x in tensors]
+    pairs = [(dlpack_source(x), None) for x in tensors]
+
+    def finish(h: Any) -> Any:
+        outs = []
+        for i, (x, (shape, dtype_name)) in enumerate(zip(tensors, infos)):
+            dims = _C.first_dims(h, i, size())
+            outs.append(like(x, h, i, (sum(dims),) + tuple(shape[1:]), dtype_name))
+        return outs if grouped else outs[0]
+
+    return submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits)
+
+
+def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
+    """Start an allgather; synchronize() returns the concatenated tensor."""
+    return _allgather_async([tensor], _name("allgather", name), False, False)
+
+
+def allgather(tensor: Any, name: Optional[str] = None) -> Any:
+    """Concatenate every rank's tensor along the first dimension (which may
+    differ between ranks); trailing dimensions and dtype must match. A 0-d
+    tensor gathers as one row."""
+    return synchronize(_allgather_async([tensor], _name("allgather", name), False, True))
+
+
+def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None) -> Handle:
+    """Start an allgather of several tensors as one unit."""
+    return _allgather_async(list(tensors), _name("grouped_allgather", name), True, False)
+
+
+def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None) -> list:
+    """Allgather several tensors as one unit; returns a list."""
+    return synchronize(
+        _allgather_async(list(tensors), _name("grouped_allgather", name), True, True)
+    )
+
+
+def _reducescatter_async(
+    tensors: list,
+    op: Any,
+    name: str,
+    grouped: bool,
+    prescale_factor: float,
+    postscale_factor: float,
+    caller_waits: bool,
+) -> Handle:
+    _require_init()
+    p, r = size(), rank()
+    submit, info = _submit, _info
+    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
+    if _gpu.any_cuda(tensors):
+        if _gpu.host_staged(tensors, name):
+            return _gpu.host_reducescatter(
+                _submit,
+                list(tensors),
+                name,
+                grouped,
+                p,
+                r,
+                op=op,
+                prescale=prescale_factor,
+                postscale=postscale_factor,
+                caller_waits=caller_waits,
+            )
+        stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
+        submit, info = functools.partial(_cuda_submit, stream), _gpu.info
+    pairs, outs = [], []
+    for x in tensors:
+        shape, dtype_name = info(x, name)
+        if not shape:
+            raise ValueError(f"tensor '{name}': reducescatter needs at least one dimension")
+        n = shape[0]
+        rows = n // p + (1 if r < n % p else 0)
+        out = empty_like(x, (rows,) + tuple(shape[1:]), dtype_name)
+        pairs.append((dlpack_source(x), dlpack_source(out)))
+        outs.append(out)
+    finish = (lambda h: outs) if grouped else (lambda h: outs[0])
+    return submit(
+        _C.REDUCESCATTER,
+        name,
+        pairs,
+        finish,
+        op=op,
+        prescale=prescale_factor,
+        postscale=postscale_factor,
+        caller_waits=caller_waits,
+    )
+
+
+def reducescatter_async(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Start a reducescatter; synchronize() returns this rank's part."""
+    return _reducescatter_async(
+        [tensor], op, _name("reducescatter", name), False, prescale_factor, postscale_factor, False
+    )
+
+
+def reducescatter(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Any:
+    """Reduce `tensor` over all ranks and return this rank's part of the
+    result, split along the first dimension: with n rows and P ranks, rank r
+    gets n // P rows, plus one if r < n % P."""
+    return synchronize(
+        _reducescatter_async(
+            [tensor],
+            op,
+            _name("reducescatter", name),
+            False,
+            prescale_factor,
+            postscale_factor,
+            True,
+        )
+    )
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
+    """Start a reducescatter of several tensors as one unit."""
+    return _reducescatter_async(
+        list(tensors),
+        op,
+        _name("grouped_reducescatter", name),
+        True,
+        prescale_factor,
+        postscale_factor,
+        False,
+    )
+
+
+def grouped_reducescatter(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list:
+    """Reducescatter several tensors as one unit; returns a list."""
+    return synchronize(
+        _reducescatter_async(
+            list(tensors),
+            op,
+            _name("grouped_reducescatter", name),
+            True,
+            prescale_factor,
+            postscale_factor,
+            True,
+        )
+    )
+
+
+def _alltoall_async(tensor: Any, splits: Any, name: str, caller_waits: bool) -> Handle:
+    _require_init()
+    shape, dtype_name = _info(tensor, name)
+    if not shape:
+        raise ValueError(f"tensor '{name}': alltoall needs at least one dimension")
+    if splits is not None:
+        splits = [int(s) for s in (splits.tolist() if hasattr(splits, "tolist") else splits)]
+
+    def finish(h: Any) -> Any:
+        received = _C.first_dims(h, 0, size())
+        return result_like(tensor, h, 0, (sum(received),) + tuple(shape[1:]), dtype_name), received
+
+    h = _C.submit(
+        _C.ALLTOALL,
+        name,
+        [(dlpack_source(tensor), None)],
+        0,
+        0,
+        1.0,
+        1.0,
+        None,
+        _CALLER_WAITS if caller_waits else _ASYNC,
+        splits,
+    )
+    return Handle(h, finish)
+
+
+def alltoall_async(tensor: Any, splits: Any = None, name: Optional[str] = None) -> Handle:
+    """Start an alltoall; synchronize() returns (output, received_splits)."""
+    return _alltoall_async(tensor, splits, _name("alltoall", name), False)
+
+
+def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None) -> tuple:
+    """Scatter rows of `tensor` to every rank and gather what they send.
+
+    `splits[j]` rows (in order, along the first dimension) go to rank j;
+    without splits the first dimension is divided evenly (it must divide by
+    size()). Returns ``(output, received_splits)``: the rows received from
+    every rank in rank order, and how many came from each. Trailing
+    dimensions and dtype must match on every rank."""
+    return synchronize(_alltoall_async(tensor, splits, _name("alltoall", name), True))
