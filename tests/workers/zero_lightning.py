@@ -141,6 +141,8 @@ def fabric():
                 opt.zero_grad()
 
         net, opt = setup()
+        if shard_state and not hasattr(opt.optimizer, "consolidate_state_dict"):
+            return "fabric.setup() did not shard the optimizer"
         train(net, opt, 4, 0)
         path = os.path.join(outdir, f"fabric{shard_state}.ckpt")
         f.save(path, {"model": net, "optimizer": opt})

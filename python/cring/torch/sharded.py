@@ -681,10 +681,8 @@ def _slice_of(key: Any, value: Any, param: torch.Tensor, shard: _Shard) -> Any:
     when it is a per-parameter value (a step count, a scalar)."""
     if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
         return value
-    if tuple(value.shape) != tuple(param.shape):
-        return value
-    if param.dim() == 0 and key in SCALAR_KEYS:
-        return value
+    if tuple(value.shape) != tuple(param.shape) or (param.dim() == 0 and key in SCALAR_KEYS):
+        return value.clone()  # a step count: not shared with the caller's dict
     flat = flat_view(_in_layout(value, param))
     assert flat is not None
     return flat[shard.lo:shard.hi].clone()
