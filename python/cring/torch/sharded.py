@@ -462,7 +462,14 @@ class ShardedMixin:
                 try:
                     shards = [self._zero_shards[p] for p in bucket.params]
                     if bucket.direct:
-                        send = shards[0].view
+                        # one in-place broadcast per rank's slice, from that rank, straight
+                        # into every rank's parameter: no result to allocate or copy out
+                        flat = flat_view(bucket.params[0].detach())
+                        for q in range(size):
+                            lo, hi = split(flat.numel(), size, q)
+                            started.append((None, cring.broadcast_async_(
+                                flat[lo:hi], q, name=f"zero.allgather.{bucket.name}.{q}")))
+                        continue
                     else:
                         views = [s.view for s in shards]
                         pad = bucket.width - sum(v.numel() for v in views)
@@ -478,7 +485,7 @@ class ShardedMixin:
                 except BaseException as e:
                     error = error or e
                     continue
-                if error is not None:
+                if error is not None or bucket is None:
                     continue
                 if bucket.direct:
                     p = bucket.params[0]
