@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -44,11 +43,29 @@ def c_lone(iters: int = 20000) -> dict:
         print("benchmarks/engine.py: no build/libcring.a (run make): C rows skipped")
         return {}
     C_BENCH.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.check_call(["cc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-I", str(ROOT / "csrc/include"),
-                           "-I", str(ROOT / "csrc"), str(ROOT / "benchmarks/engine_bench.c"),
-                           str(lib), "-o", str(C_BENCH), "-pthread", "-lrt", "-lm", "-ldl"])
-    out = subprocess.run([str(C_BENCH), str(iters)], check=True, capture_output=True, text=True,
-                         timeout=600).stdout
+    subprocess.check_call(
+        [
+            "cc",
+            "-O2",
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-I",
+            str(ROOT / "csrc/include"),
+            "-I",
+            str(ROOT / "csrc"),
+            str(ROOT / "benchmarks/engine_bench.c"),
+            str(lib),
+            "-o",
+            str(C_BENCH),
+            "-pthread",
+            "-lrt",
+            "-lm",
+            "-ldl",
+        ]
+    )
+    out = subprocess.run(
+        [str(C_BENCH), str(iters)], check=True, capture_output=True, text=True, timeout=600
+    ).stdout
     result = {}
     for line in out.splitlines():
         parts = line.split()
@@ -58,9 +75,24 @@ def c_lone(iters: int = 20000) -> dict:
 
 
 def launch(args: argparse.Namespace) -> int:
-    cmd = [sys.executable, "-m", "cring.run", "-np", "2", sys.executable, __file__, "--worker",
-           "--tensors", str(args.tensors), "--bytes", str(args.bytes), "--repeats",
-           str(args.repeats), "--c-lone", json.dumps(c_lone())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cring.run",
+        "-np",
+        "2",
+        sys.executable,
+        __file__,
+        "--worker",
+        "--tensors",
+        str(args.tensors),
+        "--bytes",
+        str(args.bytes),
+        "--repeats",
+        str(args.repeats),
+        "--c-lone",
+        json.dumps(c_lone()),
+    ]
     return subprocess.call(cmd, timeout=900)
 
 
@@ -100,8 +132,10 @@ def worker(args: argparse.Namespace) -> None:
     bufs = [np.full(elems, rank, np.float32) for _ in range(n)]
 
     def fused() -> None:
-        handles = [cring.allreduce_async_(b, op=cring.Average, name=f"grad.{i}")
-                   for i, b in enumerate(bufs)]
+        handles = [
+            cring.allreduce_async_(b, op=cring.Average, name=f"grad.{i}")
+            for i, b in enumerate(bufs)
+        ]
         for h in handles:
             cring.synchronize(h)
 
@@ -136,8 +170,9 @@ def worker(args: argparse.Namespace) -> None:
             s.bind(("127.0.0.1", 0))
             port[0] = s.getsockname()[1]
     cring.broadcast_(port, 0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=rank,
-                            world_size=size)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=rank, world_size=size
+    )
     tbufs = [torch.full((elems,), float(rank)) for _ in range(n)]
 
     def gloo_loop() -> None:
@@ -152,8 +187,10 @@ def worker(args: argparse.Namespace) -> None:
     rows.append(("gloo loop, %d x %d B" % (n, args.bytes), t_gloo, None))
 
     if rank == 0:
-        print(f"\ncring engine benchmark: {size} ranks over {cring.transport()}, "
-              f"median of {args.repeats} runs\n")
+        print(
+            f"\ncring engine benchmark: {size} ranks over {cring.transport()}, "
+            f"median of {args.repeats} runs\n"
+        )
         print(f"{'case':32s} {'time':>12s} {'vs gloo':>9s} {'collectives':>12s}")
         for name, t, colls in rows:
             c = f"{colls:.1f}" if colls is not None else ""
@@ -166,18 +203,23 @@ def worker(args: argparse.Namespace) -> None:
                 if f"{mode} {tag}" in c:
                     lone[mode] = c[f"{mode} {tag}"]
         print(f"{'lone 8-byte allreduce':32s} {'fresh':>10s} {'500 cached':>12s}")
-        for mode, label in (("raw", "algorithm alone (C)"),
-                            ("direct", "cring_allreduce (C, agreement)"),
-                            ("engine", "engine submit+wait (C)"),
-                            ("python", "cring.allreduce_ (Python)")):
+        for mode, label in (
+            ("raw", "algorithm alone (C)"),
+            ("direct", "cring_allreduce (C, agreement)"),
+            ("engine", "engine submit+wait (C)"),
+            ("python", "cring.allreduce_ (Python)"),
+        ):
             if mode in lone_cold and mode in lone_warm:
-                print(f"{label:32s} {lone_cold[mode] * 1e6:7.2f} us "
-                      f"{lone_warm[mode] * 1e6:9.2f} us")
+                print(
+                    f"{label:32s} {lone_cold[mode] * 1e6:7.2f} us {lone_warm[mode] * 1e6:9.2f} us"
+                )
         for tag, lone in (("fresh", lone_cold), ("500 names cached", lone_warm)):
             if "engine" in lone:
-                print(f"{tag}: engine / direct call in C {lone['engine'] / lone['direct']:.2f}x "
-                      f"(target <= 2x); Python call / C engine "
-                      f"{lone['python'] / lone['engine']:.2f}x")
+                print(
+                    f"{tag}: engine / direct call in C {lone['engine'] / lone['direct']:.2f}x "
+                    f"(target <= 2x); Python call / C engine "
+                    f"{lone['python'] / lone['engine']:.2f}x"
+                )
         RESULTS.mkdir(exist_ok=True)
         with open(RESULTS / "engine.csv", "w", newline="") as f:
             w = csv.writer(f)
@@ -191,8 +233,9 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tensors", type=int, default=500)
     parser.add_argument("--bytes", type=int, default=4096)

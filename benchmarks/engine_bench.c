@@ -48,11 +48,17 @@ static cring_status_t direct_loop(cring_comm_t *comm, void *p) {
 }
 
 static cring_status_t submit_wait(cring_engine_t *e, const char *name, void *buf, int64_t count) {
-    cring_tensor_t t = {.send = buf, .recv = buf, .dtype = CRING_FLOAT32, .ndim = 1,
-                        .shape = &count};
-    cring_request_t q = {.name = name, .collective = CRING_COLL_ALLREDUCE, .op = CRING_SUM,
-                         .prescale = 1, .postscale = 1, .compression = CRING_DTYPE_COUNT,
-                         .ntensors = 1, .tensors = &t, .flags = CRING_REQUEST_CALLER_WAITS};
+    cring_tensor_t t = {
+        .send = buf, .recv = buf, .dtype = CRING_FLOAT32, .ndim = 1, .shape = &count};
+    cring_request_t q = {.name = name,
+                         .collective = CRING_COLL_ALLREDUCE,
+                         .op = CRING_SUM,
+                         .prescale = 1,
+                         .postscale = 1,
+                         .compression = CRING_DTYPE_COUNT,
+                         .ntensors = 1,
+                         .tensors = &t,
+                         .flags = CRING_REQUEST_CALLER_WAITS};
     cring_handle_t *h;
     cring_status_t st = cring_engine_submit(e, &q, &h);
     if (st != CRING_OK) return st;
@@ -79,7 +85,8 @@ static void measure(cring_engine_t *e, int rank, const char *tag) {
             }
             double dt = (now_s() - t0) / (double)iters;
             if (st != CRING_OK) {
-                fprintf(stderr, "rank %d: %s failed: %s\n", rank, modes[m], cring_status_string(st));
+                fprintf(stderr, "rank %d: %s failed: %s\n", rank, modes[m],
+                        cring_status_string(st));
                 exit(1);
             }
             if (dt < best) best = dt;

@@ -81,6 +81,7 @@ def measure(mode: str, repeats: int, sizes: list) -> list:
         def run() -> None:
             for _ in range(iterations(n)):
                 cring.allreduce_(bufs[n], op=cring.Sum, name=f"bench.{n}")
+
         return run
 
     def cring_small() -> None:
@@ -88,23 +89,37 @@ def measure(mode: str, repeats: int, sizes: list) -> list:
             cring.allreduce_(t, op=cring.Sum, name=f"small.{i}")
 
     for n in sizes:
-        rows.append(["cring", mode, size, n, timed(torch, cring_loop(n), repeats, cring.barrier)
-                     / iterations(n)])
-    rows.append(["cring", mode, size, "500 x 4 KiB", timed(torch, cring_small, repeats,
-                                                          cring.barrier)])
+        rows.append(
+            [
+                "cring",
+                mode,
+                size,
+                n,
+                timed(torch, cring_loop(n), repeats, cring.barrier) / iterations(n),
+            ]
+        )
+    rows.append(
+        ["cring", mode, size, "500 x 4 KiB", timed(torch, cring_small, repeats, cring.barrier)]
+    )
 
     port = np.zeros(1, np.int64)
     if rank == 0:
         port[0] = free_port()
     cring.broadcast_(port, 0, name="bench.port")
     backend = "gloo" if mode == "host" else "nccl"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=rank,
-                            world_size=size, device_id=None if mode == "host" else dev)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{int(port[0])}",
+        rank=rank,
+        world_size=size,
+        device_id=None if mode == "host" else dev,
+    )
 
     def torch_loop(n: int):
         def run() -> None:
             for _ in range(iterations(n)):
                 dist.all_reduce(bufs[n])
+
         return run
 
     def torch_small() -> None:
@@ -112,10 +127,24 @@ def measure(mode: str, repeats: int, sizes: list) -> list:
             dist.all_reduce(t)
 
     for n in sizes:
-        rows.append([f"torch.distributed {backend}", mode, size, n,
-                     timed(torch, torch_loop(n), repeats, dist.barrier) / iterations(n)])
-    rows.append([f"torch.distributed {backend}", mode, size, "500 x 4 KiB",
-                 timed(torch, torch_small, repeats, dist.barrier)])
+        rows.append(
+            [
+                f"torch.distributed {backend}",
+                mode,
+                size,
+                n,
+                timed(torch, torch_loop(n), repeats, dist.barrier) / iterations(n),
+            ]
+        )
+    rows.append(
+        [
+            f"torch.distributed {backend}",
+            mode,
+            size,
+            "500 x 4 KiB",
+            timed(torch, torch_small, repeats, dist.barrier),
+        ]
+    )
     dist.destroy_process_group()
     cring.shutdown()
     return rows if rank == 0 else []
@@ -127,8 +156,21 @@ def launch(mode: str, np_: int, repeats: int, out: Path) -> list:
         env["CRING_GPU_OPERATIONS"] = "host"
     else:
         env.pop("CRING_GPU_OPERATIONS", None)
-    cmd = [sys.executable, "-m", "cring.run", "-np", str(np_), sys.executable, __file__,
-           "--worker", mode, "--repeats", str(repeats), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cring.run",
+        "-np",
+        str(np_),
+        sys.executable,
+        __file__,
+        "--worker",
+        mode,
+        "--repeats",
+        str(repeats),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, timeout=1800)
     if proc.returncode != 0 or not out.exists():
         print(f"{mode} on {np_} ranks failed (exit {proc.returncode})")
@@ -137,12 +179,15 @@ def launch(mode: str, np_: int, repeats: int, out: Path) -> list:
 
 
 def report(rows: list) -> None:
-    print(f"\n{'who':28s} {'path':6s} {'ranks':>5s} {'message':>12s} {'time':>12s} "
-          f"{'algbw':>11s} {'cring vs torch':>15s}")
+    print(
+        f"\n{'who':28s} {'path':6s} {'ranks':>5s} {'message':>12s} {'time':>12s} "
+        f"{'algbw':>11s} {'cring vs torch':>15s}"
+    )
     by_key = {(r[1], r[2], r[3], r[0].startswith("cring")): r[4] for r in rows}
     for who, mode, ranks, n, t in rows:
-        label = n if isinstance(n, str) else (f"{n >> 20} MiB" if n >= 1 << 20 else
-                                              f"{n >> 10} KiB")
+        label = (
+            n if isinstance(n, str) else (f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB")
+        )
         bw = "" if isinstance(n, str) else f"{n / t / 1e9:8.2f} GB/s"
         ratio = ""
         if who.startswith("cring"):
@@ -155,27 +200,30 @@ def report(rows: list) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", choices=("nccl", "host"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     if args.worker:
-        rows = measure(args.worker, args.repeats,
-                       HOST_SIZES if args.worker == "host" else SIZES)
+        rows = measure(args.worker, args.repeats, HOST_SIZES if args.worker == "host" else SIZES)
         if rows:
             Path(args.out).write_text(json.dumps(rows))
         return 0
     import torch
+
     if not torch.cuda.is_available():
         print("torch sees no CUDA device: this benchmark needs a GPU")
         return 2
     RESULTS.mkdir(exist_ok=True)
     tmp = RESULTS / "gpu_tmp"
     tmp.mkdir(exist_ok=True)
-    print(f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch "
-          f"{torch.__version__} (CUDA {torch.version.cuda})")
+    print(
+        f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch "
+        f"{torch.__version__} (CUDA {torch.version.cuda})"
+    )
     rows = launch("nccl", 1, args.repeats, tmp / "nccl1.json")
     rows += launch("host", 2, args.repeats, tmp / "host2.json")
     if torch.cuda.device_count() >= 2:

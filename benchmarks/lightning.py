@@ -77,10 +77,11 @@ def main() -> None:
         )
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # two ranks on a two-core machine
 
-    import cring.lightning  # noqa: F401  (registers strategy "cring")
     import lightning.pytorch as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
+
+    import cring.lightning  # noqa: F401  (registers strategy "cring")
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     width = args.width

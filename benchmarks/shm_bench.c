@@ -52,7 +52,8 @@ static double max_over_ranks(cring_comm_t *comm, double v) {
 static void call(cring_comm_t *comm, int c, float **in, float **out, int i, size_t bytes,
                  const size_t *recv_bytes) {
     int size = cring_comm_size(comm);
-    if (c == 0) CHECK_OK(cring__comm_allreduce(comm, in[i], in[i], bytes / 4, CRING_FLOAT32, CRING_SUM));
+    if (c == 0)
+        CHECK_OK(cring__comm_allreduce(comm, in[i], in[i], bytes / 4, CRING_FLOAT32, CRING_SUM));
     else if (c == 1) CHECK_OK(cring__comm_broadcast(comm, in[i], bytes, 0));
     else CHECK_OK(cring__comm_allgatherv(comm, in[i], bytes / (size_t)size, out[i], recv_bytes));
 }
@@ -113,8 +114,8 @@ static void bench_one(cring_comm_t *comm, int c, size_t bytes) {
         else if (c == 1) want = (float)(e % 1000);
         else want = 0;
         if (c != 2 && in[0][e] != want) {
-            fprintf(stderr, "%s %zu B: rank %d element %zu is %g, want %g\n", coll_names[c],
-                    bytes, rank, e, in[0][e], want);
+            fprintf(stderr, "%s %zu B: rank %d element %zu is %g, want %g\n", coll_names[c], bytes,
+                    rank, e, in[0][e], want);
             exit(1);
         }
     }

@@ -60,11 +60,34 @@ LAUNCHER_VARS = ("CRING_RANK", "CRING_SIZE", "CRING_LOCAL_RANK", "CRING_LOCAL_SI
 
 
 def launch(args: argparse.Namespace) -> int:
-    cmd = [sys.executable, "-m", "cring.run", "-np", "2", sys.executable, __file__, "--worker",
-           "--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch),
-           "--steps", str(args.steps), "--rounds", str(args.rounds), "--cnn-width",
-           str(args.cnn_width), "--cnn-batch", str(args.cnn_batch), "--scaling-steps",
-           str(args.scaling_steps), "--part", *args.part]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cring.run",
+        "-np",
+        "2",
+        sys.executable,
+        __file__,
+        "--worker",
+        "--width",
+        str(args.width),
+        "--layers",
+        str(args.layers),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--rounds",
+        str(args.rounds),
+        "--cnn-width",
+        str(args.cnn_width),
+        "--cnn-batch",
+        str(args.cnn_batch),
+        "--scaling-steps",
+        str(args.scaling_steps),
+        "--part",
+        *args.part,
+    ]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}  # an outer cringrun's
     env.setdefault("OPENBLAS_NUM_THREADS", "1")  # no idle BLAS threads on two cores
     return subprocess.call(cmd, timeout=1200, env=env)
@@ -151,8 +174,13 @@ def comm_heavy(args: argparse.Namespace) -> list:
         return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
     g = torch.Generator().manual_seed(1 + rank)  # each rank its own data
-    batches = [(torch.randn(args.batch, dim_in, generator=g),
-                torch.randint(0, classes, (args.batch,), generator=g)) for _ in range(4)]
+    batches = [
+        (
+            torch.randn(args.batch, dim_in, generator=g),
+            torch.randint(0, classes, (args.batch,), generator=g),
+        )
+        for _ in range(4)
+    ]
 
     local = make_model()
     local_opt = sgd(local)
@@ -214,9 +242,10 @@ def comm_heavy(args: argparse.Namespace) -> list:
     # cring model with a DDP replica of its own instead: one more identical run of both
     check_ours = make_model()
     broadcast_parameters(check_ours.state_dict(), root_rank=0)
-    check_ours_opt = DistributedOptimizer(sgd(check_ours),
-                                          named_parameters=[(f"check.{n}", p) for n, p in
-                                                            check_ours.named_parameters()])
+    check_ours_opt = DistributedOptimizer(
+        sgd(check_ours),
+        named_parameters=[(f"check.{n}", p) for n, p in check_ours.named_parameters()],
+    )
     check_ddp = DistributedDataParallel(make_model())
     check_ddp_opt = sgd(check_ddp)
     for i in range(3):
@@ -229,30 +258,38 @@ def comm_heavy(args: argparse.Namespace) -> list:
     dist.destroy_process_group()
 
     ratio = t["ddp"] / t["cring"]
-    rows = [("local step, no communication", "local"),
-            ("cring DistributedOptimizer", "cring"),
-            ("torch DDP over gloo", "ddp"),
-            ("torch DDP, no_sync (no allreduce)", "ddp_no_sync")]
+    rows = [
+        ("local step, no communication", "local"),
+        ("cring DistributedOptimizer", "cring"),
+        ("torch DDP over gloo", "ddp"),
+        ("torch DDP, no_sync (no allreduce)", "ddp_no_sync"),
+    ]
     csv_rows = [(label, f"{t[name]:.6g}", f"{1 / t[name]:.4g}") for label, name in rows]
     csv_rows.append(("cring/DDP steps per second ratio", "", f"{ratio:.4g}"))
     csv_rows.append(("DDP communication share", "", f"{1 - t['ddp_no_sync'] / t['ddp']:.4g}"))
     if rank == 0:
         ddp_share = 1 - t["ddp_no_sync"] / t["ddp"]
         cring_exposed = 1 - t["local"] / t["cring"]
-        print(f"\ntraining benchmark: {size} ranks over {cring.transport()} (cring) and gloo "
-              f"(DDP), MLP {dim_in}-{width}x{args.layers - 1}-{classes}: "
-              f"{n_params / 1e6:.1f}M float32 parameters ({n_params * 4 / 2**20:.0f} MiB of "
-              f"gradients), batch {args.batch} per rank, SGD with momentum, median of "
-              f"{args.rounds} rounds of {args.steps} steps\n")
+        print(
+            f"\ntraining benchmark: {size} ranks over {cring.transport()} (cring) and gloo "
+            f"(DDP), MLP {dim_in}-{width}x{args.layers - 1}-{classes}: "
+            f"{n_params / 1e6:.1f}M float32 parameters ({n_params * 4 / 2**20:.0f} MiB of "
+            f"gradients), batch {args.batch} per rank, SGD with momentum, median of "
+            f"{args.rounds} rounds of {args.steps} steps\n"
+        )
         print(f"{'case':38s} {'ms/step':>9s} {'steps/s':>9s}")
         for label, name in rows:
             print(f"{label:38s} {t[name] * 1e3:9.1f} {1 / t[name]:9.2f}")
-        print(f"\ncring / DDP steps/s: {ratio:.2f}x (target >= {COMM_TARGET}: "
-              f"{verdict(ratio, COMM_TARGET)})")
+        print(
+            f"\ncring / DDP steps/s: {ratio:.2f}x (target >= {COMM_TARGET}: "
+            f"{verdict(ratio, COMM_TARGET)})"
+        )
         print(f"DDP step spent communicating: {ddp_share:.0%} (1 - no_sync / DDP)")
         print(f"cring step not hidden behind compute: {cring_exposed:.0%} (1 - local / cring)")
-        print(f"cring engine: {stats['tensors'] / max(stats['collectives'], 1):.1f} tensors per "
-              f"collective; cring and DDP models after 3 identical steps agree to {agree:.1e}\n")
+        print(
+            f"cring engine: {stats['tensors'] / max(stats['collectives'], 1):.1f} tensors per "
+            f"collective; cring and DDP models after 3 identical steps agree to {agree:.1e}\n"
+        )
     if agree > 1e-4:
         raise SystemExit(f"cring and DDP training disagree: relative difference {agree:.2e}")
     return csv_rows
@@ -379,24 +416,39 @@ def scaling(args: argparse.Namespace) -> list:
         torch.manual_seed(0)
         nn = torch.nn
         return nn.Sequential(
-            nn.Conv2d(3, w, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(2 * w, 4 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(4 * w, 4 * w, 3, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * w, classes))
+            nn.Conv2d(3, w, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(w, 2 * w, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(2 * w, 4 * w, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(4 * w, 4 * w, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(4 * w, classes),
+        )
 
     def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
 
     g = torch.Generator().manual_seed(100 + rank)
-    batches = [(torch.randn(args.cnn_batch, 3, 32, 32, generator=g),
-                torch.randint(0, classes, (args.cnn_batch,), generator=g)) for _ in range(4)]
+    batches = [
+        (
+            torch.randn(args.cnn_batch, 3, 32, 32, generator=g),
+            torch.randint(0, classes, (args.cnn_batch,), generator=g),
+        )
+        for _ in range(4)
+    ]
     solo = make_model()
     solo_opt = sgd(solo)
     pair = make_model()
     broadcast_parameters(pair.state_dict(), root_rank=0)
-    pair_opt = DistributedOptimizer(sgd(pair), named_parameters=[(f"scaling.{n}", p) for n, p in
-                                                                pair.named_parameters()])
+    pair_opt = DistributedOptimizer(
+        sgd(pair), named_parameters=[(f"scaling.{n}", p) for n, p in pair.named_parameters()]
+    )
     both = make_model()  # each rank's own copy: two ranks computing, no communication
     both_opt = sgd(both)
     n_params = sum(p.numel() for p in pair.parameters())
@@ -447,28 +499,39 @@ def scaling(args: argparse.Namespace) -> list:
         raise SystemExit(f"rank {rank}: replicas differ after data-parallel training by {diff:.2e}")
 
     if rank == 0:
-        print(f"\nscaling benchmark: compute-bound CNN (4 conv layers, width {w}, "
-              f"{n_params / 1e6:.2f}M parameters), batch {args.cnn_batch} per rank, 1 thread per "
-              f"rank, cring over {cring.transport()}, median of {args.rounds} alternating rounds of "
-              f"{args.scaling_steps} steps\n")
+        print(
+            f"\nscaling benchmark: compute-bound CNN (4 conv layers, width {w}, "
+            f"{n_params / 1e6:.2f}M parameters), batch {args.cnn_batch} per rank, 1 thread per "
+            f"rank, cring over {cring.transport()}, median of {args.rounds} alternating rounds of "
+            f"{args.scaling_steps} steps\n"
+        )
         print(f"{'case':38s} {'ms/step':>9s} {'samples/s':>10s}")
         print(f"{'1 rank x 1 thread (plain optimizer)':38s} {ts * 1e3:9.1f} {thr_solo:10.1f}")
         print(f"{'2 ranks x 1 thread (DistributedOpt.)':38s} {tp * 1e3:9.1f} {thr_pair:10.1f}")
-        print(f"{'2 ranks x 1 thread, no communication':38s} {tb * 1e3:9.1f} "
-              f"{size * args.cnn_batch / tb:10.1f}")
-        print(f"\nthroughput 2 ranks / 1 rank: {ratio:.2f}x (target >= {SCALING_TARGET}: "
-              f"{verdict(ratio, SCALING_TARGET)}); replicas identical (max diff {diff:.1e})")
-        print(f"2 ranks without communication reach {2 * ts / tb:.2f}x of 1 rank; communication "
-              f"keeps {tb / tp:.2f} of that\n")
-    return [("scaling: 1 rank x 1 thread, compute-bound CNN", f"{ts:.6g}", f"{1 / ts:.4g}"),
-            ("scaling: 2 ranks x 1 thread, compute-bound CNN", f"{tp:.6g}", f"{1 / tp:.4g}"),
-            ("scaling: 2 ranks x 1 thread, no communication", f"{tb:.6g}", f"{1 / tb:.4g}"),
-            ("scaling: throughput ratio 2 ranks / 1 rank", "", f"{ratio:.4g}")]
+        print(
+            f"{'2 ranks x 1 thread, no communication':38s} {tb * 1e3:9.1f} "
+            f"{size * args.cnn_batch / tb:10.1f}"
+        )
+        print(
+            f"\nthroughput 2 ranks / 1 rank: {ratio:.2f}x (target >= {SCALING_TARGET}: "
+            f"{verdict(ratio, SCALING_TARGET)}); replicas identical (max diff {diff:.1e})"
+        )
+        print(
+            f"2 ranks without communication reach {2 * ts / tb:.2f}x of 1 rank; communication "
+            f"keeps {tb / tp:.2f} of that\n"
+        )
+    return [
+        ("scaling: 1 rank x 1 thread, compute-bound CNN", f"{ts:.6g}", f"{1 / ts:.4g}"),
+        ("scaling: 2 ranks x 1 thread, compute-bound CNN", f"{tp:.6g}", f"{1 / tp:.4g}"),
+        ("scaling: 2 ranks x 1 thread, no communication", f"{tb:.6g}", f"{1 / tb:.4g}"),
+        ("scaling: throughput ratio 2 ranks / 1 rank", "", f"{ratio:.4g}"),
+    ]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, default=2240)
     parser.add_argument("--layers", type=int, default=6, help="Linear layers")
@@ -482,8 +545,9 @@ def main() -> int:
                              "ZeroRedundancyOptimizer over gloo; scaling: 2 ranks vs 1 rank")
     parser.add_argument("--cnn-width", type=int, default=32, help="scaling run: CNN width")
     parser.add_argument("--cnn-batch", type=int, default=32, help="scaling run: per-rank batch")
-    parser.add_argument("--scaling-steps", type=int, default=4,
-                        help="scaling run: steps per timed round")
+    parser.add_argument(
+        "--scaling-steps", type=int, default=4, help="scaling run: steps per timed round"
+    )
     parser.add_argument("--quick", action="store_true", help="3 rounds of 3 steps each")
     args = parser.parse_args()
     if args.quick:

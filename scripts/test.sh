@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # The whole test suite, from a clean clone: installs what it needs (Open MPI
-# from Debian, pinned pip packages with the CPU build of torch), builds and
-# runs the C tests, installs cring and runs pytest. README.md's test command;
-# .ci/run runs exactly this.
+# and clang-format from Debian, pinned pip packages with the CPU build of
+# torch), builds and runs the C tests, installs cring and runs pytest.
+# README.md's test command; .ci/run runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 PIP="python3 -m pip"
-if ! command -v mpirun >/dev/null 2>&1; then
+APT_PACKAGES=""
+command -v mpirun >/dev/null 2>&1 || APT_PACKAGES="openmpi-bin libopenmpi-dev"
+# clang-format checks the C style (tests/test_style.py); looked for on its own,
+# so that a machine with MPI but no clang-format still gets it.
+command -v clang-format >/dev/null 2>&1 || APT_PACKAGES="$APT_PACKAGES clang-format"
+if [ -n "$APT_PACKAGES" ]; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+    # shellcheck disable=SC2086  # a list of package names
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $APT_PACKAGES >/dev/null
 fi
 # torch is pinned: an unpinned torch pulls several GB of CUDA packages.
 # Lightning and Ray are only needed for the cring.lightning and cring.ray tests.
+# ruff is pinned too: tests/test_style.py checks the tree with this version.
 $PIP install -q "torch==2.13.0" "mpi4py==4.1.2" "numpy" "pytest" "hypothesis" \
-    "lightning==2.6.6" "ray[train]==2.58.0"
+    "lightning==2.6.6" "ray[train]==2.58.0" "ruff==0.17.6"
 $PIP install -q .
 
 echo "== C tests (no Python)"

@@ -29,16 +29,28 @@ def run_ranks(
     full_env.setdefault("CRING_TIMEOUT_SECONDS", "60")
     if env:
         full_env.update(env)
-    cmd = [sys.executable, "-m", "cring.run", "-np", str(np_), sys.executable,
-           str(WORKERS / script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cring.run",
+        "-np",
+        str(np_),
+        sys.executable,
+        str(WORKERS / script),
+        *args,
+    ]
     try:
         proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{script} on {np_} ranks hung for {timeout} s\nstdout:\n{e.stdout}\n"
-                    f"stderr:\n{e.stderr}")
+        pytest.fail(
+            f"{script} on {np_} ranks hung for {timeout} s\nstdout:\n{e.stdout}\n"
+            f"stderr:\n{e.stderr}"
+        )
     if check and proc.returncode != 0:
-        pytest.fail(f"{script} on {np_} ranks exited {proc.returncode}\nstdout:\n"
-                    f"{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}")
+        pytest.fail(
+            f"{script} on {np_} ranks exited {proc.returncode}\nstdout:\n"
+            f"{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import WORKERS, run_ranks
 
 from cring import _discovery
+
+from conftest import WORKERS, run_ranks
 
 TIMEOUT_S = 120
 

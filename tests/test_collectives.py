@@ -9,8 +9,9 @@ from conftest import rank_results, run_ranks
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_matrix(tmp_path, world_size, transport):
-    proc = run_ranks(world_size, "matrix.py", str(tmp_path),
-                     env={"CRING_TRANSPORT": transport}, check=False)
+    proc = run_ranks(
+        world_size, "matrix.py", str(tmp_path), env={"CRING_TRANSPORT": transport}, check=False
+    )
     results = rank_results(tmp_path, world_size) if proc.returncode == 0 else None
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
     expected_transport = "self" if world_size == 1 else ("shm" if transport == "auto" else "tcp")

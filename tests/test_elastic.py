@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from conftest import WORKERS
 
 TIMEOUT_S = 120

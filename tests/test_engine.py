@@ -12,6 +12,7 @@ import time
 import pytest
 
 import cring
+
 from conftest import rank_results, run_ranks
 
 TIMEOUT_S = 120  # per job; every job here normally ends within a few seconds
@@ -28,7 +29,7 @@ def assert_clean(proc, tmp_path, np_):
 
 
 def rank_lines(text, r):
-    return [line[len(f"[{r}] "):] for line in text.splitlines() if line.startswith(f"[{r}] ")]
+    return [line[len(f"[{r}] ") :] for line in text.splitlines() if line.startswith(f"[{r}] ")]
 
 
 # ---- items 1, 2, 12 and 13: ordering, fusion, mixed batches, over shm and TCP ----------------
@@ -42,15 +43,23 @@ def test_out_of_order_fused_and_mixed(tmp_path, world_size, transport):
     1000 small async tensors, all right (the count of collectives they ran
     as is printed; see test_small_tensors_are_fused);
     broadcast/allgather/reducescatter/allreduce in one batch, per-rank order."""
-    proc = run_ranks(world_size, "engine_core.py", str(tmp_path),
-                     env={"CRING_TRANSPORT": transport}, timeout=TIMEOUT_S, check=False)
+    proc = run_ranks(
+        world_size,
+        "engine_core.py",
+        str(tmp_path),
+        env={"CRING_TRANSPORT": transport},
+        timeout=TIMEOUT_S,
+        check=False,
+    )
     results = assert_clean(proc, tmp_path, world_size)
     for res in results:
         assert res["transport"] == ("shm" if transport == "auto" else "tcp")
         assert res["cases"] == 5
         delta = res["small_delta"]
-        print(f"rank {res['rank']}: 1000 small allreduces ran as {delta['collectives']} "
-              f"collectives ({delta['fused_tensors']} tensors fused)")
+        print(
+            f"rank {res['rank']}: 1000 small allreduces ran as {delta['collectives']} "
+            f"collectives ({delta['fused_tensors']} tensors fused)"
+        )
         assert delta["tensors"] == 1000
         # how few collectives: test_small_tensors_are_fused
         # the second pass over the same names went through the response cache
@@ -64,8 +73,7 @@ def test_small_tensors_are_fused(tmp_path):
     CRING_CYCLE_TIME (1 ms) before each round, so a tight loop fuses into a
     handful of collectives, and paced submissions into about one per
     millisecond of submitting (~100-150 here), far fewer than 1000."""
-    proc = run_ranks(2, "engine_fusion.py", str(tmp_path), "100", timeout=TIMEOUT_S,
-                     check=False)
+    proc = run_ranks(2, "engine_fusion.py", str(tmp_path), "100", timeout=TIMEOUT_S, check=False)
     if proc.returncode != 0:  # wrong values are not the expected failure (see raises=)
         raise RuntimeError(proc.stdout[-6000:] + proc.stderr[-3000:])
     results = rank_results(tmp_path, 2)
@@ -82,19 +90,24 @@ def test_small_tensors_are_fused(tmp_path):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_async_mismatch_and_duplicate_name(tmp_path, world_size):
-    proc = run_ranks(world_size, "engine_errors.py", str(tmp_path), timeout=TIMEOUT_S,
-                     check=False)
+    proc = run_ranks(world_size, "engine_errors.py", str(tmp_path), timeout=TIMEOUT_S, check=False)
     results = assert_clean(proc, tmp_path, world_size)
     for r in range(world_size):
         lines = rank_lines(proc.stdout, r)
         # every rank, also those that agreed with rank 0, raised for the bad name
-        assert any(line.startswith("bad.shape: MismatchError:") and "rank 0 vs rank 1" in line
-                   for line in lines), lines
+        assert any(
+            line.startswith("bad.shape: MismatchError:") and "rank 0 vs rank 1" in line
+            for line in lines
+        ), lines
         if world_size == 3:
-            assert any(line.startswith("bad.op: MismatchError:") and "rank 0 vs rank 2" in line
-                       for line in lines), lines
-        assert any(line.startswith(f"dup.{r}: ValueError:") and "already in flight" in line
-                   for line in lines), lines
+            assert any(
+                line.startswith("bad.op: MismatchError:") and "rank 0 vs rank 2" in line
+                for line in lines
+            ), lines
+        assert any(
+            line.startswith(f"dup.{r}: ValueError:") and "already in flight" in line
+            for line in lines
+        ), lines
         # the mismatches are the only errors the engine counted
         assert results[r]["errors"] == (2 if world_size == 3 else 1)
 
@@ -107,13 +120,22 @@ def test_stall_warning_names_missing_rank(tmp_path):
     CRING_STALL_CHECK_SECONDS=1 ranks 0 and 2 warn, naming the tensor and
     rank 1, and the op then completes correctly."""
     t0 = time.monotonic()
-    proc = run_ranks(3, "engine_stall.py", "warn", "2.5",
-                     env={"CRING_STALL_CHECK_SECONDS": "1"}, timeout=TIMEOUT_S, check=False)
+    proc = run_ranks(
+        3,
+        "engine_stall.py",
+        "warn",
+        "2.5",
+        env={"CRING_STALL_CHECK_SECONDS": "1"},
+        timeout=TIMEOUT_S,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for r in range(3):
         for rep in range(2):
-            assert any(line.startswith(f"rank {r}: late_tensor pass {rep} ok")
-                       for line in rank_lines(proc.stdout, r)), proc.stdout
+            assert any(
+                line.startswith(f"rank {r}: late_tensor pass {rep} ok")
+                for line in rank_lines(proc.stdout, r)
+            ), proc.stdout
     for r in (0, 2):
         warnings = [line for line in rank_lines(proc.stderr, r) if "stall:" in line]
         assert len(warnings) == 2, proc.stderr  # one per pass, not one per check
@@ -131,10 +153,15 @@ def test_stall_shutdown_fails_pending_handles(tmp_path):
     ranks then find the communicator broken, and shutdown() + init() work."""
     assert issubclass(cring.TimeoutError, cring.CRingError)
     t0 = time.monotonic()
-    proc = run_ranks(2, "engine_stall.py", "shutdown", "3",
-                     env={"CRING_STALL_CHECK_SECONDS": "1",
-                          "CRING_STALL_SHUTDOWN_SECONDS": "2"},
-                     timeout=TIMEOUT_S, check=False)
+    proc = run_ranks(
+        2,
+        "engine_stall.py",
+        "shutdown",
+        "3",
+        env={"CRING_STALL_CHECK_SECONDS": "1", "CRING_STALL_SHUTDOWN_SECONDS": "2"},
+        timeout=TIMEOUT_S,
+        check=False,
+    )
     wall_s = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
@@ -145,10 +172,14 @@ def test_stall_shutdown_fails_pending_handles(tmp_path):
     assert 1.9 <= elapsed < 15, failed[0]
     assert "never_tensor" in failed[0] and "CRING_STALL_SHUTDOWN_SECONDS=2" in failed[0]
     assert any(line.startswith("rank 0: refused after 0.0 s: CRingError") for line in rank0), out
-    assert any(line.startswith("rank 1: ") and "Error" in line and "stalled" in line
-               for line in rank_lines(proc.stdout, 1)), out
-    assert any("stall: tensor 'never_tensor'" in line and "missing ranks: [1]" in line
-               for line in rank_lines(proc.stderr, 0)), out
+    assert any(
+        line.startswith("rank 1: ") and "Error" in line and "stalled" in line
+        for line in rank_lines(proc.stdout, 1)
+    ), out
+    assert any(
+        "stall: tensor 'never_tensor'" in line and "missing ranks: [1]" in line
+        for line in rank_lines(proc.stderr, 0)
+    ), out
     for r in range(2):
         assert f"rank {r}: works after re-init" in rank_lines(proc.stdout, r), out
     assert wall_s < 60, f"the job took {wall_s:.1f} s"
@@ -162,9 +193,14 @@ def test_timeline_files(tmp_path):
     valid JSON after every op while the job runs and at the end, with
     NEGOTIATE and ALLREDUCE spans on one track per tensor name; a timeline
     started and stopped from Python holds exactly the ops in between."""
-    proc = run_ranks(2, "engine_timeline.py", str(tmp_path),
-                     env={"CRING_TIMELINE": str(tmp_path / "trace.json")},
-                     timeout=TIMEOUT_S, check=False)
+    proc = run_ranks(
+        2,
+        "engine_timeline.py",
+        str(tmp_path),
+        env={"CRING_TIMELINE": str(tmp_path / "trace.json")},
+        timeout=TIMEOUT_S,
+        check=False,
+    )
     results = assert_clean(proc, tmp_path, 2)
     assert not (tmp_path / "trace.json").exists()
     for r in range(2):
@@ -173,17 +209,30 @@ def test_timeline_files(tmp_path):
         assert isinstance(events, list) and events
         spans = [e for e in events if e.get("ph") == "X"]
         phases = {e["name"] for e in spans}
-        assert {"NEGOTIATE", "QUEUE", "ALLREDUCE", "BROADCAST", "ALLGATHER",
-                "REDUCESCATTER"} <= phases, phases
+        assert {
+            "NEGOTIATE",
+            "QUEUE",
+            "ALLREDUCE",
+            "BROADCAST",
+            "ALLGATHER",
+            "REDUCESCATTER",
+        } <= phases, phases
         assert all(e["pid"] == r and e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
         tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-        assert {"tl.grad", "tl.bcast", "tl.gather", "tl.scatter", "tl.small.0",
-                "tl.small.39"} <= set(tracks.values()), tracks
+        assert {
+            "tl.grad",
+            "tl.bcast",
+            "tl.gather",
+            "tl.scatter",
+            "tl.small.0",
+            "tl.small.39",
+        } <= set(tracks.values()), tracks
         assert {e["tid"] for e in spans} <= set(tracks)
         grad = [e for e in spans if tracks[e["tid"]] == "tl.grad"]
         assert {"NEGOTIATE", "ALLREDUCE"} <= {e["name"] for e in grad}, grad
-        assert any(e.get("name") == "process_name" and e["args"]["name"] == f"rank {r}"
-                   for e in events)
+        assert any(
+            e.get("name") == "process_name" and e["args"]["name"] == f"rank {r}" for e in events
+        )
         # the Python-started timeline
         assert results[r]["py_path"] == str(tmp_path / f"py.{r}.json")
         with open(tmp_path / f"py.{r}.json") as f:
@@ -197,8 +246,9 @@ def test_timeline_files(tmp_path):
 def test_timeline_valid_json_for_a_concurrent_reader(tmp_path):
     """A reader in another process that parses the live file must never see
     it end anywhere but after the closing ']'."""
-    proc = run_ranks(1, "engine_timeline_reader.py", str(tmp_path), "3", timeout=TIMEOUT_S,
-                     check=False)
+    proc = run_ranks(
+        1, "engine_timeline_reader.py", str(tmp_path), "3", timeout=TIMEOUT_S, check=False
+    )
     out = proc.stdout[-2000:] + proc.stderr[-2000:]
     if proc.returncode != 0 and "reader: torn read" not in proc.stdout:
         raise RuntimeError(out)  # a crash is not the expected failure (see raises=)
@@ -211,8 +261,14 @@ def test_timeline_valid_json_for_a_concurrent_reader(tmp_path):
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_poll_threads_compression_grouped(tmp_path, world_size, transport):
-    proc = run_ranks(world_size, "engine_features.py", str(tmp_path),
-                     env={"CRING_TRANSPORT": transport}, timeout=TIMEOUT_S, check=False)
+    proc = run_ranks(
+        world_size,
+        "engine_features.py",
+        str(tmp_path),
+        env={"CRING_TRANSPORT": transport},
+        timeout=TIMEOUT_S,
+        check=False,
+    )
     results = assert_clean(proc, tmp_path, world_size)
     for res in results:
         assert res["cases"] == 10

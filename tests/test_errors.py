@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import cring
+
 from conftest import run_ranks
 from fake_dlpack import FakeTensor
 

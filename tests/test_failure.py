@@ -27,8 +27,11 @@ def shm_files_of(pids) -> list:
     """cring's shared-memory files created by these processes (named /cring-<pid>-<nonce>)."""
     if not os.path.isdir("/dev/shm"):
         return []
-    return sorted(p.name for p in Path("/dev/shm").glob("cring-*")
-                  if p.name.split("-")[1] in {str(pid) for pid in pids})
+    return sorted(
+        p.name
+        for p in Path("/dev/shm").glob("cring-*")
+        if p.name.split("-")[1] in {str(pid) for pid in pids}
+    )
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
@@ -38,12 +41,23 @@ def test_killed_rank_makes_survivors_raise(world_size, transport):
     procs = []
     for r in range(world_size):
         # a long timeout: detection must come from the death itself, not the clock
-        env = clean_env(CRING_RANK=str(r), CRING_SIZE=str(world_size), CRING_ADDR="127.0.0.1",
-                        CRING_PORT=port, CRING_TRANSPORT=transport,
-                        CRING_TIMEOUT_SECONDS="120")
-        procs.append(subprocess.Popen([sys.executable, str(WORKERS / "kill_peer.py"), "100000"],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+        env = clean_env(
+            CRING_RANK=str(r),
+            CRING_SIZE=str(world_size),
+            CRING_ADDR="127.0.0.1",
+            CRING_PORT=port,
+            CRING_TRANSPORT=transport,
+            CRING_TIMEOUT_SECONDS="120",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKERS / "kill_peer.py"), "100000"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = {}
     try:
         for r, p in enumerate(procs):
@@ -79,12 +93,29 @@ def start_world(tmp_path, world_size, transport, timeout_s, *extra):
     port = str(free_port())
     procs = []
     for r in range(world_size):
-        env = clean_env(CRING_RANK=str(r), CRING_SIZE=str(world_size), CRING_ADDR="127.0.0.1",
-                        CRING_PORT=port, CRING_TRANSPORT=transport,
-                        CRING_TIMEOUT_SECONDS=str(timeout_s))
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKERS / "failure_modes.py"), str(tmp_path), ELEMENTS, *extra],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = clean_env(
+            CRING_RANK=str(r),
+            CRING_SIZE=str(world_size),
+            CRING_ADDR="127.0.0.1",
+            CRING_PORT=port,
+            CRING_TRANSPORT=transport,
+            CRING_TIMEOUT_SECONDS=str(timeout_s),
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(WORKERS / "failure_modes.py"),
+                    str(tmp_path),
+                    ELEMENTS,
+                    *extra,
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -94,8 +125,9 @@ def wait_ready(tmp_path, procs, timeout_s=90.0):
         for p in procs:
             if p.poll() is not None:
                 out, err = p.communicate()
-                pytest.fail(f"a rank exited {p.returncode} before the failure:\n{out}\n"
-                            f"{err[-3000:]}")
+                pytest.fail(
+                    f"a rank exited {p.returncode} before the failure:\n{out}\n{err[-3000:]}"
+                )
         if time.monotonic() > deadline:
             pytest.fail("the ranks did not start")
         time.sleep(0.01)
@@ -192,23 +224,37 @@ def test_survivors_shutdown_and_init_again(tmp_path):
     outs = collect_survivors(procs, 1)
     for r, out in outs.items():
         assert survivor_report(out, r)[0] == "PeerFailureError"
-        assert f"SURVIVOR {r} re-initialised as rank {[0, 2].index(r)} of 2 over shm: " \
-               "allreduce ok" in out, out
+        assert (
+            f"SURVIVOR {r} re-initialised as rank {[0, 2].index(r)} of 2 over shm: "
+            "allreduce ok" in out
+        ), out
     assert shm_files_of(pids) == []
 
 
-def _run_absent_peer(mode: str, tmp_path: Path, transport: str = "auto",
-                     timeout_s: str = "5") -> str:
+def _run_absent_peer(
+    mode: str, tmp_path: Path, transport: str = "auto", timeout_s: str = "5"
+) -> str:
     """Run workers/absent_peer.py at 2 ranks; rank 0's stdout."""
     port = str(free_port())
     procs = []
     for r in range(2):
-        env = clean_env(CRING_RANK=str(r), CRING_SIZE="2", CRING_ADDR="127.0.0.1",
-                        CRING_PORT=port, CRING_TRANSPORT=transport,
-                        CRING_TIMEOUT_SECONDS=timeout_s)
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKERS / "absent_peer.py"), mode, str(tmp_path)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = clean_env(
+            CRING_RANK=str(r),
+            CRING_SIZE="2",
+            CRING_ADDR="127.0.0.1",
+            CRING_PORT=port,
+            CRING_TRANSPORT=transport,
+            CRING_TIMEOUT_SECONDS=timeout_s,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKERS / "absent_peer.py"), mode, str(tmp_path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = []
     try:
         for p in procs:

@@ -21,11 +21,12 @@ import threading
 import time
 
 import pytest
+
+from cring import _C
+
 from conftest import WORKERS
 from test_bootstrap import clean_env
 from test_security import answer, handshake, recv_exact, store_get, store_set
-
-from cring import _C
 
 SECRET = "fuzzed-job-secret"
 ROUNDS = 10

@@ -47,17 +47,35 @@ def fakes(tmp_path_factory) -> dict:
         ("cudart", "fake_cudart.c", []),
     ):
         lib = out / f"libfake_{name}.so"
-        subprocess.run([cc, "-std=c11", "-O1", "-fPIC", "-shared", *extra,
-                        str(ROOT / "csrc" / "tests" / source), "-o", str(lib), "-pthread", "-lrt",
-                        "-lm"], check=True, timeout=120)
+        subprocess.run(
+            [
+                cc,
+                "-std=c11",
+                "-O1",
+                "-fPIC",
+                "-shared",
+                *extra,
+                str(ROOT / "csrc" / "tests" / source),
+                "-o",
+                str(lib),
+                "-pthread",
+                "-lrt",
+                "-lm",
+            ],
+            check=True,
+            timeout=120,
+        )
         built[name] = str(lib)
     return built
 
 
 def clean_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CRING_", "HOROVOD_", "OMPI_", "PMI", "SLURM_"))
-           and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CRING_", "HOROVOD_", "OMPI_", "PMI", "SLURM_"))
+        and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(GPU_TESTS), env.get("PYTHONPATH")) if p)
     env["CRING_TIMEOUT_SECONDS"] = "60"
     env.update(extra)
@@ -66,8 +84,13 @@ def clean_env(**extra: str) -> dict:
 
 def run_py(code: str, env: dict, check: bool = True) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"hung for {TIMEOUT_S} s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
     if check and proc.returncode != 0:
@@ -82,6 +105,7 @@ def result(proc: subprocess.CompletedProcess) -> dict:
 
 def system_has(lib: str) -> bool:
     import ctypes
+
     try:
         ctypes.CDLL(lib)
         return True
@@ -92,6 +116,7 @@ def system_has(lib: str) -> bool:
 def nccl_installed() -> bool:
     """A system libnccl.so.2 or an nvidia-nccl wheel that cring would find."""
     import importlib.util
+
     spec = importlib.util.find_spec("nvidia")
     roots = list(spec.submodule_search_locations) if spec else []
     wheel = any((Path(r) / "nccl" / "lib" / "libnccl.so.2").exists() for r in roots)
@@ -116,10 +141,13 @@ except Exception as e:
 @pytest.mark.skipif(nccl_installed(), reason="this machine has NCCL")
 def test_without_nccl_a_cuda_tensor_says_what_to_install(fakes):
     env = clean_env(CRING_CUDART_LIBRARY=fakes["cudart"])
-    proc = run_py("""
+    proc = run_py(
+        """
         import json, cring
         print(json.dumps({"nccl": cring.nccl_available()}))
-    """, env)
+    """,
+        env,
+    )
     assert result(proc) == {"nccl": False}
     out = result(run_py(ALLREDUCE_ONE_CUDA_TENSOR, env))
     assert out["cring_error"], out
@@ -134,10 +162,15 @@ def test_a_bad_nccl_path_is_named(fakes, tmp_path):
     not_a_library.write_text("not an ELF file")
     for path in ("/nonexistent/dir/libnccl.so.2", str(not_a_library)):
         env = clean_env(CRING_NCCL_LIBRARY=path, CRING_CUDART_LIBRARY=fakes["cudart"])
-        assert result(run_py("""
+        assert result(
+            run_py(
+                """
             import json, cring
             print(json.dumps({"nccl": cring.nccl_available()}))
-        """, env)) == {"nccl": False}
+        """,
+                env,
+            )
+        ) == {"nccl": False}
         out = result(run_py(ALLREDUCE_ONE_CUDA_TENSOR, env))
         assert f"CRING_NCCL_LIBRARY={path} cannot be used" in out["error"], out
         assert "pip install nvidia-nccl" in out["error"]
@@ -145,12 +178,17 @@ def test_a_bad_nccl_path_is_named(fakes, tmp_path):
 
 def test_the_override_loads_that_library(fakes):
     env = clean_env(CRING_NCCL_LIBRARY=fakes["nccl"], CRING_CUDART_LIBRARY=fakes["cudart"])
-    info = result(run_py("""
+    info = result(
+        run_py(
+            """
         import json, cring
         from cring import _gpu
         print(json.dumps({"nccl": cring.nccl_available(), "cuda": cring.cuda_available(),
                           "info": _gpu.nccl_info(), "cuda_info": _gpu.cuda_info()}))
-    """, env))
+    """,
+            env,
+        )
+    )
     assert info["nccl"] is True and info["cuda"] is True
     assert info["info"]["path"] == fakes["nccl"]
     assert info["info"]["version"] == "2.27.3"
@@ -159,20 +197,29 @@ def test_the_override_loads_that_library(fakes):
 
 
 def test_a_library_without_a_needed_symbol_is_refused(fakes):
-    env = clean_env(CRING_NCCL_LIBRARY=fakes["nccl_no_allgather"],
-                    CRING_CUDART_LIBRARY=fakes["cudart"])
-    info = result(run_py("""
+    env = clean_env(
+        CRING_NCCL_LIBRARY=fakes["nccl_no_allgather"], CRING_CUDART_LIBRARY=fakes["cudart"]
+    )
+    info = result(
+        run_py(
+            """
         import json
         from cring import _gpu
         print(json.dumps(_gpu.nccl_info()))
-    """, env))
+    """,
+            env,
+        )
+    )
     assert info["available"] is False
     assert "has no ncclAllGather" in info["error"]
 
 
 def test_too_old_an_nccl_is_refused(fakes):
-    env = clean_env(CRING_NCCL_LIBRARY=fakes["nccl"], CRING_CUDART_LIBRARY=fakes["cudart"],
-                    CRING_FAKE_NCCL_VERSION="2708")
+    env = clean_env(
+        CRING_NCCL_LIBRARY=fakes["nccl"],
+        CRING_CUDART_LIBRARY=fakes["cudart"],
+        CRING_FAKE_NCCL_VERSION="2708",
+    )
     out = result(run_py(ALLREDUCE_ONE_CUDA_TENSOR, env))
     assert "NCCL 2.7.8 is too old" in out["error"], out
 
@@ -185,11 +232,16 @@ def test_the_nccl_wheel_layout_on_the_import_path_is_found(fakes, tmp_path):
     shutil.copy(fakes["nccl"], lib_dir / "libnccl.so.2")
     env = clean_env(CRING_CUDART_LIBRARY=fakes["cudart"])
     env["PYTHONPATH"] = os.pathsep.join((str(site), env["PYTHONPATH"]))
-    info = result(run_py("""
+    info = result(
+        run_py(
+            """
         import json
         from cring import _gpu
         print(json.dumps(_gpu.nccl_info()))
-    """, env))
+    """,
+            env,
+        )
+    )
     assert info["available"] is True, info
     assert info["path"] == str(lib_dir / "libnccl.so.2")
 
@@ -203,12 +255,17 @@ def test_the_real_nccl_wheel_loads_without_a_gpu(fakes):
     env = clean_env()
     if site:
         env["PYTHONPATH"] = os.pathsep.join((site, env["PYTHONPATH"]))
-    info = result(run_py("""
+    info = result(
+        run_py(
+            """
         import json, cring
         from cring import _gpu
         print(json.dumps({"nccl": _gpu.nccl_info(), "cuda": _gpu.cuda_info(),
                           "cuda_available": cring.cuda_available()}))
-    """, env))
+    """,
+            env,
+        )
+    )
     assert info["nccl"]["available"] is True, info
     assert info["nccl"]["path"].endswith("nvidia/nccl/lib/libnccl.so.2")
     assert info["nccl"]["version_code"] >= 21003
@@ -220,19 +277,27 @@ def test_the_real_nccl_wheel_loads_without_a_gpu(fakes):
 @pytest.mark.parametrize("devices,expect", [("1", True), ("0", False), ("error", False)])
 def test_cuda_available_needs_a_device(fakes, devices, expect):
     env = clean_env(CRING_CUDART_LIBRARY=fakes["cudart"], CRING_FAKE_CUDA_DEVICES=devices)
-    info = result(run_py("""
+    info = result(
+        run_py(
+            """
         import json, cring
         from cring import _gpu
         print(json.dumps({"cuda": cring.cuda_available(), "info": _gpu.cuda_info()}))
-    """, env))
+    """,
+            env,
+        )
+    )
     assert info["cuda"] is expect
     if devices == "error":
         assert "driver version is insufficient" in info["info"]["error"]
 
 
 def test_a_bad_gpu_operations_value_is_a_value_error(fakes):
-    env = clean_env(CRING_NCCL_LIBRARY=fakes["nccl"], CRING_CUDART_LIBRARY=fakes["cudart"],
-                    CRING_GPU_OPERATIONS="gpu-please")
+    env = clean_env(
+        CRING_NCCL_LIBRARY=fakes["nccl"],
+        CRING_CUDART_LIBRARY=fakes["cudart"],
+        CRING_GPU_OPERATIONS="gpu-please",
+    )
     out = result(run_py(ALLREDUCE_ONE_CUDA_TENSOR, env))
     assert out["type"] == "ValueError"
     assert "CRING_GPU_OPERATIONS must be 'nccl' or 'host', got 'gpu-please'" in out["error"]
@@ -240,11 +305,17 @@ def test_a_bad_gpu_operations_value_is_a_value_error(fakes):
 
 # ---- one process: the NCCL path ------------------------------------------------------------------
 
+
 def test_world_size_one_through_nccl(fakes, tmp_path):
     log = tmp_path / "nccl.log"
-    env = clean_env(CRING_NCCL_LIBRARY=fakes["nccl"], CRING_CUDART_LIBRARY=fakes["cudart"],
-                    CRING_FAKE_NCCL_LOG=str(log))
-    out = result(run_py("""
+    env = clean_env(
+        CRING_NCCL_LIBRARY=fakes["nccl"],
+        CRING_CUDART_LIBRARY=fakes["cudart"],
+        CRING_FAKE_NCCL_LOG=str(log),
+    )
+    out = result(
+        run_py(
+            """
         import json, numpy as np, cring
         from cring import _gpu
         from fake_cuda import FakeCudaTensor as F
@@ -267,7 +338,10 @@ def test_world_size_one_through_nccl(fakes, tmp_path):
         print(json.dumps({"y": y.array.tolist(), "y_type": type(y).__name__,
                           "g": g.array.tolist(), "rs": rs.array.tolist(), "mixed": mixed,
                           "stats": stats, "stats2": stats2}))
-    """, env))
+    """,
+            env,
+        )
+    )
     assert out["y"] == list(range(6)) and out["y_type"] == "FakeCudaTensor"
     assert out["g"] == [[1, 1, 1], [1, 1, 1]]
     assert out["rs"] == [0.0, 1.0, 2.0, 3.0]
@@ -280,9 +354,14 @@ def test_world_size_one_through_nccl(fakes, tmp_path):
 
 
 def test_an_asynchronous_nccl_error_is_raised(fakes):
-    env = clean_env(CRING_NCCL_LIBRARY=fakes["nccl"], CRING_CUDART_LIBRARY=fakes["cudart"],
-                    CRING_FAKE_NCCL_FAIL_AFTER="1")
-    out = result(run_py("""
+    env = clean_env(
+        CRING_NCCL_LIBRARY=fakes["nccl"],
+        CRING_CUDART_LIBRARY=fakes["cudart"],
+        CRING_FAKE_NCCL_FAIL_AFTER="1",
+    )
+    out = result(
+        run_py(
+            """
         import json, numpy as np, cring
         from fake_cuda import FakeCudaTensor as F
         cring.init(rank=0, size=1)
@@ -297,7 +376,10 @@ def test_an_asynchronous_nccl_error_is_raised(fakes):
                 errors.append([type(e).__name__, str(e)])
         cring.shutdown()
         print(json.dumps(errors))
-    """, env))
+    """,
+            env,
+        )
+    )
     assert out[0][0] == "PeerFailureError"
     assert "remote process exited" in out[0][1]
     assert out[1] is not None and "remote process exited" in out[1][1]
@@ -305,24 +387,38 @@ def test_an_asynchronous_nccl_error_is_raised(fakes):
 
 # ---- two processes ------------------------------------------------------------------------------
 
+
 def run_world(np_: int, env: dict, outdir: Path) -> list:
-    cmd = [sys.executable, "-m", "cring.run", "-np", str(np_), sys.executable,
-           str(GPU_TESTS / "fake_worker.py"), str(outdir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cring.run",
+        "-np",
+        str(np_),
+        sys.executable,
+        str(GPU_TESTS / "fake_worker.py"),
+        str(outdir),
+    ]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"fake_worker.py on {np_} ranks hung\nstdout:\n{e.stdout}\n"
-                    f"stderr:\n{e.stderr}")
+        pytest.fail(f"fake_worker.py on {np_} ranks hung\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
     if proc.returncode != 0:
-        pytest.fail(f"fake_worker.py on {np_} ranks exited {proc.returncode}\n"
-                    f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}")
+        pytest.fail(
+            f"fake_worker.py on {np_} ranks exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
+        )
     return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(np_)]
 
 
 def test_two_ranks_through_nccl(fakes, tmp_path):
     nccl_log, cuda_log = tmp_path / "nccl.log", tmp_path / "cuda.log"
-    env = clean_env(CRING_NCCL_LIBRARY=fakes["nccl"], CRING_CUDART_LIBRARY=fakes["cudart"],
-                    CRING_FAKE_NCCL_LOG=str(nccl_log), CRING_FAKE_CUDA_LOG=str(cuda_log))
+    env = clean_env(
+        CRING_NCCL_LIBRARY=fakes["nccl"],
+        CRING_CUDART_LIBRARY=fakes["cudart"],
+        CRING_FAKE_NCCL_LOG=str(nccl_log),
+        CRING_FAKE_CUDA_LOG=str(cuda_log),
+    )
     ranks = run_world(2, env, tmp_path)  # the worker checks every value itself
     for r in ranks:
         assert r["stats"]["communicators"] == 1  # one per device, created once
@@ -343,16 +439,21 @@ def test_two_ranks_through_nccl(fakes, tmp_path):
     assert len(group_ends) >= 2
     # the caller's stream reached NCCL
     for rank, stream in (("0", "0x1234"), ("1", "0x1235")):
-        assert any(f"allreduce rank={rank} count=4 " in ln and f"stream={stream} " in ln
-                   for ln in lines)
+        assert any(
+            f"allreduce rank={rank} count=4 " in ln and f"stream={stream} " in ln for ln in lines
+        )
     assert "memcpy" not in cuda_log.read_text()
     assert any(" setdevice 0" in ln for ln in cuda_log.read_text().splitlines())
 
 
 def test_two_ranks_staged_through_host_memory(fakes, tmp_path):
     cuda_log = tmp_path / "cuda.log"
-    env = clean_env(CRING_GPU_OPERATIONS="host", CRING_NCCL_LIBRARY="/nonexistent/libnccl.so.2",
-                    CRING_CUDART_LIBRARY=fakes["cudart"], CRING_FAKE_CUDA_LOG=str(cuda_log))
+    env = clean_env(
+        CRING_GPU_OPERATIONS="host",
+        CRING_NCCL_LIBRARY="/nonexistent/libnccl.so.2",
+        CRING_CUDART_LIBRARY=fakes["cudart"],
+        CRING_FAKE_CUDA_LOG=str(cuda_log),
+    )
     ranks = run_world(2, env, tmp_path)  # works without NCCL
     for r in ranks:
         assert r["nccl"]["available"] is False
@@ -363,5 +464,9 @@ def test_two_ranks_staged_through_host_memory(fakes, tmp_path):
     for stream in ("0x1234", "0x1235"):
         mine = [ln.split(" ", 1)[1] for ln in lines if f"stream={stream}" in ln]
         # device to host, wait for that stream only, CPU collective, host to device, wait
-        assert mine == ["memcpy kind=D2H bytes=16 stream=" + stream, "sync stream=" + stream,
-                        "memcpy kind=H2D bytes=16 stream=" + stream, "sync stream=" + stream]
+        assert mine == [
+            "memcpy kind=D2H bytes=16 stream=" + stream,
+            "sync stream=" + stream,
+            "memcpy kind=H2D bytes=16 stream=" + stream,
+            "sync stream=" + stream,
+        ]

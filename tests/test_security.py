@@ -19,10 +19,11 @@ import sys
 from typing import Optional
 
 import pytest
-from conftest import WORKERS, rank_results, run_ranks
-from test_bootstrap import clean_env, free_port
 
 from cring import _C
+
+from conftest import WORKERS, rank_results, run_ranks
+from test_bootstrap import clean_env, free_port
 
 TIMEOUT_S = 120
 

@@ -22,10 +22,8 @@ TIMEOUT_S = 120
 def main_run(request, tmp_path_factory):
     """One run of workers/torch_api_main.py per world size: its per-rank results."""
     out = tmp_path_factory.mktemp(f"torch_api_np{request.param}")
-    proc = run_ranks(request.param, "torch_api_main.py", str(out), timeout=TIMEOUT_S,
-                     check=False)
-    return request.param, proc, rank_results(out, request.param) if proc.returncode == 0 \
-        else None
+    proc = run_ranks(request.param, "torch_api_main.py", str(out), timeout=TIMEOUT_S, check=False)
+    return request.param, proc, rank_results(out, request.param) if proc.returncode == 0 else None
 
 
 def test_collectives_gradients_and_errors_on_real_ranks(main_run):
@@ -59,11 +57,17 @@ def test_communication_failure_is_horovod_internal_error():
     HorovodInternalError on every rank (also a cring.TimeoutError, with the
     cring error as __cause__); so does new work on the broken communicator;
     hvd.shutdown() + hvd.init() recover, as Horovod's elastic loop expects."""
-    proc = run_ranks(2, "torch_api_failure.py", timeout=TIMEOUT_S,
-                     env={"CRING_STALL_CHECK_SECONDS": "1", "CRING_STALL_SHUTDOWN_SECONDS": "1"})
+    proc = run_ranks(
+        2,
+        "torch_api_failure.py",
+        timeout=TIMEOUT_S,
+        env={"CRING_STALL_CHECK_SECONDS": "1", "CRING_STALL_SHUTDOWN_SECONDS": "1"},
+    )
     for r in range(2):
-        assert (f"[{r}] rank {r}: HorovodInternalError TimeoutInternalError timeout=True "
-                f"cause=TimeoutError: allreduce of tensor 'only.{r}' failed") in proc.stdout
+        assert (
+            f"[{r}] rank {r}: HorovodInternalError TimeoutInternalError timeout=True "
+            f"cause=TimeoutError: allreduce of tensor 'only.{r}' failed"
+        ) in proc.stdout
         assert f"[{r}] rank {r}: refused: HorovodInternalError cause=CRingError" in proc.stdout
         assert f"[{r}] rank {r}: works after re-init: [1.0, 1.0]" in proc.stdout
 
@@ -83,28 +87,66 @@ def test_horovod_style_training_script():
 G = hvd.global_process_set
 NONE = hvd.Compression.none
 HOROVOD_SIGNATURES = {
-    "allreduce": ["tensor", ("average", None), ("name", None), ("compression", NONE),
-                  ("op", None), ("prescale_factor", 1.0), ("postscale_factor", 1.0),
-                  ("process_set", G)],
-    "grouped_allreduce": ["tensors", ("average", None), ("name", None), ("compression", NONE),
-                          ("op", None), ("prescale_factor", 1.0), ("postscale_factor", 1.0),
-                          ("process_set", G)],
+    "allreduce": [
+        "tensor",
+        ("average", None),
+        ("name", None),
+        ("compression", NONE),
+        ("op", None),
+        ("prescale_factor", 1.0),
+        ("postscale_factor", 1.0),
+        ("process_set", G),
+    ],
+    "grouped_allreduce": [
+        "tensors",
+        ("average", None),
+        ("name", None),
+        ("compression", NONE),
+        ("op", None),
+        ("prescale_factor", 1.0),
+        ("postscale_factor", 1.0),
+        ("process_set", G),
+    ],
     "allgather": ["tensor", ("name", None), ("process_set", G)],
     "allgather_async": ["tensor", ("name", None), ("process_set", G)],
     "grouped_allgather": ["tensors", ("name", None), ("process_set", G)],
     "grouped_allgather_async": ["tensors", ("name", None), ("process_set", G)],
     "broadcast_object": ["obj", ("root_rank", 0), ("name", None), ("process_set", G)],
     "allgather_object": ["obj", ("name", None), ("process_set", G)],
-    "reducescatter": ["tensor", ("name", None), ("compression", NONE), ("op", hvd.Average),
-                      ("process_set", G), ("prescale_factor", 1.0), ("postscale_factor", 1.0)],
-    "reducescatter_async": ["tensor", ("name", None), ("op", hvd.Average), ("process_set", G),
-                            ("prescale_factor", 1.0), ("postscale_factor", 1.0)],
-    "grouped_reducescatter": ["tensors", ("name", None), ("compression", NONE),
-                              ("op", hvd.Average), ("process_set", G),
-                              ("prescale_factor", 1.0), ("postscale_factor", 1.0)],
-    "grouped_reducescatter_async": ["tensors", ("name", None), ("op", hvd.Average),
-                                    ("process_set", G), ("prescale_factor", 1.0),
-                                    ("postscale_factor", 1.0)],
+    "reducescatter": [
+        "tensor",
+        ("name", None),
+        ("compression", NONE),
+        ("op", hvd.Average),
+        ("process_set", G),
+        ("prescale_factor", 1.0),
+        ("postscale_factor", 1.0),
+    ],
+    "reducescatter_async": [
+        "tensor",
+        ("name", None),
+        ("op", hvd.Average),
+        ("process_set", G),
+        ("prescale_factor", 1.0),
+        ("postscale_factor", 1.0),
+    ],
+    "grouped_reducescatter": [
+        "tensors",
+        ("name", None),
+        ("compression", NONE),
+        ("op", hvd.Average),
+        ("process_set", G),
+        ("prescale_factor", 1.0),
+        ("postscale_factor", 1.0),
+    ],
+    "grouped_reducescatter_async": [
+        "tensors",
+        ("name", None),
+        ("op", hvd.Average),
+        ("process_set", G),
+        ("prescale_factor", 1.0),
+        ("postscale_factor", 1.0),
+    ],
     "alltoall": ["tensor", ("splits", None), ("name", None), ("process_set", G)],
     "join": [("device", -1)],
     "barrier": [("process_set", G)],
@@ -112,11 +154,11 @@ HOROVOD_SIGNATURES = {
     "synchronize": ["handle"],
 }
 for _f in ("allreduce_", "allreduce_async", "allreduce_async_"):
-    HOROVOD_SIGNATURES[_f] = [p for p in HOROVOD_SIGNATURES["allreduce"]
-                              if p[0] != "compression"]
+    HOROVOD_SIGNATURES[_f] = [p for p in HOROVOD_SIGNATURES["allreduce"] if p[0] != "compression"]
 for _f in ("grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_"):
-    HOROVOD_SIGNATURES[_f] = [p for p in HOROVOD_SIGNATURES["grouped_allreduce"]
-                              if p[0] != "compression"]
+    HOROVOD_SIGNATURES[_f] = [
+        p for p in HOROVOD_SIGNATURES["grouped_allreduce"] if p[0] != "compression"
+    ]
 for _f in ("broadcast", "broadcast_", "broadcast_async", "broadcast_async_"):
     HOROVOD_SIGNATURES[_f] = ["tensor", "root_rank", ("name", None), ("process_set", G)]
 
@@ -124,28 +166,41 @@ for _f in ("broadcast", "broadcast_", "broadcast_async", "broadcast_async_"):
 @pytest.mark.parametrize("function", sorted(HOROVOD_SIGNATURES))
 def test_signature_matches_horovod(function):
     params = list(inspect.signature(getattr(hvd, function)).parameters.values())
-    got = [p.name if p.default is inspect.Parameter.empty else (p.name, p.default)
-           for p in params]
+    got = [p.name if p.default is inspect.Parameter.empty else (p.name, p.default) for p in params]
     assert got == HOROVOD_SIGNATURES[function]
 
 
 def test_horovod_names_exist():
-    names = """init shutdown is_initialized rank size local_rank local_size cross_rank
+    names = (
+        """init shutdown is_initialized rank size local_rank local_size cross_rank
         cross_size start_timeline stop_timeline mpi_built mpi_enabled mpi_threads_supported
         gloo_built gloo_enabled nccl_built ddl_built ccl_built cuda_built rocm_built
         Average Sum Adasum Min Max Product Compression HorovodInternalError
         HostsUpdatedInterrupt ProcessSet global_process_set add_process_set remove_process_set
         alltoall_async DistributedOptimizer broadcast_parameters broadcast_optimizer_state
-        """.split() + list(HOROVOD_SIGNATURES)
+        """.split()
+        + list(HOROVOD_SIGNATURES)
+    )
     assert [n for n in names if not hasattr(hvd, n)] == []
-    assert [int(op) for op in (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max,
-                               hvd.Product)] == [0, 1, 2, 3, 4, 5]  # Horovod's values
+    assert [
+        int(op) for op in (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product)
+    ] == [0, 1, 2, 3, 4, 5]  # Horovod's values
 
 
 def test_introspection_is_truthful():
-    assert [f() for f in (hvd.mpi_built, hvd.mpi_enabled, hvd.mpi_threads_supported,
-                          hvd.gloo_built, hvd.gloo_enabled, hvd.ddl_built,
-                          hvd.ccl_built, hvd.rocm_built)] == [False] * 8
+    assert [
+        f()
+        for f in (
+            hvd.mpi_built,
+            hvd.mpi_enabled,
+            hvd.mpi_threads_supported,
+            hvd.gloo_built,
+            hvd.gloo_enabled,
+            hvd.ddl_built,
+            hvd.ccl_built,
+            hvd.rocm_built,
+        )
+    ] == [False] * 8
     assert hvd.cring_built() is True
     # NCCL and CUDA are loaded at run time: "built" means "usable here"
     assert hvd.nccl_built() == cring.nccl_available()
@@ -154,8 +209,10 @@ def test_introspection_is_truthful():
 
 def test_compressors_behave_like_horovods():
     x = torch.linspace(-2, 2, 7)
-    for compressor, dtype in ((hvd.Compression.fp16, torch.float16),
-                              (hvd.Compression.bf16, torch.bfloat16)):
+    for compressor, dtype in (
+        (hvd.Compression.fp16, torch.float16),
+        (hvd.Compression.bf16, torch.bfloat16),
+    ):
         small, ctx = compressor.compress(x)
         assert small.dtype == dtype and ctx == torch.float32
         back = compressor.decompress(small, ctx)
@@ -179,8 +236,14 @@ def test_errors_raised_before_any_communication():
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd.allreduce(x, op=hvd.Adasum)
     # not initialised: a ValueError, as in Horovod, and not a HorovodInternalError
-    for fn in (hvd.rank, hvd.size, lambda: hvd.allreduce(x), lambda: hvd.broadcast_(x, 0),
-               hvd.join, lambda: hvd.alltoall(x, splits=[3])):
+    for fn in (
+        hvd.rank,
+        hvd.size,
+        lambda: hvd.allreduce(x),
+        lambda: hvd.broadcast_(x, 0),
+        hvd.join,
+        lambda: hvd.alltoall(x, splits=[3]),
+    ):
         with pytest.raises(ValueError) as info:
             fn()
         assert not isinstance(info.value, hvd.HorovodInternalError)
@@ -196,8 +259,12 @@ def test_horovod_internal_error_wraps_communication_failures():
     assert isinstance(peer, cring.PeerFailureError) and "rank 1" in str(peer)
     assert isinstance(mpi_ops._internal_error(cring.TimeoutError("t")), cring.TimeoutError)
     assert type(mpi_ops._internal_error(cring.CRingError("c"))) is hvd.HorovodInternalError
-    for unchanged in (cring.MismatchError("m"), cring.NotInitializedError("n"),
-                      ValueError("v"), TypeError("t")):
+    for unchanged in (
+        cring.MismatchError("m"),
+        cring.NotInitializedError("n"),
+        ValueError("v"),
+        TypeError("t"),
+    ):
         assert mpi_ops._internal_error(unchanged) is None
 
     def fail():

@@ -65,8 +65,15 @@ def test_backward_passes_per_step(trained, name):
     assert s["rel_err"] <= REL_TOL, s["rel_err"]
 
 
-@pytest.mark.parametrize("name,plain", [("sgd_groups2", "sgd"), ("sgd_groups_list", "sgd"),
-                                        ("adam_groups_list", "adam"), ("sgd_predivide", "sgd")])
+@pytest.mark.parametrize(
+    "name,plain",
+    [
+        ("sgd_groups2", "sgd"),
+        ("sgd_groups_list", "sgd"),
+        ("adam_groups_list", "adam"),
+        ("sgd_predivide", "sgd"),
+    ],
+)
 def test_groups_and_predivide_equal_plain(trained, name, plain):
     """groups= (an int; lists, the rest alone) and gradient_predivide_factor
     give the ungrouped, undivided results (up to rounding) and the one-process ones."""
@@ -83,8 +90,10 @@ def test_gradients_fused_and_started_during_backward(trained):
     few fused collectives per step (not one per parameter), and the result is right."""
     np_, results = trained
     s = scenario(results, "many")
-    print(f"{np_} ranks: {s['trainable']} gradients per step ran as "
-          f"{s['collectives_per_step']:.1f} collectives")
+    print(
+        f"{np_} ranks: {s['trainable']} gradients per step ran as "
+        f"{s['collectives_per_step']:.1f} collectives"
+    )
     assert s["rel_err"] <= REL_TOL
     assert all(res["scenarios"]["many"]["submitted_before_step"] == 1.0 for res in results)
     assert s["collectives_per_step"] <= s["trainable"] / 10, s
@@ -96,9 +105,18 @@ def api(request, tmp_path_factory):
     return np_, run_worker(tmp_path_factory.mktemp(f"api{np_}"), np_, "torch_opt_api.py", "1")
 
 
-@pytest.mark.parametrize("label", ["arguments", "wrapper is the optimizer",
-                                   "zero_grad while in flight", "too many backward passes",
-                                   "skip_synchronize", "sparse gradients", "compression"])
+@pytest.mark.parametrize(
+    "label",
+    [
+        "arguments",
+        "wrapper is the optimizer",
+        "zero_grad while in flight",
+        "too many backward passes",
+        "skip_synchronize",
+        "sparse gradients",
+        "compression",
+    ],
+)
 def test_optimizer_controls(api, label):
     """Duplicate or missing names, predivide with Sum, Adasum, bad groups:
     errors. The wrapper is an instance of the optimizer's class with a working
@@ -143,6 +161,13 @@ def test_broadcast_state_edge_cases(api):
 def test_example_trains(np_):
     """examples/train_torch.py (shortened) trains and ends with identical
     parameters on every rank; with one rank the wrapped optimizer runs alone."""
-    proc = run_ranks(np_, "../../examples/train_torch.py", "--samples", "4000", "--epochs", "1",
-                     timeout=TIMEOUT_S)
+    proc = run_ranks(
+        np_,
+        "../../examples/train_torch.py",
+        "--samples",
+        "4000",
+        "--epochs",
+        "1",
+        timeout=TIMEOUT_S,
+    )
     assert "parameters identical on all ranks: True" in proc.stdout, proc.stdout[-3000:]

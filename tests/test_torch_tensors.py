@@ -1,7 +1,6 @@
 """cring on torch tensors (torch is optional for cring; these tests need it):
 torch in, torch out; in-place allreduce keeps the data pointer."""
 
-import numpy as np
 import pytest
 
 from conftest import run_ranks

@@ -7,8 +7,14 @@
 
 #include "algo.h"
 
-enum { CRING__COLL_ALLREDUCE = 1, CRING__COLL_BROADCAST, CRING__COLL_ALLGATHER,
-       CRING__COLL_REDUCESCATTER, CRING__COLL_BARRIER, CRING__COLL_ALLTOALL };
+enum {
+    CRING__COLL_ALLREDUCE = 1,
+    CRING__COLL_BROADCAST,
+    CRING__COLL_ALLGATHER,
+    CRING__COLL_REDUCESCATTER,
+    CRING__COLL_BARRIER,
+    CRING__COLL_ALLTOALL
+};
 
 typedef struct cring__desc {
     uint32_t magic;      /* CRING__DESC_MAGIC: catches corrupt or stray bytes */

@@ -18,9 +18,8 @@ cring_status_t cring__scratch_reserve(cring__scratch_t *s, size_t bytes);
 void cring__scratch_free(cring__scratch_t *s);
 
 /* ---- ring algorithms over p2p (algo/ring.c) -------------------------------- */
-cring_status_t cring__ring_allreduce(cring__p2p_t *p2p, cring__scratch_t *scratch,
-                                     const void *send, void *recv, size_t count,
-                                     cring_dtype_t dtype, cring_op_t op);
+cring_status_t cring__ring_allreduce(cring__p2p_t *p2p, cring__scratch_t *scratch, const void *send,
+                                     void *recv, size_t count, cring_dtype_t dtype, cring_op_t op);
 cring_status_t cring__ring_reducescatter(cring__p2p_t *p2p, cring__scratch_t *scratch,
                                          const void *send, void *recv, const size_t *counts,
                                          cring_dtype_t dtype, cring_op_t op);
@@ -36,15 +35,14 @@ cring_status_t cring__p2p_alltoallv(cring__p2p_t *p2p, const void *send, void *r
 
 /* ---- owner-slice algorithms over shared memory (algo/shm_coll.c) ----------- */
 cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const void *send,
-                                    void *recv, size_t count, cring_dtype_t dtype,
-                                    cring_op_t op);
-cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size,
-                                        const void *send, void *recv, const size_t *counts,
-                                        cring_dtype_t dtype, cring_op_t op);
+                                    void *recv, size_t count, cring_dtype_t dtype, cring_op_t op);
+cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size, const void *send,
+                                        void *recv, const size_t *counts, cring_dtype_t dtype,
+                                        cring_op_t op);
 cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, const void *send,
                                      size_t send_bytes, void *recv, const size_t *recv_bytes);
-cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void *buf,
-                                    size_t nbytes, int root);
+cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void *buf, size_t nbytes,
+                                    int root);
 cring_status_t cring__shm_barrier(cring__shm_t *shm);
 /* Alltoallv with the matrix convention of cring__p2p_alltoallv. */
 cring_status_t cring__shm_alltoallv(cring__shm_t *shm, int rank, int size, const void *send,

@@ -204,8 +204,8 @@ static cring_status_t ring_allgather(cring__p2p_t *p2p, const ring_blocks_t *blo
 }
 
 /* Scratch for the reduce-scatter: two segments of the given size. */
-static cring_status_t reserve_segments(cring__scratch_t *scratch, size_t seg_bytes,
-                                       char **seg_a, char **seg_b) {
+static cring_status_t reserve_segments(cring__scratch_t *scratch, size_t seg_bytes, char **seg_a,
+                                       char **seg_b) {
     size_t stride = ceil_div(seg_bytes, CRING_CACHE_LINE) * CRING_CACHE_LINE;
     CRING_CHECK(cring__scratch_reserve(scratch, 2 * stride));
     *seg_a = scratch->ptr;
@@ -240,9 +240,8 @@ static cring_status_t check_reduction(cring__p2p_t *p2p, cring__scratch_t *scrat
  * ERR_INVALID_ARGUMENT (bad p2p/scratch/NULL buffers/size overflow),
  * ERR_NOT_SUPPORTED (dtype/op), ERR_NO_MEMORY, and whatever sendrecv returns
  * (then recv holds unspecified data). Not thread-safe per p2p. */
-cring_status_t cring__ring_allreduce(cring__p2p_t *p2p, cring__scratch_t *scratch,
-                                     const void *send, void *recv, size_t count,
-                                     cring_dtype_t dtype, cring_op_t op) {
+cring_status_t cring__ring_allreduce(cring__p2p_t *p2p, cring__scratch_t *scratch, const void *send,
+                                     void *recv, size_t count, cring_dtype_t dtype, cring_op_t op) {
     CRING_CHECK(check_reduction(p2p, scratch, dtype, op));
     const size_t es = cring_dtype_size(dtype);
     if (count == 0) return CRING_OK;
@@ -252,7 +251,9 @@ cring_status_t cring__ring_allreduce(cring__p2p_t *p2p, cring__scratch_t *scratc
         if (send != recv) memcpy(recv, send, count * es);
         return CRING_OK;
     }
-    ring_blocks_t blocks = {.counts = NULL, .offsets = NULL, .per_block = count / (size_t)P,
+    ring_blocks_t blocks = {.counts = NULL,
+                            .offsets = NULL,
+                            .per_block = count / (size_t)P,
                             .remainder = count % (size_t)P};
     const size_t seg_elems = CRING_MAX((size_t)1, RING_SEGMENT_BYTES / es);
     const size_t max_len = blocks.per_block + (blocks.remainder != 0);
@@ -304,9 +305,9 @@ cring_status_t cring__ring_reducescatter(cring__p2p_t *p2p, cring__scratch_t *sc
     char *seg_a, *seg_b;
     CRING_CHECK_GOTO(reserve_segments(scratch, CRING_MIN(seg_elems, max_len) * es, &seg_a, &seg_b),
                      st, cleanup);
-    CRING_CHECK_GOTO(ring_reduce_scatter(p2p, &blocks, send, recv, dtype, op, seg_a, seg_b,
-                                         seg_elems),
-                     st, cleanup);
+    CRING_CHECK_GOTO(
+        ring_reduce_scatter(p2p, &blocks, send, recv, dtype, op, seg_a, seg_b, seg_elems), st,
+        cleanup);
     if (op == CRING_AVERAGE) cring__reduce_average(dtype, recv, counts[r], P);
 cleanup:
     offsets_release(offsets, stack);

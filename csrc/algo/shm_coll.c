@@ -27,7 +27,9 @@
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 /* Elements per cache line, so slices start on cache-line boundaries. */
-static size_t align_elems(size_t esize) { return esize >= CRING_CACHE_LINE ? 1 : CRING_CACHE_LINE / esize; }
+static size_t align_elems(size_t esize) {
+    return esize >= CRING_CACHE_LINE ? 1 : CRING_CACHE_LINE / esize;
+}
 
 /* Bytes per round (at most a window half): small enough that a round's
  * window data stays in L2 while the peer reads it and that ranks overlap;
@@ -113,8 +115,7 @@ static cring_status_t small_allreduce(cring__shm_t *shm, int rank, int size, uin
  * (send == recv) works: input slices are read in A or B before C overwrites.
  */
 cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const void *send,
-                                    void *recv, size_t count, cring_dtype_t dtype,
-                                    cring_op_t op) {
+                                    void *recv, size_t count, cring_dtype_t dtype, cring_op_t op) {
     const size_t es = cring_dtype_size(dtype);
     const unsigned char *in = send;
     unsigned char *out = recv;
@@ -177,9 +178,9 @@ cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const
  *   A  copy pieces of the slices owned by others into the half  (base+2k+1)
  *   B  reduce own piece from own input + every peer's half      (base+2k+2)
  */
-cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size,
-                                        const void *send, void *recv, const size_t *counts,
-                                        cring_dtype_t dtype, cring_op_t op) {
+cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size, const void *send,
+                                        void *recv, const size_t *counts, cring_dtype_t dtype,
+                                        cring_op_t op) {
     const size_t es = cring_dtype_size(dtype);
     const unsigned char *in = send;
     unsigned char *out = recv;
@@ -279,8 +280,8 @@ cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, cons
  * readers copy it out and publish base+2k+2; the root reuses a half once
  * every reader published its round k-2.
  */
-cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void *buf,
-                                    size_t nbytes, int root) {
+cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void *buf, size_t nbytes,
+                                    int root) {
     if (size == 1) return CRING_OK;
     unsigned char *data = buf;
     const size_t half = round_bytes(shm);
@@ -343,7 +344,8 @@ static lines_layout_t lines_layout(size_t half, int size) {
     lines_layout_t l;
     for (l.lines_max = LINES_MAX_BYTES;; l.lines_max /= 2) {
         l.scratch = line_count(l.lines_max) * CRING_CACHE_LINE;
-        l.bulk = l.scratch + (size_t)size * ceil_div(l.lines_max + 8, CRING_CACHE_LINE) * CRING_CACHE_LINE;
+        l.bulk = l.scratch +
+                 (size_t)size * ceil_div(l.lines_max + 8, CRING_CACHE_LINE) * CRING_CACHE_LINE;
         if (l.bulk <= half / 4 || l.lines_max == 0) return l;
     }
 }
@@ -467,7 +469,8 @@ cring_status_t cring__shm_alltoallv(cring__shm_t *shm, int rank, int size, const
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * half, hi = lo + half;
         if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
-        if (mine_total > lo) memcpy(half_of(shm, rank, base + k), in + lo, CRING_MIN(half, mine_total - lo));
+        if (mine_total > lo)
+            memcpy(half_of(shm, rank, base + k), in + lo, CRING_MIN(half, mine_total - lo));
         cring__shm_publish(shm, base + 2 * k + 1);
         for (int i = 1; i < size; i++) {
             int q = (rank + i) % size;

@@ -11,24 +11,20 @@
 const char *cring__store_op_name(unsigned op) {
     switch (op) {
 #define CRING__STORE_OP_CASE(name, code, text)                                                     \
-    case code:                                                                                     \
-        return text;
+    case code: return text;
         CRING__STORE_OPS(CRING__STORE_OP_CASE)
 #undef CRING__STORE_OP_CASE
-    default:
-        return "unknown";
+    default: return "unknown";
     }
 }
 
 const char *cring__store_reply_name(unsigned status) {
     switch (status) {
 #define CRING__STORE_REPLY_CASE(name, code, text)                                                  \
-    case code:                                                                                     \
-        return text;
+    case code: return text;
         CRING__STORE_REPLIES(CRING__STORE_REPLY_CASE)
 #undef CRING__STORE_REPLY_CASE
-    default:
-        return "unknown";
+    default: return "unknown";
     }
 }
 

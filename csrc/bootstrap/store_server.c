@@ -344,10 +344,8 @@ static int handle_request(cring_store_server_t *s, conn_t *c, const uint8_t *msg
         }
         if (cur.bad || cur.left != 0) return HANDLE_BAD;
         if (!missing || timed_out) {
-            if (missing)
-                conn_reply(c, STORE_REPLY_TIMEOUT, missing, missing_len, NULL, 0);
-            else
-                conn_reply(c, STORE_REPLY_OK, NULL, 0, NULL, 0);
+            if (missing) conn_reply(c, STORE_REPLY_TIMEOUT, missing, missing_len, NULL, 0);
+            else conn_reply(c, STORE_REPLY_OK, NULL, 0, NULL, 0);
             c->waiting = 0;
             return HANDLE_DONE;
         }
@@ -357,8 +355,7 @@ static int handle_request(cring_store_server_t *s, conn_t *c, const uint8_t *msg
         }
         return HANDLE_WAIT;
     }
-    default:
-        return HANDLE_BAD;
+    default: return HANDLE_BAD;
     }
 }
 
@@ -521,10 +518,8 @@ static int server_poll_timeout_ms(const cring_store_server_t *s, double now) {
 static void server_remove_dead(cring_store_server_t *s) {
     size_t kept = 0;
     for (size_t i = 0; i < s->nconns; i++) {
-        if (s->conns[i]->dead)
-            conn_free(s->conns[i]);
-        else
-            s->conns[kept++] = s->conns[i];
+        if (s->conns[i]->dead) conn_free(s->conns[i]);
+        else s->conns[kept++] = s->conns[i];
     }
     s->nconns = kept;
 }
@@ -586,10 +581,8 @@ static void *server_main(void *arg) {
         for (size_t i = 0; i < s->nconns; i++) {
             conn_t *c = s->conns[i];
             if (c->dead) continue;
-            if (c->state == CONN_HANDSHAKE && now >= c->handshake_deadline)
-                c->dead = 1;
-            else if (c->waiting && now >= c->wait_deadline)
-                conn_pump(s, c, now, 1);
+            if (c->state == CONN_HANDSHAKE && now >= c->handshake_deadline) c->dead = 1;
+            else if (c->waiting && now >= c->wait_deadline) conn_pump(s, c, now, 1);
         }
         /* New keys may release waiting GET/WAIT requests (which may in turn
          * handle pipelined requests that create more keys). */

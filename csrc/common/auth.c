@@ -142,10 +142,8 @@ static void hmac_sha256(const void *key, size_t key_len, const void *msg, size_t
                         uint8_t out[32]) {
     uint8_t k0[64];
     memset(k0, 0, sizeof k0);
-    if (key_len > 64)
-        cring__sha256(key, key_len, k0); /* long keys are hashed first */
-    else if (key_len > 0)
-        memcpy(k0, key, key_len);
+    if (key_len > 64) cring__sha256(key, key_len, k0); /* long keys are hashed first */
+    else if (key_len > 0) memcpy(k0, key, key_len);
     uint8_t pad[64];
     uint8_t inner[32];
     sha256_ctx_t c;

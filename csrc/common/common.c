@@ -12,9 +12,8 @@
 
 const char *cring_status_string(cring_status_t status) {
     switch (status) {
-#define CRING__STATUS_MSG(name, value, msg)                                    \
-    case CRING_##name:                                                         \
-        return msg;
+#define CRING__STATUS_MSG(name, value, msg)                                                        \
+    case CRING_##name: return msg;
         CRING_STATUS_MAP(CRING__STATUS_MSG)
 #undef CRING__STATUS_MSG
     }
@@ -23,9 +22,8 @@ const char *cring_status_string(cring_status_t status) {
 
 const char *cring_status_name(cring_status_t status) {
     switch (status) {
-#define CRING__STATUS_NAME(name, value, msg)                                   \
-    case CRING_##name:                                                         \
-        return "CRING_" #name;
+#define CRING__STATUS_NAME(name, value, msg)                                                       \
+    case CRING_##name: return "CRING_" #name;
         CRING_STATUS_MAP(CRING__STATUS_NAME)
 #undef CRING__STATUS_NAME
     }

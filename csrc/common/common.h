@@ -10,17 +10,17 @@
 #include "cring/cring.h"
 
 /* Return the status of call if it is not CRING_OK. */
-#define CRING_CHECK(call)                                                      \
-    do {                                                                       \
-        cring_status_t cring__st_ = (call);                                    \
-        if (cring__st_ != CRING_OK) return cring__st_;                         \
+#define CRING_CHECK(call)                                                                          \
+    do {                                                                                           \
+        cring_status_t cring__st_ = (call);                                                        \
+        if (cring__st_ != CRING_OK) return cring__st_;                                             \
     } while (0)
 
 /* Store the status of call in st and jump to label if it is not CRING_OK. */
-#define CRING_CHECK_GOTO(call, st, label)                                      \
-    do {                                                                       \
-        (st) = (call);                                                         \
-        if ((st) != CRING_OK) goto label;                                      \
+#define CRING_CHECK_GOTO(call, st, label)                                                          \
+    do {                                                                                           \
+        (st) = (call);                                                                             \
+        if ((st) != CRING_OK) goto label;                                                          \
     } while (0)
 
 #define CRING_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -37,8 +37,7 @@ double cring__now_coarse_s(void);
 enum { CRING__LOG_ERROR = 0, CRING__LOG_WARNING = 1, CRING__LOG_INFO = 2, CRING__LOG_DEBUG = 3 };
 /* Print "[cring rank R] level: message" to stderr when level is enabled.
  * Thread-safe. rank < 0 omits the rank. */
-void cring__log(int level, int rank, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void cring__log(int level, int rank, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int cring__log_enabled(int level);
 
 /* A fixed-size message buffer for the "last error" of an object. */

@@ -39,7 +39,8 @@ struct comm_ops {
     cring_status_t (*reducescatter)(cring_comm_t *c, const void *send, void *recv,
                                     const size_t *counts, cring_dtype_t dtype, cring_op_t op);
     cring_status_t (*barrier)(cring_comm_t *c);
-    cring_status_t (*alltoallv)(cring_comm_t *c, const void *send, void *recv, const size_t *matrix);
+    cring_status_t (*alltoallv)(cring_comm_t *c, const void *send, void *recv,
+                                const size_t *matrix);
     /* NULL when the transport cannot gather small blocks in one exchange */
     cring_status_t (*gather_small)(cring_comm_t *c, const void *mine, size_t bytes,
                                    const void **ptrs_out, size_t *lens_out);
@@ -67,8 +68,8 @@ struct cring_comm {
     cring__scratch_t scratch;
     cring__desc_t *descs; /* size entries, for agreement */
     uint64_t agreements;
-    _Atomic int broken; /* CRING_OK while usable, else the status that broke it */
-    int wake_fd;        /* eventfd for waking an idle TCP rank; -1 with shm */
+    _Atomic int broken;         /* CRING_OK while usable, else the status that broke it */
+    int wake_fd;                /* eventfd for waking an idle TCP rank; -1 with shm */
     const struct comm_ops *ops; /* the transport's table, chosen once at init */
     char key_prefix[256];
     cring__errmsg_t err;
@@ -140,8 +141,8 @@ static cring_status_t exchange_topology(cring_comm_t *c) {
     }
 cleanup:
     if (st != CRING_OK && c->err.text[0] == 0)
-        cring__fail(&c->err, st, "rank %d: topology exchange through the store failed: %s",
-                    c->rank, cring__thread_errmsg()->text);
+        cring__fail(&c->err, st, "rank %d: topology exchange through the store failed: %s", c->rank,
+                    cring__thread_errmsg()->text);
     for (int r = 0; r < c->size; r++) free(ids[r]);
     free(ids);
     return st;
@@ -169,8 +170,13 @@ static cring_status_t choose_transport(cring_comm_t *c, const cring_config_t *cf
     char listen_addr[64];
     char prefix[300];
     cring__transport_init_t init = {
-        .rank = c->rank, .size = c->size, .store = c->store, .key_prefix = c->key_prefix,
-        .listen_addr = cfg->listen_addr, .secret = cfg->secret, .timeout_s = c->timeout_s,
+        .rank = c->rank,
+        .size = c->size,
+        .store = c->store,
+        .key_prefix = c->key_prefix,
+        .listen_addr = cfg->listen_addr,
+        .secret = cfg->secret,
+        .timeout_s = c->timeout_s,
         .err = &c->err,
     };
     int one_host = c->local_size == c->size;
@@ -212,7 +218,8 @@ static cring_status_t choose_transport(cring_comm_t *c, const cring_config_t *cf
 
 static cring_status_t validate_config(const cring_config_t *cfg) {
     cring__errmsg_t *e = cring__thread_errmsg();
-    if (cfg->size < 1) return cring__fail(e, CRING_ERR_INVALID_ARGUMENT, "size must be >= 1, got %d", cfg->size);
+    if (cfg->size < 1)
+        return cring__fail(e, CRING_ERR_INVALID_ARGUMENT, "size must be >= 1, got %d", cfg->size);
     if (cfg->rank < 0 || cfg->rank >= cfg->size)
         return cring__fail(e, CRING_ERR_INVALID_ARGUMENT, "rank %d is out of range for size %d",
                            cfg->rank, cfg->size);
@@ -304,7 +311,7 @@ void cring_comm_destroy(cring_comm_t *c) {
 
 const char *cring_collective_name(cring_collective_t collective) {
     switch (collective) {
-#define CRING__COLLECTIVE_CASE(name, value, str) \
+#define CRING__COLLECTIVE_CASE(name, value, str)                                                   \
     case CRING_COLL_##name: return str;
         CRING_COLLECTIVE_MAP(CRING__COLLECTIVE_CASE)
 #undef CRING__COLLECTIVE_CASE
@@ -320,9 +327,7 @@ int cring_comm_cross_rank(const cring_comm_t *c) { return c->cross_rank; }
 int cring_comm_cross_size(const cring_comm_t *c) { return c->cross_size; }
 const char *cring_comm_last_error(const cring_comm_t *c) { return c->err.text; }
 cring_store_t *cring_comm_store(cring_comm_t *c) { return c->store; }
-const char *cring_comm_transport_name(const cring_comm_t *c) {
-    return c->ops->name;
-}
+const char *cring_comm_transport_name(const cring_comm_t *c) { return c->ops->name; }
 
 /* A transport failure leaves peers at unknown points of the protocol: the
  * communicator cannot be trusted again. Tell the other local ranks too. */
@@ -375,7 +380,6 @@ static cring_status_t check_reduce_args(cring_comm_t *c, cring_dtype_t dtype, cr
  * Each transport's collectives (without agreement) and idle-wait primitives,
  * chosen once at init: no collective asks which transport it runs on. */
 
-
 /* one rank: every collective is a copy */
 static cring_status_t self_agree(cring_comm_t *c, cring__desc_t *d) { return CRING_OK; }
 static cring_status_t self_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
@@ -423,9 +427,23 @@ static int self_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
 }
 
 static const struct comm_ops self_ops = {
-    "self", 0, self_agree, self_allreduce, self_broadcast, self_allgatherv, self_reducescatter,
-    self_barrier, self_alltoallv, self_gather_small, self_gather_small_max, self_wake,
-    self_announce, self_set_driving, self_peer_waiting, self_wake_token, self_idle_wait,
+    "self",
+    0,
+    self_agree,
+    self_allreduce,
+    self_broadcast,
+    self_allgatherv,
+    self_reducescatter,
+    self_barrier,
+    self_alltoallv,
+    self_gather_small,
+    self_gather_small_max,
+    self_wake,
+    self_announce,
+    self_set_driving,
+    self_peer_waiting,
+    self_wake_token,
+    self_idle_wait,
     self_idle_wait,
 };
 
@@ -473,9 +491,23 @@ static int shm_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
 }
 
 static const struct comm_ops shm_ops = {
-    "shm", 0, shm_agree, shm_allreduce, shm_broadcast, shm_allgatherv, shm_reducescatter,
-    shm_barrier_op, shm_alltoallv, shm_gather_small, shm_gather_small_max, shm_wake,
-    shm_announce, shm_set_driving, shm_peer_waiting, shm_wake_token, shm_idle_wait,
+    "shm",
+    0,
+    shm_agree,
+    shm_allreduce,
+    shm_broadcast,
+    shm_allgatherv,
+    shm_reducescatter,
+    shm_barrier_op,
+    shm_alltoallv,
+    shm_gather_small,
+    shm_gather_small_max,
+    shm_wake,
+    shm_announce,
+    shm_set_driving,
+    shm_peer_waiting,
+    shm_wake_token,
+    shm_idle_wait,
     shm_idle_wait,
 };
 
@@ -533,9 +565,24 @@ static int tcp_idle_wait_local(cring_comm_t *c, uint64_t token, double max_wait_
 }
 
 static const struct comm_ops tcp_ops = {
-    "tcp", 1, tcp_agree, tcp_allreduce, tcp_broadcast, tcp_allgatherv, tcp_reducescatter,
-    tcp_barrier, tcp_alltoallv, NULL, NULL, tcp_wake, tcp_announce, tcp_set_driving,
-    tcp_peer_waiting, tcp_wake_token, tcp_idle_wait, tcp_idle_wait_local,
+    "tcp",
+    1,
+    tcp_agree,
+    tcp_allreduce,
+    tcp_broadcast,
+    tcp_allgatherv,
+    tcp_reducescatter,
+    tcp_barrier,
+    tcp_alltoallv,
+    NULL,
+    NULL,
+    tcp_wake,
+    tcp_announce,
+    tcp_set_driving,
+    tcp_peer_waiting,
+    tcp_wake_token,
+    tcp_idle_wait,
+    tcp_idle_wait_local,
 };
 
 /* ---- collectives without agreement (the engine's entry points) -------------- */
@@ -558,8 +605,7 @@ cring_status_t cring__comm_allgatherv(cring_comm_t *c, const void *send, size_t 
 }
 
 cring_status_t cring__comm_reducescatter(cring_comm_t *c, const void *send, void *recv,
-                                         const size_t *counts, cring_dtype_t dtype,
-                                         cring_op_t op) {
+                                         const size_t *counts, cring_dtype_t dtype, cring_op_t op) {
     CRING_CHECK(check_usable(c));
     return finish(c, c->ops->reducescatter(c, send, recv, counts, dtype, op));
 }
@@ -631,8 +677,8 @@ cring_status_t cring_allreduce(cring_comm_t *c, const void *send, void *recv, si
     CRING_CHECK(check_reduce_args(c, dtype, op));
     if (count && (!send || !recv))
         return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT, "NULL buffer");
-    cring__desc_t d = {.collective = CRING__COLL_ALLREDUCE, .dtype = dtype, .op = op,
-                       .count = count};
+    cring__desc_t d = {
+        .collective = CRING__COLL_ALLREDUCE, .dtype = dtype, .op = op, .count = count};
     CRING_CHECK(begin(c, &d));
     return cring__comm_allreduce(c, send, recv, count, dtype, op);
 }
@@ -642,14 +688,14 @@ cring_status_t cring_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int ro
         return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT,
                            "root rank %d is out of range for size %d", root, c->size);
     if (nbytes && !buf) return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT, "NULL buffer");
-    cring__desc_t d = {.collective = CRING__COLL_BROADCAST, .dtype = -1, .op = -1, .root = root,
-                       .count = nbytes};
+    cring__desc_t d = {
+        .collective = CRING__COLL_BROADCAST, .dtype = -1, .op = -1, .root = root, .count = nbytes};
     CRING_CHECK(begin(c, &d));
     return cring__comm_broadcast(c, buf, nbytes, root);
 }
 
-cring_status_t cring_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes,
-                                void *recv, const size_t *recv_bytes) {
+cring_status_t cring_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes, void *recv,
+                                const size_t *recv_bytes) {
     if (!recv_bytes) return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT, "NULL size table");
     if (recv_bytes[c->rank] != send_bytes)
         return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT,
@@ -659,9 +705,12 @@ cring_status_t cring_allgatherv(cring_comm_t *c, const void *send, size_t send_b
     for (int r = 0; r < c->size; r++) total += recv_bytes[r];
     if ((send_bytes && !send) || (total && !recv))
         return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT, "NULL buffer");
-    cring__desc_t d = {.collective = CRING__COLL_ALLGATHER, .dtype = -1, .op = -1,
+    cring__desc_t d = {.collective = CRING__COLL_ALLGATHER,
+                       .dtype = -1,
+                       .op = -1,
                        .count = total,
-                       .table_hash = cring__fnv1a(recv_bytes, (size_t)c->size * sizeof *recv_bytes)};
+                       .table_hash =
+                           cring__fnv1a(recv_bytes, (size_t)c->size * sizeof *recv_bytes)};
     CRING_CHECK(begin(c, &d));
     return cring__comm_allgatherv(c, send, send_bytes, recv, recv_bytes);
 }
@@ -674,7 +723,9 @@ cring_status_t cring_reducescatter(cring_comm_t *c, const void *send, void *recv
     for (int r = 0; r < c->size; r++) total += counts[r];
     if ((total && !send) || (counts[c->rank] && !recv))
         return cring__fail(&c->err, CRING_ERR_INVALID_ARGUMENT, "NULL buffer");
-    cring__desc_t d = {.collective = CRING__COLL_REDUCESCATTER, .dtype = dtype, .op = op,
+    cring__desc_t d = {.collective = CRING__COLL_REDUCESCATTER,
+                       .dtype = dtype,
+                       .op = op,
                        .count = total,
                        .table_hash = cring__fnv1a(counts, (size_t)c->size * sizeof *counts)};
     CRING_CHECK(begin(c, &d));
@@ -712,11 +763,13 @@ cring_status_t cring_alltoallv(cring_comm_t *c, const void *send, const size_t *
     for (size_t q = 0; q < P && st == CRING_OK; q++)
         for (size_t r = 0; r < P && st == CRING_OK; r++)
             if (all[q * 2 * P + r] != all[r * 2 * P + P + q])
-                st = cring__fail(&c->err, CRING_ERR_MISMATCH,
-                                 "alltoallv: rank %zu sends %zu bytes to rank %zu, which expects %zu",
-                                 q, all[q * 2 * P + r], r, all[r * 2 * P + P + q]);
+                st = cring__fail(
+                    &c->err, CRING_ERR_MISMATCH,
+                    "alltoallv: rank %zu sends %zu bytes to rank %zu, which expects %zu", q,
+                    all[q * 2 * P + r], r, all[r * 2 * P + P + q]);
     /* the matrix is the send halves, packed in place */
-    for (size_t q = 0; q < P && st == CRING_OK; q++) memmove(all + q * P, all + q * 2 * P, P * sizeof *all);
+    for (size_t q = 0; q < P && st == CRING_OK; q++)
+        memmove(all + q * P, all + q * 2 * P, P * sizeof *all);
     if (st == CRING_OK) st = cring__comm_alltoallv(c, send, recv, all);
     free(sizes);
     return st;

@@ -11,14 +11,13 @@
  * the same call (same sizes, dtype, op, root). Same buffer contracts as the
  * public functions. A transport failure marks the communicator broken. Not
  * thread-safe: only the thread that drives the communicator calls these. */
-cring_status_t cring__comm_allreduce(cring_comm_t *comm, const void *send, void *recv,
-                                     size_t count, cring_dtype_t dtype, cring_op_t op);
+cring_status_t cring__comm_allreduce(cring_comm_t *comm, const void *send, void *recv, size_t count,
+                                     cring_dtype_t dtype, cring_op_t op);
 cring_status_t cring__comm_broadcast(cring_comm_t *comm, void *buf, size_t nbytes, int root);
 cring_status_t cring__comm_allgatherv(cring_comm_t *comm, const void *send, size_t send_bytes,
                                       void *recv, const size_t *recv_bytes);
 cring_status_t cring__comm_reducescatter(cring_comm_t *comm, const void *send, void *recv,
-                                         const size_t *counts, cring_dtype_t dtype,
-                                         cring_op_t op);
+                                         const size_t *counts, cring_dtype_t dtype, cring_op_t op);
 cring_status_t cring__comm_barrier(cring_comm_t *comm);
 /* matrix[q*size + r] bytes go from rank q to rank r (identical on every rank). */
 cring_status_t cring__comm_alltoallv(cring_comm_t *comm, const void *send, void *recv,

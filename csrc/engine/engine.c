@@ -35,7 +35,8 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     *handle_out = NULL;
     submit_error[0] = 0;
     if (atomic_load(&e->broken) != CRING_OK)
-        return cring__engine_submit_fail(CRING_ERR_BROKEN, "the engine failed earlier: %s", e->broken_msg);
+        return cring__engine_submit_fail(CRING_ERR_BROKEN, "the engine failed earlier: %s",
+                                         e->broken_msg);
     CRING_CHECK(cring__req_validate(e, q));
     req_t *r = cring__req_make(e, q, e->size);
     cring_handle_t *h = atomic_exchange(&e->spare.handle, NULL);
@@ -65,16 +66,19 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
         pthread_mutex_unlock(&e->queue.mu);
         cring__req_free(r);
         free(h);
-        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
-                           "rank %d has called join(): no collective may be submitted until "
-                           "join() returns", e->rank);
+        return cring__engine_submit_fail(
+            CRING_ERR_INVALID_ARGUMENT,
+            "rank %d has called join(): no collective may be submitted until "
+            "join() returns",
+            e->rank);
     }
     if (cring__strmap_get(&e->queue.in_flight, r->name)) {
         pthread_mutex_unlock(&e->queue.mu);
-        cring_status_t st = cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
-                                        "a request named '%s' is already in flight on rank %d; "
-                                        "names must be unique until synchronized",
-                                        r->name, e->rank);
+        cring_status_t st =
+            cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                                      "a request named '%s' is already in flight on rank %d; "
+                                      "names must be unique until synchronized",
+                                      r->name, e->rank);
         cring__req_free(r);
         free(h);
         return st;
@@ -97,7 +101,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
 }
 
 void cring__engine_span(cring_engine_t *e, const char *name, const char *phase, double t0,
-                          double t1, const char *args) {
+                        double t1, const char *args) {
     if (!e->timeline) return;
     pthread_mutex_lock(&e->timeline_mu);
     cring__timeline_span(e->timeline, name, phase, t0, t1, args);
@@ -141,8 +145,9 @@ static void drive(cring_engine_t *e, cring_handle_t *until, double deadline_s) {
          * waits for this timer. */
         if (!until && e->drive.cycle_time_s > 0 && !atomic_load(&e->drive.callers_waiting) &&
             (e->neg.pending.count > 0 || e->queue.head != NULL)) {
-            struct timespec ts = {(time_t)e->drive.cycle_time_s,
-                                  (long)((e->drive.cycle_time_s - (double)(time_t)e->drive.cycle_time_s) * 1e9)};
+            struct timespec ts = {
+                (time_t)e->drive.cycle_time_s,
+                (long)((e->drive.cycle_time_s - (double)(time_t)e->drive.cycle_time_s) * 1e9)};
             nanosleep(&ts, NULL);
             continue;
         }
@@ -221,11 +226,13 @@ static void *engine_main(void *arg) {
             int queued = e->queue.head != NULL;
             pthread_mutex_unlock(&e->queue.mu);
             if (queued && e->drive.cycle_time_s > 0 && !atomic_load(&e->drive.callers_waiting)) {
-                struct timespec ts = {(time_t)e->drive.cycle_time_s,
-                                      (long)((e->drive.cycle_time_s - (double)(time_t)e->drive.cycle_time_s) * 1e9)};
+                struct timespec ts = {
+                    (time_t)e->drive.cycle_time_s,
+                    (long)((e->drive.cycle_time_s - (double)(time_t)e->drive.cycle_time_s) * 1e9)};
                 nanosleep(&ts, NULL);
             }
-            if (!try_drive(e) && e->drive.park_while_busy) { /* busy: a thread drives for its own handle */
+            if (!try_drive(e) &&
+                e->drive.park_while_busy) { /* busy: a thread drives for its own handle */
                 park_while_busy(e, token);
                 continue;
             }
@@ -338,9 +345,11 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
     e->backends[CRING_DEVICE_CUDA] = &cring__backend_cuda;
     e->join.joined = calloc((size_t)e->size, 1);
     e->join.round = calloc((size_t)e->size, sizeof *e->join.round);
-    e->cache.slots = calloc((size_t)(e->cache.capacity ? e->cache.capacity : 1), sizeof *e->cache.slots);
+    e->cache.slots =
+        calloc((size_t)(e->cache.capacity ? e->cache.capacity : 1), sizeof *e->cache.slots);
     e->cache.slot_state = malloc((size_t)(e->cache.capacity ? e->cache.capacity : 1));
-    if (e->cache.slot_state) memset(e->cache.slot_state, 1, (size_t)(e->cache.capacity ? e->cache.capacity : 1));
+    if (e->cache.slot_state)
+        memset(e->cache.slot_state, 1, (size_t)(e->cache.capacity ? e->cache.capacity : 1));
     if (!e->cache.slots || !e->cache.slot_state || !e->join.joined || !e->join.round) {
         free(e->cache.slot_state);
         free(e->join.joined);
@@ -357,10 +366,8 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
         const char *dot = strrchr(tl, '.');
         if (e->size > 1 && dot && !strchr(dot, '/'))
             snprintf(path, sizeof path, "%.*s.%d%s", (int)(dot - tl), tl, e->rank, dot);
-        else if (e->size > 1)
-            snprintf(path, sizeof path, "%s.%d", tl, e->rank);
-        else
-            snprintf(path, sizeof path, "%s", tl);
+        else if (e->size > 1) snprintf(path, sizeof path, "%s.%d", tl, e->rank);
+        else snprintf(path, sizeof path, "%s", tl);
         if (cring__timeline_open(path, e->rank, &e->timeline) != CRING_OK)
             cring__log(CRING__LOG_WARNING, e->rank, "CRING_TIMELINE: cannot write %s", path);
         atomic_store(&e->timeline_on, e->timeline != NULL);
@@ -390,7 +397,8 @@ void cring_engine_stop(cring_engine_t *e) {
     cring__comm_wake(e->comm);
     if (e->thread_started) pthread_join(e->thread, NULL);
     pthread_mutex_lock(&e->drive.mu);
-    cring__negotiate_fail_all(e, CRING_ERR_CLOSED, "cring was shut down before this request completed");
+    cring__negotiate_fail_all(e, CRING_ERR_CLOSED,
+                              "cring was shut down before this request completed");
     for (int t = 0; t < CRING__DEVICE_TYPES; t++)
         if (e->backends[t] && e->backends[t]->shutdown) e->backends[t]->shutdown(e);
     cring__table_free_all(e);

@@ -15,7 +15,7 @@
 #include "strmap.h"
 #include "timeline.h"
 
-#define CRING__V_HEADER 3     /* flag bytes at the head of the negotiation vector */
+#define CRING__V_HEADER 3 /* flag bytes at the head of the negotiation vector */
 #define CRING__MAX_NAME_BYTES 4096
 #define CRING__DEVICE_TYPES 2 /* CRING_DEVICE_CPU, CRING_DEVICE_CUDA */
 
@@ -41,13 +41,13 @@ typedef struct req {
     cring_dtype_t compression; /* CRING_DTYPE_COUNT: none */
     int ntensors;
     tensor_spec_t *t;
-    int64_t *splits; /* alltoall: rows sent to each rank (size entries) */
+    int64_t *splits;       /* alltoall: rows sent to each rank (size entries) */
     cring_device_t device; /* where every tensor lives (copied from the request) */
-    void *ghost;     /* a joined rank's stand-in: its zero buffer (handle is NULL) */
+    void *ghost;           /* a joined rank's stand-in: its zero buffer (handle is NULL) */
     cring_handle_t *handle;
     uint8_t *record; /* this rank's description of the request */
     size_t record_len;
-    int cache_id;    /* slot in the response cache, -1 when not cached */
+    int cache_id; /* slot in the response cache, -1 when not cached */
     int wants_resend;
     double submit_s, ready_s;
     struct req *next;
@@ -68,8 +68,8 @@ struct cring_handle {
     void (*free_output)(void *ctx, void *ptr, size_t bytes);
     void *free_ctx;
     cring_device_t output_device; /* CPU unless a backend set it */
-    int64_t *first_dims; /* ntensors x size */
-    int64_t value;       /* join: the last rank to join */
+    int64_t *first_dims;          /* ntensors x size */
+    int64_t value;                /* join: the last rank to join */
     cring_engine_t *engine;
 };
 
@@ -106,7 +106,7 @@ typedef struct table_entry {
 
 typedef struct response {
     req_t *req;
-    int executed; /* its data already travelled with the negotiation round */
+    int executed;          /* its data already travelled with the negotiation round */
     cring_status_t status; /* CRING_ERR_MISMATCH / CRING_ERR_TIMEOUT with message, or OK */
     char *error;
     const int64_t *first_dims; /* allgather: ntensors x size (not owned) */
@@ -181,8 +181,8 @@ struct cring_engine {
         size_t block_cap;
         const void **peer_blocks;
         size_t *peer_lens;
-        uint16_t *slot_hits; /* per slot while combining blocks; all zero between rounds */
-        uint32_t *inval_ids; /* scratch: slots this rank invalidates in a round */
+        uint16_t *slot_hits;  /* per slot while combining blocks; all zero between rounds */
+        uint32_t *inval_ids;  /* scratch: slots this rank invalidates in a round */
         req_t *last_attached; /* the request most recently matched to a cache slot */
         response_t *resp;     /* run_round's responses, kept between rounds */
         int cap_resp;
@@ -196,7 +196,7 @@ struct cring_engine {
     struct {
         cache_slot_t *slots;
         uint8_t *slot_state; /* this rank's vector byte per slot: 0 invalidate, 1 idle, 2 pending */
-        int capacity, nslots; /* slots[0..nslots) are in the vector */
+        int capacity, nslots;  /* slots[0..nslots) are in the vector */
         cring__strmap_t index; /* name -> slot + 1 */
     } cache;
 
@@ -218,10 +218,10 @@ struct cring_engine {
     /* join.c: vector bytes [CRING__V_HEADER, vhdr) carry one joined flag per rank */
     struct {
         size_t vhdr;
-        req_t *req;             /* this rank's join, once drained */
-        _Atomic int in_flight;  /* from submit to completion: no other submissions */
-        uint8_t *joined;        /* per rank, as of the last round */
-        uint64_t *round;        /* per rank: the round it was first seen joined, 0 if not */
+        req_t *req;            /* this rank's join, once drained */
+        _Atomic int in_flight; /* from submit to completion: no other submissions */
+        uint8_t *joined;       /* per rank, as of the last round */
+        uint64_t *round;       /* per rank: the round it was first seen joined, 0 if not */
         int njoined;
     } join;
 

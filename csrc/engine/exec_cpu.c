@@ -25,7 +25,8 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
             ntensors++;
         }
     double t0 = cring__engine_tl_now(e);
-    for (int b = 0; b < n; b++) cring__engine_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
+    for (int b = 0; b < n; b++)
+        cring__engine_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
     cring_status_t st;
     if (!staging) {
         tensor_spec_t *t = &first->t[0];
@@ -42,7 +43,8 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
         for (int b = 0; b < n; b++)
             for (int i = 0; i < batch[b]->ntensors; i++) {
                 tensor_spec_t *t = &batch[b]->t[i];
-                cring__convert(wire, buf + off * es, t->dtype, t->send, t->count, batch[b]->prescale);
+                cring__convert(wire, buf + off * es, t->dtype, t->send, t->count,
+                               batch[b]->prescale);
                 off += t->count;
             }
         double t1 = cring__engine_tl_now(e);
@@ -59,7 +61,8 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
                 }
         double t3 = cring__engine_tl_now(e);
         char args[96];
-        snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors, total * es);
+        snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors,
+                 total * es);
         cring__fused_spans(e, batch, n, "ALLREDUCE", t0, t1, t2, t3, args);
         cring__engine_stats_add(&e->stats.fused_tensors, ntensors);
     }
@@ -86,7 +89,8 @@ static cring_status_t run_broadcast(cring_engine_t *e, req_t **batch, int n) {
     const req_t *first = batch[0];
     int root = first->root, i_am_root = e->rank == root;
     double t0 = cring__engine_tl_now(e);
-    for (int b = 0; b < n; b++) cring__engine_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
+    for (int b = 0; b < n; b++)
+        cring__engine_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
     cring_status_t st;
     if (n == 1 && first->ntensors == 1) {
         tensor_spec_t *t = &first->t[0];

@@ -62,8 +62,7 @@ static cring_status_t comm_for(cring_engine_t *e, int device, cring__gpu_t **g_o
         if (count > 0 && device >= count)
             mine = cring__fail(&err, CRING_ERR_INVALID_ARGUMENT,
                                "this process sees %d CUDA device(s)", count);
-        else if (count == 0)
-            mine = CRING_ERR_NOT_SUPPORTED; /* err says why */
+        else if (count == 0) mine = CRING_ERR_NOT_SUPPORTED; /* err says why */
     }
     setup_t *all = calloc((size_t)e->size, sizeof *all);
     size_t *sizes = malloc(sizeof *sizes * (size_t)e->size);
@@ -192,13 +191,18 @@ static cring_status_t run_batch(cring_engine_t *e, req_t **batch, int n) {
         req_t *r = batch[b];
         if (!r->handle && r->ghost) st = ghost_buffers(e, g, device, r, &ghosts[b]);
         for (int i = 0; i < r->ntensors; i++)
-            ts[k++] = (cring__gpu_tensor_t){.send = r->t[i].send, .recv = r->t[i].recv,
-                                            .dtype = r->t[i].dtype, .count = r->t[i].count,
+            ts[k++] = (cring__gpu_tensor_t){.send = r->t[i].send,
+                                            .recv = r->t[i].recv,
+                                            .dtype = r->t[i].dtype,
+                                            .count = r->t[i].count,
                                             .stream = r->device.stream};
     }
     if (st != CRING_OK) goto done;
-    cring__gpu_coll_t c = {.collective = first->coll, .op = first->op, .root = first->root,
-                           .scale = first->prescale * first->postscale, .ntensors = total,
+    cring__gpu_coll_t c = {.collective = first->coll,
+                           .op = first->op,
+                           .root = first->root,
+                           .scale = first->prescale * first->postscale,
+                           .ntensors = total,
                            .tensors = ts};
     st = run(e, batch, n, device, g, slot, &c);
 done:
@@ -251,13 +255,16 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
             break;
         }
         h->output_bytes[i] = bytes;
-        ts[i] = (cring__gpu_tensor_t){.send = t->send, .recv = h->outputs[i], .dtype = t->dtype,
-                                      .count = t->count, .rank_counts = rc,
+        ts[i] = (cring__gpu_tensor_t){.send = t->send,
+                                      .recv = h->outputs[i],
+                                      .dtype = t->dtype,
+                                      .count = t->count,
+                                      .rank_counts = rc,
                                       .stream = r->device.stream};
     }
     if (st == CRING_OK) {
-        cring__gpu_coll_t c = {.collective = CRING_COLL_ALLGATHER, .scale = 1.0,
-                               .ntensors = (int)nt, .tensors = ts};
+        cring__gpu_coll_t c = {
+            .collective = CRING_COLL_ALLGATHER, .scale = 1.0, .ntensors = (int)nt, .tensors = ts};
         st = run(e, &r, 1, device, g, slot, &c);
     }
 done:
@@ -283,12 +290,17 @@ static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
         tensor_spec_t *t = &r->t[i];
         size_t rows = (size_t)t->shape[0], *rc = counts + i * P;
         for (size_t q = 0; q < P; q++) rc[q] = (rows / P + (q < rows % P)) * t->row_elems;
-        ts[i] = (cring__gpu_tensor_t){.send = t->send, .recv = t->recv, .dtype = t->dtype,
-                                      .count = t->count, .rank_counts = rc,
+        ts[i] = (cring__gpu_tensor_t){.send = t->send,
+                                      .recv = t->recv,
+                                      .dtype = t->dtype,
+                                      .count = t->count,
+                                      .rank_counts = rc,
                                       .stream = r->device.stream};
     }
-    cring__gpu_coll_t c = {.collective = CRING_COLL_REDUCESCATTER, .op = r->op,
-                           .scale = r->prescale * r->postscale, .ntensors = (int)nt,
+    cring__gpu_coll_t c = {.collective = CRING_COLL_REDUCESCATTER,
+                           .op = r->op,
+                           .scale = r->prescale * r->postscale,
+                           .ntensors = (int)nt,
                            .tensors = ts};
     st = run(e, &r, 1, device, g, slot, &c);
 done:

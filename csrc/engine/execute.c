@@ -137,7 +137,7 @@ cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n) {
             if (st != CRING_OK) {
                 char msg[CRING__ERRMSG_BYTES + 128];
                 snprintf(msg, sizeof msg, "%s",
-                         e->exec.error[0]             ? e->exec.error
+                         e->exec.error[0]            ? e->exec.error
                          : st == CRING_ERR_NO_MEMORY ? "out of memory"
                                                      : cring__comm_error(e->comm));
                 cring__engine_complete(e, r, st, msg);

@@ -34,12 +34,11 @@ void cring__handle_release(cring_handle_t *h) {
     if (e) cring__engine_release(e);
 }
 
-
 /* Complete a request: record the status, drop the name from the in-flight set,
  * wake waiters, release the engine's reference. The caller owns r. */
 void cring__engine_complete(cring_engine_t *e, req_t *r, cring_status_t st, const char *error) {
     cring_handle_t *h = r->handle;
-    if (!h) return; /* a joined rank's stand-in */
+    if (!h) return;    /* a joined rank's stand-in */
     if (e->timeline) { /* a user who saw the handle complete finds it in the file */
         pthread_mutex_lock(&e->timeline_mu);
         cring__timeline_flush(e->timeline);

@@ -50,10 +50,15 @@ req_t *cring__join_ghost(cring_engine_t *e, const uint8_t *rec, size_t len) {
     zeros = calloc(bytes ? bytes : 1, 1);
     if (!zeros) goto done;
     for (int i = 0; i < p.ntensors; i++) ts[i].send = ts[i].recv = (char *)zeros + at[i];
-    cring_request_t q = {.name = name, .collective = (cring_collective_t)p.coll,
-                         .op = (cring_op_t)p.op, .root = p.root, .prescale = 1.0,
-                         .postscale = 1.0, .compression = (cring_dtype_t)p.compression,
-                         .ntensors = p.ntensors, .tensors = ts,
+    cring_request_t q = {.name = name,
+                         .collective = (cring_collective_t)p.coll,
+                         .op = (cring_op_t)p.op,
+                         .root = p.root,
+                         .prescale = 1.0,
+                         .postscale = 1.0,
+                         .compression = (cring_dtype_t)p.compression,
+                         .ntensors = p.ntensors,
+                         .tensors = ts,
                          .device = {.type = (cring_device_type_t)p.device_type}};
     r = cring__req_make(e, &q, e->size);
     if (r) {
@@ -78,7 +83,8 @@ int cring__join_conflict(cring_engine_t *e, const uint8_t *rec, size_t len, char
     char who[256] = "";
     size_t o = 0;
     for (int q = 0; q < e->size && o < sizeof who - 16; q++)
-        if (e->join.joined[q]) o += (size_t)snprintf(who + o, sizeof who - o, "%s%d", o ? ", " : "", q);
+        if (e->join.joined[q])
+            o += (size_t)snprintf(who + o, sizeof who - o, "%s%d", o ? ", " : "", q);
     snprintf(msg, n,
              "'%.*s': %s%s%s cannot run while ranks [%s] have joined: after join() the other "
              "ranks may only allreduce with Sum or Average (joined ranks contribute zeros)",

@@ -163,7 +163,10 @@ static size_t encode_block(cring_engine_t *e, const uint8_t *v, int nslots, cons
     uint32_t header[6] = {(uint32_t)(v[0] == 0) | (uint32_t)(v[1] == 0) << 1 |
                               (uint32_t)(v[2] == 0) << 2 |
                               (uint32_t)(v[CRING__V_HEADER + e->rank] == 0) << 3,
-                          npend, ninval, spec ? (uint32_t)spec->cache_id + 1 : 0, (uint32_t)payload,
+                          npend,
+                          ninval,
+                          spec ? (uint32_t)spec->cache_id + 1 : 0,
+                          (uint32_t)payload,
                           (uint32_t)nslots};
     memcpy(e->neg.block, header, sizeof header);
     size_t len = BLOCK_IDS + 4 * (size_t)(npend + ninval);
@@ -196,8 +199,8 @@ static cring_status_t combine_blocks(cring_engine_t *e, uint8_t *v, int nslots, 
             uint32_t id;
             memcpy(&id, qids + 4 * (size_t)k, 4);
             if (id >= (uint32_t)nslots) return CRING_ERR_PROTOCOL;
-            e->neg.slot_hits[id] = k < h[1] ? e->neg.slot_hits[id] + 1
-                                            : (uint16_t)(e->neg.slot_hits[id] | 0x8000);
+            e->neg.slot_hits[id] =
+                k < h[1] ? e->neg.slot_hits[id] + 1 : (uint16_t)(e->neg.slot_hits[id] | 0x8000);
         }
         if (!spec_here || h[3] != mine[3] || h[4] != mine[4]) *agree = 0;
     }
@@ -262,8 +265,8 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
         return cring__comm_allreduce(e->comm, v, v, vlen, CRING_UINT8, CRING_MIN);
     if (ensure_block_space(e, max_len) != 0) return CRING_ERR_NO_MEMORY;
     size_t len = encode_block(e, v, nslots, spec, payload);
-    CRING_CHECK(cring__comm_gather_small(e->comm, e->neg.block, len, e->neg.peer_blocks,
-                                         e->neg.peer_lens));
+    CRING_CHECK(
+        cring__comm_gather_small(e->comm, e->neg.block, len, e->neg.peer_blocks, e->neg.peer_lens));
     int agree;
     CRING_CHECK(combine_blocks(e, v, nslots, spec != NULL, &agree));
     if (agree && v[e->join.vhdr + spec->cache_id] == 2 && v[1] != 0) {
@@ -463,7 +466,8 @@ static void stall_check(cring_engine_t *e) {
         for (cring__strmap_entry_t *x = e->table.map.buckets[b]; x; x = x->next) {
             table_entry_t *t = x->value;
             double age = now - t->first_seen_s;
-            if (e->neg.stall_shutdown_s > 0 && age > e->neg.stall_shutdown_s) e->neg.abort_requested = 1;
+            if (e->neg.stall_shutdown_s > 0 && age > e->neg.stall_shutdown_s)
+                e->neg.abort_requested = 1;
             if (t->warned || age < e->neg.stall_check_s || !t->records[e->rank]) continue;
             char missing[512] = "", present[512] = "";
             size_t mo = 0, po = 0;
@@ -471,7 +475,8 @@ static void stall_check(cring_engine_t *e) {
                 char *buf = t->records[r] ? present : missing;
                 size_t *o = t->records[r] ? &po : &mo;
                 if (*o < sizeof missing - 16)
-                    *o += (size_t)snprintf(buf + *o, sizeof missing - *o, "%s%d", *o ? ", " : "", r);
+                    *o +=
+                        (size_t)snprintf(buf + *o, sizeof missing - *o, "%s%d", *o ? ", " : "", r);
             }
             cring__log(CRING__LOG_WARNING, e->rank,
                        "stall: tensor '%s' was submitted by ranks [%s] %.0f s ago; missing "

@@ -119,7 +119,8 @@ int cring__record_difference(const parsed_t *a, int ra, const parsed_t *b, int r
         int nda = a->tensors[oa + 1], ndb = b->tensors[ob + 1];
         int same = a->tensors[oa] == b->tensors[ob] && nda == ndb;
         for (int d = 0; same && d < nda; d++) {
-            if (d == 0 && (a->coll == CRING_COLL_ALLGATHER || a->coll == CRING_COLL_ALLTOALL)) continue;
+            if (d == 0 && (a->coll == CRING_COLL_ALLGATHER || a->coll == CRING_COLL_ALLTOALL))
+                continue;
             same = cring__wire_get(a->tensors + oa + 2 + 8 * (size_t)d, 8) ==
                    cring__wire_get(b->tensors + ob + 2 + 8 * (size_t)d, 8);
         }
@@ -128,7 +129,8 @@ int cring__record_difference(const parsed_t *a, int ra, const parsed_t *b, int r
             describe_tensor(a, i, da, sizeof da);
             describe_tensor(b, i, db, sizeof db);
             const char *what = a->tensors[oa] != b->tensors[ob] ? "dtype" : "shape";
-            if (a->ntensors > 1) return snprintf(out, n, "%s of tensor %d: %s vs %s", what, i, da, db);
+            if (a->ntensors > 1)
+                return snprintf(out, n, "%s of tensor %d: %s vs %s", what, i, da, db);
             return snprintf(out, n, "%s %s vs %s", what, da, db);
         }
         oa += 2 + 8 * (size_t)nda;
@@ -151,14 +153,18 @@ void cring__record_first_dims(const parsed_t *p, int r, int size, int64_t *dims)
 /* ---- submission -------------------------------------------------------------------------- */
 
 cring_status_t cring__req_validate(cring_engine_t *e, const cring_request_t *q) {
-    if (!q->name || !*q->name) return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "a request needs a name");
+    if (!q->name || !*q->name)
+        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "a request needs a name");
     if (strlen(q->name) > CRING__MAX_NAME_BYTES)
-        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "name of %zu bytes is too long (max %d)",
-                           strlen(q->name), CRING__MAX_NAME_BYTES);
+        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                                         "name of %zu bytes is too long (max %d)", strlen(q->name),
+                                         CRING__MAX_NAME_BYTES);
     if (q->collective < CRING_COLL_ALLREDUCE || q->collective > CRING_COLL_JOIN)
-        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "unknown collective %d", (int)q->collective);
+        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "unknown collective %d",
+                                         (int)q->collective);
     if (q->ntensors < 0 || q->ntensors > 65535 || (q->ntensors && !q->tensors))
-        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': bad tensor list", q->name);
+        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': bad tensor list",
+                                         q->name);
     if (q->device.type != CRING_DEVICE_CPU && q->device.type != CRING_DEVICE_CUDA)
         return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': unknown device type %d",
                                          q->name, (int)q->device.type);
@@ -168,68 +174,79 @@ cring_status_t cring__req_validate(cring_engine_t *e, const cring_request_t *q) 
     int bare = q->collective == CRING_COLL_BARRIER || q->collective == CRING_COLL_JOIN;
     if (bare && q->ntensors)
         return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "a %s carries no tensors",
-                           cring_collective_name(q->collective));
+                                         cring_collective_name(q->collective));
     if (!bare && !q->ntensors)
         return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': no tensors", q->name);
     if (q->collective == CRING_COLL_ALLTOALL) {
         if (q->ntensors != 1)
-            return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': alltoall takes one tensor", q->name);
+            return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                                             "'%s': alltoall takes one tensor", q->name);
         const cring_tensor_t *t = &q->tensors[0];
         if (t->ndim < 1 || !t->shape)
-            return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
-                               "'%s': alltoall needs a tensor with at least one dimension", q->name);
+            return cring__engine_submit_fail(
+                CRING_ERR_INVALID_ARGUMENT,
+                "'%s': alltoall needs a tensor with at least one dimension", q->name);
         if (q->splits) {
             int64_t sum = 0;
             for (int r = 0; r < e->size; r++) {
                 if (q->splits[r] < 0)
-                    return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
-                                       "'%s': alltoall split %d for rank %d is negative", q->name,
-                                       (int)q->splits[r], r);
+                    return cring__engine_submit_fail(
+                        CRING_ERR_INVALID_ARGUMENT,
+                        "'%s': alltoall split %d for rank %d is negative", q->name,
+                        (int)q->splits[r], r);
                 sum += q->splits[r];
             }
             if (sum != t->shape[0])
-                return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
-                                   "'%s': alltoall splits add up to %lld rows but the tensor's "
-                                   "first dimension is %lld",
-                                   q->name, (long long)sum, (long long)t->shape[0]);
+                return cring__engine_submit_fail(
+                    CRING_ERR_INVALID_ARGUMENT,
+                    "'%s': alltoall splits add up to %lld rows but the tensor's "
+                    "first dimension is %lld",
+                    q->name, (long long)sum, (long long)t->shape[0]);
         } else if (t->shape[0] % e->size) {
-            return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
-                               "'%s': alltoall without splits divides the first dimension (%lld) "
-                               "evenly among %d ranks; it does not divide: pass splits",
-                               q->name, (long long)t->shape[0], e->size);
+            return cring__engine_submit_fail(
+                CRING_ERR_INVALID_ARGUMENT,
+                "'%s': alltoall without splits divides the first dimension (%lld) "
+                "evenly among %d ranks; it does not divide: pass splits",
+                q->name, (long long)t->shape[0], e->size);
         }
     }
     if (q->collective == CRING_COLL_BROADCAST && (q->root < 0 || q->root >= e->size))
         return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
-                           "'%s': root rank %d is out of range for size %d", q->name, q->root,
-                           e->size);
-    int reduces = q->collective == CRING_COLL_ALLREDUCE || q->collective == CRING_COLL_REDUCESCATTER;
+                                         "'%s': root rank %d is out of range for size %d", q->name,
+                                         q->root, e->size);
+    int reduces =
+        q->collective == CRING_COLL_ALLREDUCE || q->collective == CRING_COLL_REDUCESCATTER;
     int has_compression = q->compression != CRING_DTYPE_COUNT;
     if (has_compression && q->compression != CRING_FLOAT16 && q->compression != CRING_BFLOAT16)
-        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': compression must be float16 or bfloat16",
-                           q->name);
+        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                                         "'%s': compression must be float16 or bfloat16", q->name);
     if (has_compression && q->collective != CRING_COLL_ALLREDUCE)
-        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': compression applies to allreduce only",
-                           q->name);
+        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                                         "'%s': compression applies to allreduce only", q->name);
     for (int i = 0; i < q->ntensors; i++) {
         const cring_tensor_t *t = &q->tensors[i];
         if (!cring_dtype_size(t->dtype))
-            return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': invalid dtype", q->name);
+            return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': invalid dtype",
+                                             q->name);
         if (t->ndim < 0 || t->ndim > 32 || (t->ndim && !t->shape))
-            return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': bad shape", q->name);
+            return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': bad shape",
+                                             q->name);
         for (int d = 0; d < t->ndim; d++)
             if (t->shape[d] < 0)
-                return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "'%s': negative dimension", q->name);
+                return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                                                 "'%s': negative dimension", q->name);
         if (reduces && !cring__reduce_supported(t->dtype, q->op))
-            return cring__engine_submit_fail(CRING_ERR_NOT_SUPPORTED, "'%s': op %s cannot reduce %s", q->name,
-                               cring_op_name(q->op), cring_dtype_name(t->dtype));
+            return cring__engine_submit_fail(CRING_ERR_NOT_SUPPORTED,
+                                             "'%s': op %s cannot reduce %s", q->name,
+                                             cring_op_name(q->op), cring_dtype_name(t->dtype));
         if (has_compression && t->dtype != CRING_FLOAT32)
             return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
-                               "'%s': compression applies to float32 tensors, not %s", q->name,
-                               cring_dtype_name(t->dtype));
+                                             "'%s': compression applies to float32 tensors, not %s",
+                                             q->name, cring_dtype_name(t->dtype));
         if (q->collective == CRING_COLL_REDUCESCATTER && t->ndim == 0)
             return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
-                               "'%s': reducescatter needs at least one dimension", q->name);
+                                             "'%s': reducescatter needs at least one dimension",
+                                             q->name);
     }
     return CRING_OK;
 }

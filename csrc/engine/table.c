@@ -117,7 +117,6 @@ void cring__engine_drain(cring_engine_t *e) {
     }
 }
 
-
 response_t *cring__response_add(response_list_t *l) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 64;
@@ -163,7 +162,8 @@ static cring_status_t check_agreement(cring_engine_t *e, const table_entry_t *t,
         }
     }
     if (bad >= 0) {
-        int m = snprintf(msg, n, "ranks disagree on tensor '%s': rank %d vs rank %d: %s (rank %d first)",
+        int m = snprintf(msg, n,
+                         "ranks disagree on tensor '%s': rank %d vs rank %d: %s (rank %d first)",
                          t->name, ref, bad, why, ref);
         if (nbad > 1 && m > 0 && (size_t)m < n)
             snprintf(msg + m, n - (size_t)m, "; ranks that differ from rank %d: [%s]", ref, others);

@@ -98,8 +98,8 @@ typedef struct cring__nccl_api {
                               int root, ncclComm_t comm, cudaStream_t stream);
     ncclResult_t (*Reduce)(const void *send, void *recv, size_t count, ncclDataType_t dtype,
                            ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
-    ncclResult_t (*AllGather)(const void *send, void *recv, size_t send_count,
-                              ncclDataType_t dtype, ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*AllGather)(const void *send, void *recv, size_t send_count, ncclDataType_t dtype,
+                              ncclComm_t comm, cudaStream_t stream);
     ncclResult_t (*ReduceScatter)(const void *send, void *recv, size_t recv_count,
                                   ncclDataType_t dtype, ncclRedOp_t op, ncclComm_t comm,
                                   cudaStream_t stream);

@@ -84,6 +84,8 @@ cring_status_t cring__gpu_comm_check(cring__gpu_t *g, int slot, cring__errmsg_t 
 void cring__gpu_comms_destroy(cring__gpu_t *g);
 
 /* ---- collectives -------------------------------------------------------------- */
+/* Hand-aligned: one column of field comments, some over several lines. */
+/* clang-format off */
 typedef struct cring__gpu_tensor {
     const void *send;         /* device memory */
     void *recv;               /* device memory; may equal send except for reducescatter */
@@ -96,6 +98,7 @@ typedef struct cring__gpu_tensor {
     void *stream;             /* cudaStream_t this tensor's work is ordered on
                                  (NULL: the legacy default stream) */
 } cring__gpu_tensor_t;
+/* clang-format on */
 
 typedef struct cring__gpu_coll {
     cring_collective_t collective; /* ALLREDUCE, BROADCAST, ALLGATHER, REDUCESCATTER */

@@ -12,7 +12,7 @@
 #define CRING__GPU_PINNED_CLASSES 48 /* power-of-two size classes from 4 KiB */
 
 typedef struct cring__gpu_library {
-    int tried;             /* a search has run; status and message below are final */
+    int tried; /* a search has run; status and message below are final */
     cring_status_t status;
     cring__errmsg_t message;
     void *handle;

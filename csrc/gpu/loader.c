@@ -17,37 +17,45 @@ typedef struct {
     int required;
 } symbol_t;
 
-#define CUDART_SYM(field, req) {"cuda" #field, offsetof(cring__cudart_api_t, field), req}
+#define CUDART_SYM(field, req)                                                                     \
+    { "cuda" #field, offsetof(cring__cudart_api_t, field), req }
 static const symbol_t cudart_symbols[] = {
-    CUDART_SYM(GetDeviceCount, 1),   CUDART_SYM(GetDevice, 1),
-    CUDART_SYM(SetDevice, 1),        CUDART_SYM(RuntimeGetVersion, 1),
-    CUDART_SYM(GetErrorString, 1),   CUDART_SYM(HostAlloc, 1),
-    CUDART_SYM(FreeHost, 1),         CUDART_SYM(MemcpyAsync, 1),
-    CUDART_SYM(StreamSynchronize, 1), CUDART_SYM(Malloc, 1),
-    CUDART_SYM(Free, 1),             CUDART_SYM(MemsetAsync, 1),
+    CUDART_SYM(GetDeviceCount, 1),
+    CUDART_SYM(GetDevice, 1),
+    CUDART_SYM(SetDevice, 1),
+    CUDART_SYM(RuntimeGetVersion, 1),
+    CUDART_SYM(GetErrorString, 1),
+    CUDART_SYM(HostAlloc, 1),
+    CUDART_SYM(FreeHost, 1),
+    CUDART_SYM(MemcpyAsync, 1),
+    CUDART_SYM(StreamSynchronize, 1),
+    CUDART_SYM(Malloc, 1),
+    CUDART_SYM(Free, 1),
+    CUDART_SYM(MemsetAsync, 1),
 };
 
-#define NCCL_SYM(field, req) {"nccl" #field, offsetof(cring__nccl_api_t, field), req}
+#define NCCL_SYM(field, req)                                                                       \
+    { "nccl" #field, offsetof(cring__nccl_api_t, field), req }
 static const symbol_t nccl_symbols[] = {
-    NCCL_SYM(GetVersion, 1),        NCCL_SYM(GetUniqueId, 1),
-    NCCL_SYM(CommInitRank, 1),      NCCL_SYM(CommDestroy, 1),
-    NCCL_SYM(CommAbort, 1),         NCCL_SYM(CommGetAsyncError, 1),
-    NCCL_SYM(GetErrorString, 1),    NCCL_SYM(GetLastError, 0),
-    NCCL_SYM(AllReduce, 1),         NCCL_SYM(Broadcast, 1),
-    NCCL_SYM(Reduce, 1),            NCCL_SYM(AllGather, 1),
-    NCCL_SYM(ReduceScatter, 1),     NCCL_SYM(GroupStart, 1),
-    NCCL_SYM(GroupEnd, 1),          NCCL_SYM(RedOpCreatePreMulSum, 1),
+    NCCL_SYM(GetVersion, 1),     NCCL_SYM(GetUniqueId, 1),
+    NCCL_SYM(CommInitRank, 1),   NCCL_SYM(CommDestroy, 1),
+    NCCL_SYM(CommAbort, 1),      NCCL_SYM(CommGetAsyncError, 1),
+    NCCL_SYM(GetErrorString, 1), NCCL_SYM(GetLastError, 0),
+    NCCL_SYM(AllReduce, 1),      NCCL_SYM(Broadcast, 1),
+    NCCL_SYM(Reduce, 1),         NCCL_SYM(AllGather, 1),
+    NCCL_SYM(ReduceScatter, 1),  NCCL_SYM(GroupStart, 1),
+    NCCL_SYM(GroupEnd, 1),       NCCL_SYM(RedOpCreatePreMulSum, 1),
     NCCL_SYM(RedOpDestroy, 1),
 };
 
 typedef struct {
-    const char *what;       /* "the CUDA runtime" / "NCCL" */
-    const char *env;        /* explicit path variable */
+    const char *what;                /* "the CUDA runtime" / "NCCL" */
+    const char *env;                 /* explicit path variable */
     const char *const *loaded_names; /* sonames to look for among loaded objects */
     const char *const *system_names; /* names for the dynamic linker's search */
     const symbol_t *symbols;
     size_t nsymbols;
-    void *table;            /* cring__cudart_api_t or cring__nccl_api_t */
+    void *table; /* cring__cudart_api_t or cring__nccl_api_t */
     size_t table_bytes;
     /* Check a candidate after its symbols resolved: 0 ok, else fills why. */
     int (*validate)(void *table, int *version, char *why, size_t why_len);
@@ -68,8 +76,7 @@ static int validate_cudart(void *table, int *version, char *why, size_t why_len)
 static void nccl_version_string(int code, char *out, size_t len) {
     if (code >= 10000)
         snprintf(out, len, "%d.%d.%d", code / 10000, (code % 10000) / 100, code % 100);
-    else
-        snprintf(out, len, "%d.%d.%d", code / 1000, (code % 1000) / 100, code % 100);
+    else snprintf(out, len, "%d.%d.%d", code / 1000, (code % 1000) / 100, code % 100);
 }
 
 static int validate_nccl(void *table, int *version, char *why, size_t why_len) {
@@ -131,14 +138,13 @@ static void loaded_path(void *handle, const char *fallback, char *out, size_t le
     struct link_map *lm = NULL;
     if (dlinfo(handle, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0])
         snprintf(out, len, "%s", lm->l_name);
-    else
-        snprintf(out, len, "%s", fallback);
+    else snprintf(out, len, "%s", fallback);
 }
 
 /* Try one candidate. flags: RTLD_NOLOAD for "already loaded". Returns 1 and
  * fills lib on success; 0 after appending why it failed to tried. */
-static int try_candidate(const library_spec_t *spec, cring__gpu_library_t *lib,
-                         const char *path, int noload, char *tried, size_t tried_len) {
+static int try_candidate(const library_spec_t *spec, cring__gpu_library_t *lib, const char *path,
+                         int noload, char *tried, size_t tried_len) {
     dlerror();
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | (noload ? RTLD_NOLOAD : 0));
     if (!h) {
@@ -178,8 +184,8 @@ static cring_status_t search(const library_spec_t *spec, cring__gpu_library_t *l
             h = NULL;
         }
         if (!h)
-            return cring__fail(&lib->message, CRING_ERR_NOT_SUPPORTED,
-                               "%s=%s cannot be used: %s", spec->env, explicit_path, why);
+            return cring__fail(&lib->message, CRING_ERR_NOT_SUPPORTED, "%s=%s cannot be used: %s",
+                               spec->env, explicit_path, why);
         lib->handle = h;
         lib->version = version;
         loaded_path(h, explicit_path, lib->path, sizeof lib->path);
@@ -221,10 +227,15 @@ static const char *const nccl_system[] = {"libnccl.so.2", "libnccl.so", NULL};
 cring_status_t cring__gpu_load_cudart(cring__gpu_t *g, const char *const *wheel_paths, size_t n,
                                       cring__errmsg_t *err) {
     library_spec_t spec = {
-        .what = "the CUDA runtime", .env = "CRING_CUDART_LIBRARY",
-        .loaded_names = cudart_loaded, .system_names = cudart_system,
-        .symbols = cudart_symbols, .nsymbols = sizeof cudart_symbols / sizeof *cudart_symbols,
-        .table = &g->cudart, .table_bytes = sizeof g->cudart, .validate = validate_cudart,
+        .what = "the CUDA runtime",
+        .env = "CRING_CUDART_LIBRARY",
+        .loaded_names = cudart_loaded,
+        .system_names = cudart_system,
+        .symbols = cudart_symbols,
+        .nsymbols = sizeof cudart_symbols / sizeof *cudart_symbols,
+        .table = &g->cudart,
+        .table_bytes = sizeof g->cudart,
+        .validate = validate_cudart,
     };
     return load(g, &spec, &g->cudart_lib, wheel_paths, n, err);
 }
@@ -232,10 +243,15 @@ cring_status_t cring__gpu_load_cudart(cring__gpu_t *g, const char *const *wheel_
 cring_status_t cring__gpu_load_nccl(cring__gpu_t *g, const char *const *wheel_paths, size_t n,
                                     cring__errmsg_t *err) {
     library_spec_t spec = {
-        .what = "NCCL", .env = "CRING_NCCL_LIBRARY",
-        .loaded_names = nccl_loaded, .system_names = nccl_system,
-        .symbols = nccl_symbols, .nsymbols = sizeof nccl_symbols / sizeof *nccl_symbols,
-        .table = &g->nccl, .table_bytes = sizeof g->nccl, .validate = validate_nccl,
+        .what = "NCCL",
+        .env = "CRING_NCCL_LIBRARY",
+        .loaded_names = nccl_loaded,
+        .system_names = nccl_system,
+        .symbols = nccl_symbols,
+        .nsymbols = sizeof nccl_symbols / sizeof *nccl_symbols,
+        .table = &g->nccl,
+        .table_bytes = sizeof g->nccl,
+        .validate = validate_nccl,
     };
     return load(g, &spec, &g->nccl_lib, wheel_paths, n, err);
 }

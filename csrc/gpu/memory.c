@@ -148,8 +148,8 @@ cring_status_t cring__gpu_copy_device(cring__gpu_t *g, void *dst, const void *sr
     if (!bytes) return CRING_OK;
     if (!cring__gpu_has_cudart(g))
         return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "the CUDA runtime is not loaded");
-    cudaError_t e = g->cudart.MemcpyAsync(dst, src, bytes, CRING_CUDA_MEMCPY_DEVICE_TO_DEVICE,
-                                          stream);
+    cudaError_t e =
+        g->cudart.MemcpyAsync(dst, src, bytes, CRING_CUDA_MEMCPY_DEVICE_TO_DEVICE, stream);
     if (e != CRING_CUDA_SUCCESS)
         return cring__fail(err, CRING_ERR_SYSTEM,
                            "cudaMemcpyAsync (device to device, %zu bytes): %s", bytes,

@@ -206,10 +206,8 @@ void cring__gpu_comms_destroy(cring__gpu_t *g) {
         if (!c->broken && (g->nccl.CommGetAsyncError(c->comm, &async_error) != ncclSuccess ||
                            (async_error != ncclSuccess && async_error != ncclInProgress)))
             c->broken = 1;
-        if (c->broken)
-            g->nccl.CommAbort(c->comm);
-        else
-            g->nccl.CommDestroy(c->comm);
+        if (c->broken) g->nccl.CommAbort(c->comm);
+        else g->nccl.CommDestroy(c->comm);
         memset(c, 0, sizeof *c);
     }
     g->ncomms = 0;
@@ -221,8 +219,8 @@ static cring_status_t check_tensor(const cring__gpu_coll_t *c, const cring__gpu_
                                    cring__errmsg_t *err) {
     ncclDataType_t dt;
     ncclRedOp_t op;
-    int reduces = c->collective == CRING_COLL_ALLREDUCE ||
-                  c->collective == CRING_COLL_REDUCESCATTER;
+    int reduces =
+        c->collective == CRING_COLL_ALLREDUCE || c->collective == CRING_COLL_REDUCESCATTER;
     if (!nccl_dtype(t->dtype, &dt))
         return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "dtype %s cannot go through NCCL",
                            cring_dtype_name(t->dtype));
@@ -230,8 +228,8 @@ static cring_status_t check_tensor(const cring__gpu_coll_t *c, const cring__gpu_
         if (t->dtype == CRING_BOOL || !nccl_op(c->op, &op))
             return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "op %s cannot reduce %s with NCCL",
                                cring_op_name(c->op), cring_dtype_name(t->dtype));
-        if (c->scale != 1.0 && (!is_floating(t->dtype) ||
-                                (c->op != CRING_SUM && c->op != CRING_AVERAGE)))
+        if (c->scale != 1.0 &&
+            (!is_floating(t->dtype) || (c->op != CRING_SUM && c->op != CRING_AVERAGE)))
             return cring__fail(err, CRING_ERR_NOT_SUPPORTED,
                                "scaling factors on the GPU apply to Sum and Average of floating "
                                "dtypes, not %s of %s",
@@ -315,8 +313,7 @@ static ncclResult_t enqueue(cring__gpu_t *g, cring__gpu_comm_t *cm, const cring_
         if (all_equal(t->rank_counts, cm->size)) {
             if (!t->rank_counts[0]) return ncclSuccess;
             ++*calls;
-            return g->nccl.ReduceScatter(t->send, t->recv, t->rank_counts[0], dt, op, cm->comm,
-                                         s);
+            return g->nccl.ReduceScatter(t->send, t->recv, t->rank_counts[0], dt, op, cm->comm, s);
         }
         /* Unequal parts: one reduce to each rank of its rows. */
         {
@@ -326,15 +323,14 @@ static ncclResult_t enqueue(cring__gpu_t *g, cring__gpu_comm_t *cm, const cring_
                 if (n) {
                     ++*calls;
                     r = g->nccl.Reduce((const char *)t->send + off * esize,
-                                       root == cm->rank ? t->recv : NULL, n, dt, op, root,
-                                       cm->comm, s);
+                                       root == cm->rank ? t->recv : NULL, n, dt, op, root, cm->comm,
+                                       s);
                 }
                 off += n;
             }
         }
         return r;
-    default:
-        return ncclInvalidArgument;
+    default: return ncclInvalidArgument;
     }
 }
 
@@ -359,8 +355,8 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
     ncclRedOp_t premul[CRING_DTYPE_COUNT];
     int have_premul[CRING_DTYPE_COUNT] = {0};
     ncclResult_t r = ncclSuccess;
-    int reduces = c->collective == CRING_COLL_ALLREDUCE ||
-                  c->collective == CRING_COLL_REDUCESCATTER;
+    int reduces =
+        c->collective == CRING_COLL_ALLREDUCE || c->collective == CRING_COLL_REDUCESCATTER;
     int previous = -1;
     st = enter_device(g, cm->device, 0, &previous, err);
     if (st != CRING_OK) {
@@ -392,8 +388,7 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
             r = g->nccl.GroupEnd(); /* always close the group */
             if (first_error != ncclSuccess)
                 st = nccl_fail(g, cm->comm, first_error, "enqueueing a NCCL collective", NULL, err);
-            else if (r != ncclSuccess)
-                st = nccl_fail(g, cm->comm, r, "ncclGroupEnd", NULL, err);
+            else if (r != ncclSuccess) st = nccl_fail(g, cm->comm, r, "ncclGroupEnd", NULL, err);
         }
     }
     for (int d = 0; d < CRING_DTYPE_COUNT; d++)

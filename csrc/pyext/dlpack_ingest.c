@@ -47,8 +47,7 @@ int cring__dl_to_dtype(cring_dl_dtype_t dt, cring_dtype_t *out) {
         if (dt.bits != 8) return 0;
         *out = CRING_BOOL;
         return 1;
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
@@ -77,12 +76,11 @@ int cring__dtype_from_name(const char *name, cring_dtype_t *out) {
 }
 
 static void dl_dtype_name(cring_dl_dtype_t dt, char *out, size_t n) {
-    static const char *const codes[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+    static const char *const codes[] = {"int",    "uint",    "float", "opaque",
+                                        "bfloat", "complex", "bool"};
     const char *c = dt.code < 7 ? codes[dt.code] : "code";
-    if (dt.lanes != 1)
-        snprintf(out, n, "%s%dx%d", c, dt.bits, dt.lanes);
-    else
-        snprintf(out, n, "%s%d", c, dt.bits);
+    if (dt.lanes != 1) snprintf(out, n, "%s%dx%d", c, dt.bits, dt.lanes);
+    else snprintf(out, n, "%s%d", c, dt.bits);
 }
 
 static const char *device_name(int device_type) {
@@ -129,8 +127,7 @@ static PyObject *export_dlpack(PyObject *method, PyObject *stream) {
         PyErr_Clear();
         if (stream) {
             vargs[1] = stream;
-            cap = PyObject_Vectorcall(method, vargs + 1, PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                      kw_stream);
+            cap = PyObject_Vectorcall(method, vargs + 1, PY_VECTORCALL_ARGUMENTS_OFFSET, kw_stream);
         } else {
             cap = PyObject_CallNoArgs(method);
         }
@@ -205,7 +202,9 @@ static int format_dtype(const char *f, Py_ssize_t itemsize, cring_dtype_t *out) 
     case 'b': *out = CRING_INT8; break;
     case 'B': *out = CRING_UINT8; break;
     case '?': *out = CRING_BOOL; break;
-    case 'i': case 'l': case 'q':
+    case 'i':
+    case 'l':
+    case 'q':
         if (itemsize == 4) *out = CRING_INT32;
         else if (itemsize == 8) *out = CRING_INT64;
         else return 0;
@@ -228,8 +227,7 @@ int cring__dl_is_ndarray(PyObject *obj) {
  * keeps stable across 1.x and 2.x (its PyArray_DATA, PyArray_NDIM, ...
  * macros compile to them in every extension built against it). */
 typedef struct {
-    PyObject_HEAD
-    char *data;
+    PyObject_HEAD char *data;
     int nd;
     Py_ssize_t *dimensions;
     Py_ssize_t *strides;
@@ -239,8 +237,7 @@ typedef struct {
 } np_array_head;
 
 typedef struct {
-    PyObject_HEAD
-    PyTypeObject *typeobj;
+    PyObject_HEAD PyTypeObject *typeobj;
     char kind, type, byteorder, former_flags;
     int type_num;
 } np_descr_head;
@@ -255,9 +252,9 @@ static int type_num_dtype(int type_num, cring_dtype_t *out) {
     case 0: *out = CRING_BOOL; return 1;
     case 1: *out = CRING_INT8; return 1;
     case 2: *out = CRING_UINT8; return 1;
-    case 5: *out = sizeof(int) == 4 ? CRING_INT32 : CRING_DTYPE_COUNT; break;         /* int */
-    case 7: *out = sizeof(long) == 8 ? CRING_INT64 : CRING_INT32; break;               /* long */
-    case 9: *out = sizeof(long long) == 8 ? CRING_INT64 : CRING_DTYPE_COUNT; break;    /* long long */
+    case 5: *out = sizeof(int) == 4 ? CRING_INT32 : CRING_DTYPE_COUNT; break;       /* int */
+    case 7: *out = sizeof(long) == 8 ? CRING_INT64 : CRING_INT32; break;            /* long */
+    case 9: *out = sizeof(long long) == 8 ? CRING_INT64 : CRING_DTYPE_COUNT; break; /* long long */
     case 11: *out = CRING_FLOAT32; return 1;
     case 12: *out = CRING_FLOAT64; return 1;
     case 23: *out = CRING_FLOAT16; return 1;
@@ -437,8 +434,8 @@ int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int wri
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         PyObject *msg = value ? PyObject_Str(value) : NULL;
-        PyErr_Format(PyExc_ValueError, "tensor '%s' cannot be exported through DLPack: %S",
-                     name, msg ? msg : Py_None);
+        PyErr_Format(PyExc_ValueError, "tensor '%s' cannot be exported through DLPack: %S", name,
+                     msg ? msg : Py_None);
         Py_XDECREF(msg);
         Py_XDECREF(type);
         Py_XDECREF(value);

@@ -19,10 +19,8 @@ PyObject *cring__pyext_raise(module_state *s, cring_status_t st, const char *con
     case CRING_ERR_MISMATCH: type = s->MismatchError; break;
     default: type = s->CRingError; break;
     }
-    if (detail && *detail)
-        PyErr_Format(type, "%s: %s", context, detail);
-    else
-        PyErr_Format(type, "%s: %s", context, cring_status_string(st));
+    if (detail && *detail) PyErr_Format(type, "%s: %s", context, detail);
+    else PyErr_Format(type, "%s: %s", context, cring_status_string(st));
     return NULL;
 }
 

@@ -16,15 +16,13 @@
 /* s is the module's state, borrowed: the module holds this object as its
  * `gpu` attribute and outlives it. */
 typedef struct {
-    PyObject_HEAD
-    cring__gpu_t *g;
+    PyObject_HEAD cring__gpu_t *g;
     module_state *s;
     PyTypeObject *PinnedType;
 } GpuState;
 
 typedef struct {
-    PyObject_HEAD
-    GpuState *owner;
+    PyObject_HEAD GpuState *owner;
     void *ptr;
     size_t capacity;
     size_t nbytes;
@@ -105,11 +103,9 @@ static PyObject *Gpu_output_capsule(GpuState *self, PyObject *args) {
         data = (void *)cring_handle_output(h->handle, index, &bytes, NULL);
     PyObject *cap = NULL;
     if (!data || bytes != numel * cring_dtype_size(dtype))
-        PyErr_Format(PyExc_ValueError,
-                     "tensor '%s': no device result %d of %zu bytes (it has %zu)",
+        PyErr_Format(PyExc_ValueError, "tensor '%s': no device result %d of %zu bytes (it has %zu)",
                      h->name ? h->name : "?", index, numel * cring_dtype_size(dtype), bytes);
-    else
-        cap = export_capsule(data, CRING_DL_CUDA, device, ndim, shape, dtype, hobj);
+    else cap = export_capsule(data, CRING_DL_CUDA, device, ndim, shape, dtype, hobj);
     PyMem_Free(shape);
     return cap;
 }
@@ -132,10 +128,8 @@ static PyObject *load_common(GpuState *self, PyObject *args, load_fn fn, int ncc
     }
     cring__errmsg_t err = {{0}};
     cring_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = fn(self->g, paths, (size_t)n, &err);
-    Py_END_ALLOW_THREADS
-    PyMem_Free(paths);
+    Py_BEGIN_ALLOW_THREADS st = fn(self->g, paths, (size_t)n, &err);
+    Py_END_ALLOW_THREADS PyMem_Free(paths);
     if (st != CRING_OK) { /* an answer, "not available because ...", for _gpu._load */
         PyErr_SetString(self->s->CRingError, err.text);
         return NULL;
@@ -182,10 +176,8 @@ static PinnedObject *pinned_new(GpuState *self, int ndim, const int64_t *shape,
     memcpy(p->shape, shape, (size_t)ndim * sizeof(int64_t));
     cring__errmsg_t err = {{0}};
     cring_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = cring__gpu_pinned_get(self->g, nbytes, &p->ptr, &p->capacity, &err);
-    Py_END_ALLOW_THREADS
-    if (st != CRING_OK) {
+    Py_BEGIN_ALLOW_THREADS st = cring__gpu_pinned_get(self->g, nbytes, &p->ptr, &p->capacity, &err);
+    Py_END_ALLOW_THREADS if (st != CRING_OK) {
         Py_DECREF(p);
         return (PinnedObject *)cring__pyext_raise(self->s, st, "cannot allocate pinned host memory",
                                                   err.text);
@@ -250,11 +242,9 @@ static PyObject *Gpu_stage_in(GpuState *self, PyObject *args) {
     }
     cring__errmsg_t err = {{0}};
     cring_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = cring__gpu_copy_sync(self->g, p->ptr, v.data, p->nbytes, 0,
-                              (void *)(uintptr_t)stream_value, &err);
-    Py_END_ALLOW_THREADS
-    cring__dl_release(&v);
+    Py_BEGIN_ALLOW_THREADS st = cring__gpu_copy_sync(self->g, p->ptr, v.data, p->nbytes, 0,
+                                                     (void *)(uintptr_t)stream_value, &err);
+    Py_END_ALLOW_THREADS cring__dl_release(&v);
     if (st != CRING_OK) {
         Py_DECREF(p);
         char context[512];
@@ -279,17 +269,15 @@ static PyObject *Gpu_stage_out(GpuState *self, PyObject *args) {
     size_t have = v.numel * cring_dtype_size(v.dtype);
     if (have != p->nbytes) {
         cring__dl_release(&v);
-        PyErr_Format(PyExc_ValueError, "tensor '%s': output has %zu bytes, result %zu", name,
-                     have, p->nbytes);
+        PyErr_Format(PyExc_ValueError, "tensor '%s': output has %zu bytes, result %zu", name, have,
+                     p->nbytes);
         return NULL;
     }
     cring__errmsg_t err = {{0}};
     cring_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = cring__gpu_copy_sync(self->g, v.data, p->ptr, p->nbytes, 1,
-                              (void *)(uintptr_t)stream_value, &err);
-    Py_END_ALLOW_THREADS
-    cring__dl_release(&v);
+    Py_BEGIN_ALLOW_THREADS st = cring__gpu_copy_sync(self->g, v.data, p->ptr, p->nbytes, 1,
+                                                     (void *)(uintptr_t)stream_value, &err);
+    Py_END_ALLOW_THREADS cring__dl_release(&v);
     if (st != CRING_OK) {
         char context[512];
         snprintf(context, sizeof context, "cannot copy the result of '%s' to the device", name);

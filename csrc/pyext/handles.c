@@ -14,13 +14,10 @@
 int cring__pyext_wait(cring_handle_t *h, cring_status_t *st) {
     if (!cring_handle_done(h)) {
         int done;
-        Py_BEGIN_ALLOW_THREADS
-        done = cring_handle_wait_for(h, WAKE_S);
-        Py_END_ALLOW_THREADS
-        while (!done) {
+        Py_BEGIN_ALLOW_THREADS done = cring_handle_wait_for(h, WAKE_S);
+        Py_END_ALLOW_THREADS while (!done) {
             if (PyErr_CheckSignals() < 0) return 0; /* KeyboardInterrupt, pytest-timeout... */
-            Py_BEGIN_ALLOW_THREADS
-            done = cring_handle_wait_for(h, WAKE_S);
+            Py_BEGIN_ALLOW_THREADS done = cring_handle_wait_for(h, WAKE_S);
             Py_END_ALLOW_THREADS
         }
     }
@@ -42,10 +39,8 @@ void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs
     }
     cring__pyext_dropped_t *d = PyMem_Malloc(sizeof *d);
     if (!d) { /* nowhere to keep the views: the only safe thing left is to wait */
-        Py_BEGIN_ALLOW_THREADS
-        cring_handle_wait(h);
-        Py_END_ALLOW_THREADS
-        release_refs(refs, nrefs);
+        Py_BEGIN_ALLOW_THREADS cring_handle_wait(h);
+        Py_END_ALLOW_THREADS release_refs(refs, nrefs);
         cring_handle_free(h);
         return;
     }
@@ -181,8 +176,7 @@ static PyObject *Handle_value(HandleObject *self, PyObject *unused) {
  * OutputBuffer exports it through the buffer protocol and keeps its handle
  * (and so the memory) alive for as long as any view of it exists. */
 typedef struct {
-    PyObject_HEAD
-    PyObject *handle;
+    PyObject_HEAD PyObject *handle;
     void *data;
     Py_ssize_t len;
 } OutputBufferObject;
@@ -202,7 +196,8 @@ static PyType_Slot OutputBuffer_slots[] = {
     {Py_bf_getbuffer, OutputBuffer_getbuffer},
     {Py_tp_dealloc, OutputBuffer_dealloc},
     {Py_tp_doc, "The bytes of one collective result, owned by its handle."},
-    {0, NULL}};
+    {0, NULL},
+};
 static PyType_Spec OutputBuffer_spec = {"cring._C.OutputBuffer", sizeof(OutputBufferObject), 0,
                                         Py_TPFLAGS_DEFAULT, OutputBuffer_slots};
 
@@ -262,7 +257,8 @@ static PyType_Slot Handle_slots[] = {
     {Py_tp_methods, Handle_methods},
     {Py_tp_getset, Handle_getset},
     {Py_tp_doc, "A request submitted to cring's engine."},
-    {0, NULL}};
+    {0, NULL},
+};
 static PyType_Spec Handle_spec = {"cring._C.Handle", sizeof(HandleObject), 0, Py_TPFLAGS_DEFAULT,
                                   Handle_slots};
 

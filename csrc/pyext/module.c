@@ -11,8 +11,9 @@
 
 /* ---- init / shutdown / queries -------------------------------------------- */
 static PyObject *py_init(PyObject *module, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"rank", "size", "addr", "port", "serve_store", "secret",
-                             "job_key", "listen_addr", "transport", "timeout_s", NULL};
+    static char *kwlist[] = {"rank",        "size",      "addr",    "port",
+                             "serve_store", "secret",    "job_key", "listen_addr",
+                             "transport",   "timeout_s", NULL};
     module_state *s = cring__pyext_state(module);
     cring_config_t cfg;
     cring_config_init(&cfg);
@@ -39,13 +40,12 @@ static PyObject *py_init(PyObject *module, PyObject *args, PyObject *kwargs) {
     cring_engine_t *engine = NULL;
     cring_status_t st;
     char detail[CRING__ERRMSG_BYTES];
-    Py_BEGIN_ALLOW_THREADS
-    st = cring_comm_init(&cfg, &comm);
+    Py_BEGIN_ALLOW_THREADS st = cring_comm_init(&cfg, &comm);
     if (st != CRING_OK) snprintf(detail, sizeof detail, "%s", cring_last_init_error());
     else if ((st = cring_engine_start(comm, &engine)) != CRING_OK)
         snprintf(detail, sizeof detail, "%s", cring_engine_error_message());
-    Py_END_ALLOW_THREADS
-    if (st != CRING_OK) return cring__pyext_raise(s, st, "cring.init failed", detail);
+    Py_END_ALLOW_THREADS if (st != CRING_OK) return cring__pyext_raise(s, st, "cring.init failed",
+                                                                       detail);
     s->engine = engine;
     Py_RETURN_NONE;
 }
@@ -56,10 +56,8 @@ static PyObject *py_shutdown(PyObject *module, PyObject *unused) {
     module_state *s = cring__pyext_state(module);
     cring_engine_t *engine = s->engine;
     s->engine = NULL; /* with the GIL held: no submission sees it any more */
-    Py_BEGIN_ALLOW_THREADS
-    cring_engine_stop(engine);
-    Py_END_ALLOW_THREADS
-    cring__pyext_sweep(s, 1);
+    Py_BEGIN_ALLOW_THREADS cring_engine_stop(engine);
+    Py_END_ALLOW_THREADS cring__pyext_sweep(s, 1);
     Py_RETURN_NONE;
 }
 
@@ -72,10 +70,10 @@ static PyObject *py_topology(PyObject *module, PyObject *unused) {
     if (!s->engine) return cring__pyext_not_initialized(s);
     cring_comm_t *c = cring_engine_comm(s->engine);
     return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:s}", "rank", cring_comm_rank(c), "size",
-                         cring_comm_size(c), "local_rank", cring_comm_local_rank(c),
-                         "local_size", cring_comm_local_size(c), "cross_rank",
-                         cring_comm_cross_rank(c), "cross_size", cring_comm_cross_size(c),
-                         "transport", cring_comm_transport_name(c));
+                         cring_comm_size(c), "local_rank", cring_comm_local_rank(c), "local_size",
+                         cring_comm_local_size(c), "cross_rank", cring_comm_cross_rank(c),
+                         "cross_size", cring_comm_cross_size(c), "transport",
+                         cring_comm_transport_name(c));
 }
 
 static PyObject *py_engine_stats(PyObject *module, PyObject *unused) {
@@ -149,8 +147,9 @@ static int module_exec(PyObject *m) {
     if (cring__pyext_handles_init(m, s) < 0) return -1; /* handles.c */
     if (PyModule_AddFunctions(m, cring__pyext_submit_functions) < 0) return -1; /* submit.c */
     for (int c = CRING_COLL_ALLREDUCE; c <= CRING_COLL_JOIN; c++) {
-        static const char *const names[] = {"", "ALLREDUCE", "BROADCAST", "ALLGATHER",
-                                            "REDUCESCATTER", "BARRIER", "ALLTOALL", "JOIN"};
+        static const char *const names[] = {"",          "ALLREDUCE",     "BROADCAST",
+                                            "ALLGATHER", "REDUCESCATTER", "BARRIER",
+                                            "ALLTOALL",  "JOIN"};
         if (PyModule_AddIntConstant(m, names[c], c) < 0) return -1;
     }
     if (cring__pyext_gpu_init(m, s) < 0) return -1; /* cring._C.gpu (gpu.c) */

@@ -17,7 +17,7 @@ typedef struct cring__pyext_dropped {
 } cring__pyext_dropped_t;
 
 typedef struct {
-    cring_engine_t *engine;    /* NULL until init(); changed only with the GIL held */
+    cring_engine_t *engine; /* NULL until init(); changed only with the GIL held */
     PyObject *CRingError;
     PyObject *TimeoutError;
     PyObject *PeerFailureError;
@@ -37,8 +37,7 @@ static inline module_state *cring__pyext_state(PyObject *module) {
 /* A submitted request: the C handle plus the DLPack views that keep the
  * tensors' memory alive until the engine is done with them. */
 typedef struct {
-    PyObject_HEAD
-    cring_handle_t *handle;
+    PyObject_HEAD cring_handle_t *handle;
     cring__dl_ref_t *refs; /* PyMem array of nrefs views */
     int nrefs;
     int collective;
@@ -72,9 +71,8 @@ int cring__pyext_handles_init(PyObject *module, module_state *s);
 /* A Handle owning `handle`, the nrefs views in refs (a PyMem array) and a copy
  * of name. On failure (NULL, MemoryError set) it waits for the engine, then
  * releases the views and frees handle and refs. */
-PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle,
-                                  cring__dl_ref_t *refs, int nrefs, int collective,
-                                  const char *name);
+PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle, cring__dl_ref_t *refs,
+                                  int nrefs, int collective, const char *name);
 /* Wait for h with the GIL released, waking every 100 ms to run signal
  * handlers. Returns 1 with *st set once done, or 0 with the signal handler's
  * exception set (the request is still in flight). Needs the GIL. */

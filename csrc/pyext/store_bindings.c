@@ -12,8 +12,7 @@
 
 /* ---- StoreServer ------------------------------------------------------------ */
 typedef struct {
-    PyObject_HEAD
-    cring_store_server_t *server;
+    PyObject_HEAD cring_store_server_t *server;
     int port;
 } StoreServerObject;
 
@@ -28,11 +27,10 @@ static PyObject *StoreServer_new(PyTypeObject *type, PyObject *args, PyObject *k
     if (!self) return NULL;
     cring_status_t st;
     char detail[CRING__ERRMSG_BYTES];
-    Py_BEGIN_ALLOW_THREADS
-    st = cring_store_server_start(addr, port, secret, &self->server, &self->port);
+    Py_BEGIN_ALLOW_THREADS st =
+        cring_store_server_start(addr, port, secret, &self->server, &self->port);
     if (st != CRING_OK) snprintf(detail, sizeof detail, "%s", cring__thread_errmsg()->text);
-    Py_END_ALLOW_THREADS
-    if (st != CRING_OK) {
+    Py_END_ALLOW_THREADS if (st != CRING_OK) {
         Py_DECREF(self);
         module_state *s = PyType_GetModuleState(type);
         return cring__pyext_raise(s, st, "cannot start the rendezvous store", detail);
@@ -44,8 +42,7 @@ static void stop_server(StoreServerObject *self) {
     cring_store_server_t *server = self->server;
     self->server = NULL;
     if (server) {
-        Py_BEGIN_ALLOW_THREADS
-        cring_store_server_stop(server);
+        Py_BEGIN_ALLOW_THREADS cring_store_server_stop(server);
         Py_END_ALLOW_THREADS
     }
 }
@@ -87,8 +84,7 @@ static PyType_Spec StoreServer_spec = {"cring._C.StoreServer", sizeof(StoreServe
  * same wire protocol and authentication as the C core's. Calls from several
  * threads are serialised; interrupt() may be called while one blocks. */
 typedef struct {
-    PyObject_HEAD
-    cring_store_t *client;
+    PyObject_HEAD cring_store_t *client;
     PyThread_type_lock lock;
     char where[300];
 } StoreClientObject;
@@ -111,11 +107,9 @@ static PyObject *StoreClient_new(PyTypeObject *type, PyObject *args, PyObject *k
     }
     cring_status_t st;
     char detail[CRING__ERRMSG_BYTES];
-    Py_BEGIN_ALLOW_THREADS
-    st = cring_store_connect(addr, port, secret, timeout_s, &self->client);
+    Py_BEGIN_ALLOW_THREADS st = cring_store_connect(addr, port, secret, timeout_s, &self->client);
     if (st != CRING_OK) snprintf(detail, sizeof detail, "%s", cring__thread_errmsg()->text);
-    Py_END_ALLOW_THREADS
-    if (st != CRING_OK) {
+    Py_END_ALLOW_THREADS if (st != CRING_OK) {
         char context[400];
         snprintf(context, sizeof context, "cannot connect to the rendezvous store at %s",
                  self->where);
@@ -126,22 +120,19 @@ static PyObject *StoreClient_new(PyTypeObject *type, PyObject *args, PyObject *k
 }
 
 /* Run one store call with the GIL released and the client's lock held. */
-#define STORE_CALL(self, st, call)                                       \
-    do {                                                                 \
-        Py_BEGIN_ALLOW_THREADS                                           \
-        PyThread_acquire_lock((self)->lock, WAIT_LOCK);                  \
-        st = (self)->client ? (call) : CRING_ERR_CLOSED;                 \
-        if (st != CRING_OK)                                              \
-            snprintf(detail, sizeof detail, "%s", cring__thread_errmsg()->text); \
-        PyThread_release_lock((self)->lock);                             \
-        Py_END_ALLOW_THREADS                                             \
+#define STORE_CALL(self, st, call)                                                                 \
+    do {                                                                                           \
+        Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock((self)->lock, WAIT_LOCK);                     \
+        st = (self)->client ? (call) : CRING_ERR_CLOSED;                                           \
+        if (st != CRING_OK) snprintf(detail, sizeof detail, "%s", cring__thread_errmsg()->text);   \
+        PyThread_release_lock((self)->lock);                                                       \
+        Py_END_ALLOW_THREADS                                                                       \
     } while (0)
 
 static PyObject *store_error(StoreClientObject *self, cring_status_t st, const char *op,
                              const char *key, const char *detail) {
     char context[600];
-    snprintf(context, sizeof context, "rendezvous store %s: %s of '%.200s'", self->where, op,
-             key);
+    snprintf(context, sizeof context, "rendezvous store %s: %s of '%.200s'", self->where, op, key);
     return cring__pyext_raise(PyType_GetModuleState(Py_TYPE(self)), st, context, detail);
 }
 
@@ -209,8 +200,9 @@ static PyObject *StoreClient_wait(StoreClientObject *self, PyObject *args) {
     char detail[CRING__ERRMSG_BYTES] = "";
     STORE_CALL(self, st, cring_store_wait(self->client, keys, (size_t)n, timeout_s));
     PyObject *out = st == CRING_OK ? Py_NewRef(Py_True)
-                    : st == CRING_ERR_TIMEOUT ? Py_NewRef(Py_False)
-                                              : store_error(self, st, "wait", n ? keys[0] : "", detail);
+                    : st == CRING_ERR_TIMEOUT
+                        ? Py_NewRef(Py_False)
+                        : store_error(self, st, "wait", n ? keys[0] : "", detail);
     PyMem_Free(keys);
     Py_DECREF(seq);
     return out;
@@ -219,8 +211,7 @@ static PyObject *StoreClient_wait(StoreClientObject *self, PyObject *args) {
 static void close_client(StoreClientObject *self) {
     if (!self->lock) return;
     cring_store_interrupt(self->client); /* a blocked call returns, releasing the lock */
-    Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(self->lock, WAIT_LOCK);
     cring_store_close(self->client);
     self->client = NULL;
     PyThread_release_lock(self->lock);

@@ -14,8 +14,8 @@
 static int same_layout(const cring__dl_ref_t *a, const cring__dl_ref_t *b, const char *name) {
     if (a->dtype != b->dtype || a->numel != b->numel) {
         PyErr_Format(PyExc_ValueError,
-                     "tensor '%s': output has %zu elements of %s, input %zu of %s", name,
-                     b->numel, cring_dtype_name(b->dtype), a->numel, cring_dtype_name(a->dtype));
+                     "tensor '%s': output has %zu elements of %s, input %zu of %s", name, b->numel,
+                     cring_dtype_name(b->dtype), a->numel, cring_dtype_name(a->dtype));
         return -1;
     }
     return 0;
@@ -53,10 +53,8 @@ static int parse_op(PyObject *obj) {
 static void drop_views(module_state *s, cring_handle_t *h, cring__dl_ref_t *views, int n) {
     cring__dl_ref_t *kept = n ? PyMem_Calloc((size_t)n, sizeof *kept) : NULL;
     if (n && !kept) { /* nowhere to keep them: wait, then release */
-        Py_BEGIN_ALLOW_THREADS
-        cring_handle_wait(h);
-        Py_END_ALLOW_THREADS
-        cring_handle_free(h);
+        Py_BEGIN_ALLOW_THREADS cring_handle_wait(h);
+        Py_END_ALLOW_THREADS cring_handle_free(h);
         for (int i = 0; i < n; i++) cring__dl_release(&views[i]);
         return;
     }
@@ -105,8 +103,8 @@ static int is_one(PyObject *x) {
  * attribute holds. */
 static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames) {
-    static const char *const names[] = {"tensor", "op", "name", "compression",
-                                        "prescale_factor", "postscale_factor"};
+    static const char *const names[] = {
+        "tensor", "op", "name", "compression", "prescale_factor", "postscale_factor"};
     enum { NPARAMS = 6 };
     static PyObject *interned[NPARAMS]; /* call sites' keywords are interned: compare pointers */
     static PyObject *fallback_name;
@@ -122,7 +120,8 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
         int j = 0;
         while (j < NPARAMS && key != interned[j]) j++;
         if (j == NPARAMS) /* not interned: compare the text */
-            while (--j >= 0 && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) {}
+            while (--j >= 0 && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) {
+            }
         if (j < 0 || v[j]) fast = 0; /* the fallback raises the TypeError */
         else v[j] = args[nargs + k];
     }
@@ -139,12 +138,20 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
         if (taken < 0) return NULL;
         if (taken) {
             int64_t one = 1;
-            cring_tensor_t t = {.send = ref.data, .recv = ref.data, .dtype = ref.dtype,
-                                .ndim = ref.t->ndim, .shape = ref.t->ndim ? ref.t->shape : &one};
-            cring_request_t req = {.name = name, .collective = CRING_COLL_ALLREDUCE,
-                                   .op = (cring_op_t)op, .prescale = 1.0, .postscale = 1.0,
-                                   .compression = CRING_DTYPE_COUNT, .ntensors = 1,
-                                   .tensors = &t, .flags = CRING_REQUEST_CALLER_WAITS};
+            cring_tensor_t t = {.send = ref.data,
+                                .recv = ref.data,
+                                .dtype = ref.dtype,
+                                .ndim = ref.t->ndim,
+                                .shape = ref.t->ndim ? ref.t->shape : &one};
+            cring_request_t req = {.name = name,
+                                   .collective = CRING_COLL_ALLREDUCE,
+                                   .op = (cring_op_t)op,
+                                   .prescale = 1.0,
+                                   .postscale = 1.0,
+                                   .compression = CRING_DTYPE_COUNT,
+                                   .ntensors = 1,
+                                   .tensors = &t,
+                                   .flags = CRING_REQUEST_CALLER_WAITS};
             int nviews = 1;
             int rc = submit_wait_here(s, &req, &ref, &nviews);
             if (nviews) cring__dl_release(&ref);
@@ -191,9 +198,9 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
     const char *name, *compression;
     PyObject *list, *op_obj, *splits_obj = Py_None, *stream_obj = Py_None;
     double prescale, postscale;
-    if (!PyArg_ParseTuple(args, "isO!Oiddzi|OO", &coll, &name, &PyList_Type, &list, &op_obj,
-                          &root, &prescale, &postscale, &compression, &caller_waits,
-                          &splits_obj, &stream_obj))
+    if (!PyArg_ParseTuple(args, "isO!Oiddzi|OO", &coll, &name, &PyList_Type, &list, &op_obj, &root,
+                          &prescale, &postscale, &compression, &caller_waits, &splits_obj,
+                          &stream_obj))
         return NULL;
     int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
     int op = reduces ? parse_op(op_obj) : 0; /* an argument error before "not initialized" */
@@ -233,8 +240,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
     cring_tensor_t stack_ts[STACK_TENSORS];
     int64_t stack_scalars[STACK_TENSORS];
     int on_stack = caller_waits == 2 && n <= STACK_TENSORS;
-    cring__dl_ref_t *refs =
-        on_stack ? stack_refs : PyMem_Calloc((size_t)(2 * n + 1), sizeof *refs);
+    cring__dl_ref_t *refs = on_stack ? stack_refs : PyMem_Calloc((size_t)(2 * n + 1), sizeof *refs);
     cring_tensor_t *ts = on_stack ? stack_ts : PyMem_Calloc((size_t)(n + 1), sizeof *ts);
     int64_t *scalar_shapes =
         on_stack ? stack_scalars : PyMem_Calloc((size_t)(n + 1), sizeof(int64_t));
@@ -306,11 +312,18 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
             goto done;
         }
     }
-    cring_request_t req = {.name = name, .collective = (cring_collective_t)coll,
-                           .op = (cring_op_t)op, .root = root, .prescale = prescale,
-                           .postscale = postscale, .compression = comp, .ntensors = (int)n,
-                           .tensors = ts, .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0,
-                           .splits = splits, .device = device};
+    cring_request_t req = {.name = name,
+                           .collective = (cring_collective_t)coll,
+                           .op = (cring_op_t)op,
+                           .root = root,
+                           .prescale = prescale,
+                           .postscale = postscale,
+                           .compression = comp,
+                           .ntensors = (int)n,
+                           .tensors = ts,
+                           .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0,
+                           .splits = splits,
+                           .device = device};
     if (caller_waits == 2) {
         if (submit_wait_here(s, &req, refs, &nrefs) == 0) result = Py_NewRef(Py_None);
         goto done; /* the views are released below, after the engine is done */

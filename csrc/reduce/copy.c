@@ -79,4 +79,3 @@ void cring__copy_stream(void *dst, const void *src, size_t n) { memcpy(dst, src,
 const char *cring__copy_stream_isa(void) { return "memcpy"; }
 
 #endif
-

@@ -39,19 +39,19 @@
 #define ST_BF16(v) cring__f32_to_bf16(v)
 
 /* One scalar kernel: T is the stored type, C the compute type. */
-#define SCALAR_KERNEL(fname, T, C, LD, ST, COMBINE, DIVIDE)                                  \
-    static void fname(void *dst_, const void *const *srcs, int nsrc, size_t begin,           \
-                      size_t end, int divisor) {                                             \
-        T *dst = dst_;                                                                       \
-        for (size_t i = begin; i < end; i++) {                                               \
-            C acc = LD(((const T *)srcs[0])[i]);                                             \
-            for (int k = 1; k < nsrc; k++) {                                                 \
-                C x = LD(((const T *)srcs[k])[i]);                                           \
-                acc = COMBINE(acc, x);                                                       \
-            }                                                                                \
-            if (DIVIDE) acc = acc / (C)divisor;                                              \
-            dst[i] = ST(acc);                                                                \
-        }                                                                                    \
+#define SCALAR_KERNEL(fname, T, C, LD, ST, COMBINE, DIVIDE)                                        \
+    static void fname(void *dst_, const void *const *srcs, int nsrc, size_t begin, size_t end,     \
+                      int divisor) {                                                               \
+        T *dst = dst_;                                                                             \
+        for (size_t i = begin; i < end; i++) {                                                     \
+            C acc = LD(((const T *)srcs[0])[i]);                                                   \
+            for (int k = 1; k < nsrc; k++) {                                                       \
+                C x = LD(((const T *)srcs[k])[i]);                                                 \
+                acc = COMBINE(acc, x);                                                             \
+            }                                                                                      \
+            if (DIVIDE) acc = acc / (C)divisor;                                                    \
+            dst[i] = ST(acc);                                                                      \
+        }                                                                                          \
     }
 
 /* Integer MIN/MAX: compare through the signed (or unsigned) view S. */
@@ -67,16 +67,16 @@
 #define S_IMAX_int64_t(a, x) ((int64_t)(x) > (int64_t)(a) ? (x) : (a))
 
 /* Products of unsigned char promote to int; 255*255 fits, and the store wraps. */
-#define FLOAT_KERNELS(name, T, C, LD, ST)                                                    \
-    SCALAR_KERNEL(scalar_##name##_sum, T, C, LD, ST, S_SUM, 0)                               \
-    SCALAR_KERNEL(scalar_##name##_avg, T, C, LD, ST, S_SUM, 1)                               \
-    SCALAR_KERNEL(scalar_##name##_min, T, C, LD, ST, S_FMIN, 0)                              \
-    SCALAR_KERNEL(scalar_##name##_max, T, C, LD, ST, S_FMAX, 0)                              \
+#define FLOAT_KERNELS(name, T, C, LD, ST)                                                          \
+    SCALAR_KERNEL(scalar_##name##_sum, T, C, LD, ST, S_SUM, 0)                                     \
+    SCALAR_KERNEL(scalar_##name##_avg, T, C, LD, ST, S_SUM, 1)                                     \
+    SCALAR_KERNEL(scalar_##name##_min, T, C, LD, ST, S_FMIN, 0)                                    \
+    SCALAR_KERNEL(scalar_##name##_max, T, C, LD, ST, S_FMAX, 0)                                    \
     SCALAR_KERNEL(scalar_##name##_prod, T, C, LD, ST, S_PROD, 0)
-#define INT_KERNELS(name, U, S)                                                              \
-    SCALAR_KERNEL(scalar_##name##_sum, U, U, LD_SAME, ST_SAME, S_SUM, 0)                     \
-    SCALAR_KERNEL(scalar_##name##_min, U, U, LD_SAME, ST_SAME, S_IMIN(S), 0)                 \
-    SCALAR_KERNEL(scalar_##name##_max, U, U, LD_SAME, ST_SAME, S_IMAX(S), 0)                 \
+#define INT_KERNELS(name, U, S)                                                                    \
+    SCALAR_KERNEL(scalar_##name##_sum, U, U, LD_SAME, ST_SAME, S_SUM, 0)                           \
+    SCALAR_KERNEL(scalar_##name##_min, U, U, LD_SAME, ST_SAME, S_IMIN(S), 0)                       \
+    SCALAR_KERNEL(scalar_##name##_max, U, U, LD_SAME, ST_SAME, S_IMAX(S), 0)                       \
     SCALAR_KERNEL(scalar_##name##_prod, U, U, LD_SAME, ST_SAME, S_PROD, 0)
 
 FLOAT_KERNELS(f16, uint16_t, float, LD_F16, ST_F16)
@@ -88,11 +88,13 @@ INT_KERNELS(u8, uint8_t, uint8_t)
 INT_KERNELS(i32, uint32_t, int32_t)
 INT_KERNELS(i64, uint64_t, int64_t)
 
-#define FLOAT_ROW(name)                                                                      \
-    {scalar_##name##_sum, scalar_##name##_avg, scalar_##name##_min, scalar_##name##_max,     \
-     scalar_##name##_prod}
-#define INT_ROW(name)                                                                        \
-    {scalar_##name##_sum, NULL, scalar_##name##_min, scalar_##name##_max, scalar_##name##_prod}
+#define FLOAT_ROW(name)                                                                            \
+    {                                                                                              \
+        scalar_##name##_sum, scalar_##name##_avg, scalar_##name##_min, scalar_##name##_max,        \
+            scalar_##name##_prod                                                                   \
+    }
+#define INT_ROW(name)                                                                              \
+    { scalar_##name##_sum, NULL, scalar_##name##_min, scalar_##name##_max, scalar_##name##_prod }
 
 const cring__reduce_kernels_t cring__reduce_scalar_kernels = {
     .name = "scalar",
@@ -131,8 +133,8 @@ static void choose_kernels(void) {
     int has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
                    __builtin_cpu_supports("fma");
     int has_avx512 = has_avx2 && __builtin_cpu_supports("avx512f") &&
-                     __builtin_cpu_supports("avx512bw") &&
-                     __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+                     __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                     __builtin_cpu_supports("avx512vl");
     if (cap >= 2 && has_avx512) k = &cring__reduce_avx512_kernels;
     else if (cap >= 1 && has_avx2) k = &cring__reduce_avx2_kernels;
 #else
@@ -215,8 +217,8 @@ void cring__reduce_inplace(cring_dtype_t dtype, cring_op_t op, void *dst, const 
     kernels()->fn[dtype][slot](dst, srcs, 2, 0, count, 1);
 }
 
-void cring__reduce_multi(cring_dtype_t dtype, cring_op_t op, void *dst,
-                         const void *const *srcs, int nsrc, size_t count, int divisor) {
+void cring__reduce_multi(cring_dtype_t dtype, cring_op_t op, void *dst, const void *const *srcs,
+                         int nsrc, size_t count, int divisor) {
     if (count == 0 || nsrc < 1 || !cring__reduce_supported(dtype, op)) return;
     const cring__reduce_kernels_t *k = kernels();
     if (op == CRING_AVERAGE && divisor < 1) divisor = 1; /* contract: divisor >= 1 */

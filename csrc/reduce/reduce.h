@@ -22,8 +22,8 @@ void cring__reduce_inplace(cring_dtype_t dtype, cring_op_t op, void *dst, const 
  * divided by divisor (integers: toward zero). nsrc >= 1. float16/bfloat16 are
  * accumulated in float32 and rounded once. dst may equal any srcs[k] (element-
  * wise in place) but must not partially overlap them. Thread-safe. */
-void cring__reduce_multi(cring_dtype_t dtype, cring_op_t op, void *dst,
-                         const void *const *srcs, int nsrc, size_t count, int divisor);
+void cring__reduce_multi(cring_dtype_t dtype, cring_op_t op, void *dst, const void *const *srcs,
+                         int nsrc, size_t count, int divisor);
 
 /* buf[i] = buf[i] / divisor, for the end of an AVERAGE (integers: toward zero;
  * float16/bfloat16 via float32). Thread-safe. */

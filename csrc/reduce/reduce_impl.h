@@ -26,8 +26,8 @@ enum {
  * bfloat16). The AVERAGE slot then divides by divisor (>= 1). dst may equal any
  * srcs[k] element-wise. Every variant of a slot gives bit-identical results
  * (up to NaN payloads), so ranks on different CPUs agree. */
-typedef void (*cring__reduce_kernel_fn)(void *dst, const void *const *srcs, int nsrc,
-                                        size_t begin, size_t end, int divisor);
+typedef void (*cring__reduce_kernel_fn)(void *dst, const void *const *srcs, int nsrc, size_t begin,
+                                        size_t end, int divisor);
 
 typedef struct cring__reduce_kernels {
     const char *name; /* "scalar", "avx2", "avx512" */
@@ -78,8 +78,8 @@ static inline uint16_t cring__f32_to_f16(float f) {
     uint32_t ax = x & 0x7fffffffu;
     if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
     if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
-    if (ax >= 0x38800000u) {                                     /* >= 2^-14: normal */
-        ax += 0xfffu + ((ax >> 13) & 1u);                        /* round to nearest even */
+    if (ax >= 0x38800000u) {                                  /* >= 2^-14: normal */
+        ax += 0xfffu + ((ax >> 13) & 1u);                     /* round to nearest even */
         return (uint16_t)(sign | ((ax - (112u << 23)) >> 13));
     }
     uint32_t exponent = ax >> 23;

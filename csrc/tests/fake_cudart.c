@@ -79,7 +79,8 @@ EXPORT const char *cudaGetErrorString(int error) {
     switch (error) {
     case SUCCESS: return "no error";
     case ERROR_MEMORY_ALLOCATION: return "out of memory";
-    case ERROR_INSUFFICIENT_DRIVER: return "CUDA driver version is insufficient for CUDA runtime version";
+    case ERROR_INSUFFICIENT_DRIVER:
+        return "CUDA driver version is insufficient for CUDA runtime version";
     case ERROR_INVALID_DEVICE: return "invalid device ordinal";
     default: return "unknown error";
     }
@@ -100,8 +101,11 @@ EXPORT int cudaFreeHost(void *ptr) {
 EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t bytes, int kind, void *stream) {
     memcpy(dst, src, bytes);
     log_line("memcpy kind=%s bytes=%zu stream=0x%lx",
-             kind == 1 ? "H2D" : kind == 2 ? "D2H" : kind == 3 ? "D2D" : "other", bytes,
-             (unsigned long)(uintptr_t)stream);
+             kind == 1   ? "H2D"
+             : kind == 2 ? "D2H"
+             : kind == 3 ? "D2D"
+                         : "other",
+             bytes, (unsigned long)(uintptr_t)stream);
     return SUCCESS;
 }
 

@@ -36,10 +36,27 @@ typedef struct {
     char internal[128];
 } ncclUniqueId;
 
-enum { OK = 0, SYSTEM_ERROR = 2, INTERNAL_ERROR = 3, INVALID_ARGUMENT = 4, INVALID_USAGE = 5,
-       REMOTE_ERROR = 6 };
-enum { INT8 = 0, UINT8 = 1, INT32 = 2, UINT32 = 3, INT64 = 4, UINT64 = 5, FLOAT16 = 6,
-       FLOAT32 = 7, FLOAT64 = 8, BFLOAT16 = 9, NTYPES = 10 };
+enum {
+    OK = 0,
+    SYSTEM_ERROR = 2,
+    INTERNAL_ERROR = 3,
+    INVALID_ARGUMENT = 4,
+    INVALID_USAGE = 5,
+    REMOTE_ERROR = 6
+};
+enum {
+    INT8 = 0,
+    UINT8 = 1,
+    INT32 = 2,
+    UINT32 = 3,
+    INT64 = 4,
+    UINT64 = 5,
+    FLOAT16 = 6,
+    FLOAT32 = 7,
+    FLOAT64 = 8,
+    BFLOAT16 = 9,
+    NTYPES = 10
+};
 enum { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4, FIRST_PREMUL = 5 };
 #define MAX_PREMUL 32
 #define MAGIC "cring-fake-nccl"
@@ -112,7 +129,9 @@ static size_t type_size(int dt) {
     return dt >= 0 && dt < NTYPES ? sizes[dt] : 0;
 }
 
-static int is_float(int dt) { return dt == FLOAT16 || dt == FLOAT32 || dt == FLOAT64 || dt == BFLOAT16; }
+static int is_float(int dt) {
+    return dt == FLOAT16 || dt == FLOAT32 || dt == FLOAT64 || dt == BFLOAT16;
+}
 
 static float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -274,8 +293,8 @@ EXPORT int ncclGetUniqueId(ncclUniqueId *id) {
     if (fd < 0 || read(fd, &nonce, sizeof nonce) != (ssize_t)sizeof nonce)
         nonce = (unsigned long long)now_s() * 1000003ull ^ (unsigned long long)getpid();
     if (fd >= 0) close(fd);
-    snprintf(id->internal, sizeof id->internal, "%s/cring_fake_nccl_%d_%llx", MAGIC,
-             (int)getpid(), nonce);
+    snprintf(id->internal, sizeof id->internal, "%s/cring_fake_nccl_%d_%llx", MAGIC, (int)getpid(),
+             nonce);
     return OK;
 }
 
@@ -411,7 +430,8 @@ static int run(const call_t *k) {
     size_t es = type_size(k->dt);
     size_t part = k->kind == K_REDUCESCATTER ? k->count * (size_t)c->nranks * es : k->count * es;
     if (part > c->slot_bytes)
-        return fail(INVALID_ARGUMENT, "fake NCCL: %zu bytes exceed CRING_FAKE_NCCL_SLOT_BYTES", part);
+        return fail(INVALID_ARGUMENT, "fake NCCL: %zu bytes exceed CRING_FAKE_NCCL_SLOT_BYTES",
+                    part);
     unsigned char *mine = c->slots + (size_t)c->rank * c->slot_bytes;
     const unsigned char *parts[256];
     for (int r = 0; r < c->nranks && r < 256; r++) parts[r] = c->slots + (size_t)r * c->slot_bytes;

@@ -91,12 +91,16 @@ static void run_rank(int rank, int size, int port, int transport) {
             size_t off = 0, mine = 0, my_off = 0;
             for (int r = 0; r < size; r++) {
                 table[r] = n / (size_t)size + ((size_t)r < n % (size_t)size);
-                if (r == rank) { mine = table[r]; my_off = off; }
+                if (r == rank) {
+                    mine = table[r];
+                    my_off = off;
+                }
                 off += table[r];
             }
             for (size_t i = 0; i < n; i++) in[i] = value(rank, i, salt);
             CHECK_OK(cring_reducescatter(comm, in, out, table, CRING_INT32, op));
-            for (size_t i = 0; i < mine; i++) CHECK(out[i] == ref_reduce(op, size, my_off + i, salt));
+            for (size_t i = 0; i < mine; i++)
+                CHECK(out[i] == ref_reduce(op, size, my_off + i, salt));
         }
         /* broadcast from every root */
         for (int root = 0; root < size; root++) {
@@ -106,7 +110,10 @@ static void run_rank(int rank, int size, int port, int transport) {
         }
         /* allgatherv: rank r contributes n + r elements */
         size_t total = 0;
-        for (int r = 0; r < size; r++) { table[r] = (n + (size_t)r) * sizeof(int32_t); total += n + (size_t)r; }
+        for (int r = 0; r < size; r++) {
+            table[r] = (n + (size_t)r) * sizeof(int32_t);
+            total += n + (size_t)r;
+        }
         int32_t *all = malloc((total + 1) * sizeof *all);
         for (size_t i = 0; i < n + (size_t)rank; i++) in[i] = value(rank, i, 6);
         CHECK_OK(cring_allgatherv(comm, in, table[rank], all, table));
@@ -129,11 +136,13 @@ static void run_rank(int rank, int size, int port, int transport) {
         unsigned char *sbuf = malloc(stot), *rbuf = malloc(rtot);
         size_t o = 0;
         for (int j = 0; j < size; j++)
-            for (size_t i = 0; i < sb[j]; i++) sbuf[o++] = (unsigned char)(rank * 31 + j * 7 + i % 251);
+            for (size_t i = 0; i < sb[j]; i++)
+                sbuf[o++] = (unsigned char)(rank * 31 + j * 7 + i % 251);
         CHECK_OK(cring_alltoallv(comm, sbuf, sb, rbuf, rb));
         o = 0;
         for (int q = 0; q < size; q++)
-            for (size_t i = 0; i < rb[q]; i++) CHECK(rbuf[o++] == (unsigned char)(q * 31 + rank * 7 + i % 251));
+            for (size_t i = 0; i < rb[q]; i++)
+                CHECK(rbuf[o++] == (unsigned char)(q * 31 + rank * 7 + i % 251));
         if (size > 1) {
             rb[0] += rank == size - 1; /* the last rank expects one byte too many from rank 0 */
             CHECK(cring_alltoallv(comm, sbuf, sb, rbuf, rb) == CRING_ERR_MISMATCH);
@@ -164,7 +173,11 @@ static void run_rank(int rank, int size, int port, int transport) {
     CHECK(cring_allreduce(comm, in, out, 1, CRING_BOOL, CRING_SUM) == CRING_ERR_NOT_SUPPORTED);
     CHECK(cring_broadcast(comm, in, 4, size) == CRING_ERR_INVALID_ARGUMENT);
     cring_comm_destroy(comm);
-    free(in); free(out); free(fin); free(fout); free(table);
+    free(in);
+    free(out);
+    free(fin);
+    free(fout);
+    free(table);
     exit(0);
 }
 
@@ -209,8 +222,9 @@ static void run_shm_paths(int rank, int size, int port, int unused) {
     for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
         cring_dtype_t dt = dtypes[d];
         size_t es = cring_dtype_size(dt), r = SHM_ROUND_BYTES / es;
-        size_t counts[] = {(16u << 10) / es + 1, r - 1, r, r + 1, 2 * r + 17, (1u << 20) / es - 1,
-                           (1u << 20) / es + 13, 5 * r + 3};
+        size_t counts[] = {
+            (16u << 10) / es + 1, r - 1,    r, r + 1, 2 * r + 17, (1u << 20) / es - 1,
+            (1u << 20) / es + 13, 5 * r + 3};
         for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
             size_t n = counts[c];
             for (int mode = 0; mode < 3; mode++) {
@@ -222,10 +236,12 @@ static void run_shm_paths(int rank, int size, int port, int unused) {
                 if (mode) memset(b, 0x5a, n * es + 2 * es);
                 CHECK_OK(cring_allreduce(comm, send, recv, n, dt, op));
                 for (size_t i = 0; i < n; i++) {
-                    int64_t want = op == CRING_MAX ? shm_value(size - 1, i)
-                                                   : (int64_t)size * (size + 1) / 2 * (int64_t)(i % 7 + 1);
+                    int64_t want = op == CRING_MAX
+                                       ? shm_value(size - 1, i)
+                                       : (int64_t)size * (size + 1) / 2 * (int64_t)(i % 7 + 1);
                     if (get(dt, recv, i) != want) {
-                        fprintf(stderr, "allreduce %s n=%zu mode %d: element %zu is %lld, want %lld\n",
+                        fprintf(stderr,
+                                "allreduce %s n=%zu mode %d: element %zu is %lld, want %lld\n",
                                 cring_dtype_name(dt), n, mode, i, (long long)get(dt, recv, i),
                                 (long long)want);
                         exit(1);
@@ -242,7 +258,8 @@ static void run_shm_paths(int rank, int size, int port, int unused) {
         for (int root = 0; root < size; root += size - 1) {
             unsigned char *buf = a + 3;
             size_t n = bcast[c];
-            for (size_t i = 0; i < n; i++) buf[i] = rank == root ? (unsigned char)(i * 13 + root) : 0;
+            for (size_t i = 0; i < n; i++)
+                buf[i] = rank == root ? (unsigned char)(i * 13 + root) : 0;
             buf[n] = 0x77;
             CHECK_OK(cring_broadcast(comm, buf, n, root));
             for (size_t i = 0; i < n; i++) CHECK(buf[i] == (unsigned char)(i * 13 + root));
@@ -271,7 +288,8 @@ static void run_shm_paths(int rank, int size, int port, int unused) {
             CHECK_OK(cring_allgatherv(comm, send, table[rank], out, table));
             size_t o = 0;
             for (int q = 0; q < size; q++)
-                for (size_t i = 0; i < table[q]; i++) CHECK(out[o++] == (unsigned char)(i * 3 + q * 101));
+                for (size_t i = 0; i < table[q]; i++)
+                    CHECK(out[o++] == (unsigned char)(i * 3 + q * 101));
             CHECK(b[0] == 0 && out[total] == 0);
         }
     }
@@ -296,8 +314,8 @@ static void run_gather_small(int rank, int size, int port, int unused) {
     cfg.secret = "test-secret";
     cring_comm_t *comm = NULL;
     CHECK_OK(cring_comm_init(&cfg, &comm));
-    static const size_t lens[] = {0, 1, 7, 47, 48, 49, 55, 56, 57, 104, 105, 1000,
-                                  2039, 2040, 2041, 2047, 2048, 2049, 4096, 70000};
+    static const size_t lens[] = {0,   1,    7,    47,   48,   49,   55,   56,   57,   104,
+                                  105, 1000, 2039, 2040, 2041, 2047, 2048, 2049, 4096, 70000};
     const int nlens = (int)(sizeof lens / sizeof lens[0]);
     CHECK(cring__comm_can_gather_small(comm));
     CHECK(cring__comm_gather_small_max(comm) >= 70000);

@@ -20,9 +20,16 @@ static cring_handle_t *submit1(cring_engine_t *e, const char *name, cring_collec
                                const void *send, void *recv, cring_dtype_t dt, int64_t n,
                                cring_op_t op, int flags) {
     cring_tensor_t t = {.send = send, .recv = recv, .dtype = dt, .ndim = 1, .shape = &n};
-    cring_request_t q = {.name = name, .collective = coll, .op = op, .root = 0, .prescale = 1,
-                         .postscale = 1, .compression = CRING_DTYPE_COUNT, .ntensors = 1,
-                         .tensors = &t, .flags = flags};
+    cring_request_t q = {.name = name,
+                         .collective = coll,
+                         .op = op,
+                         .root = 0,
+                         .prescale = 1,
+                         .postscale = 1,
+                         .compression = CRING_DTYPE_COUNT,
+                         .ntensors = 1,
+                         .tensors = &t,
+                         .flags = flags};
     cring_handle_t *h = NULL;
     cring_status_t st = cring_engine_submit(e, &q, &h);
     if (st != CRING_OK) {
@@ -51,7 +58,8 @@ static void run_rank(int rank, int size, int port, int transport) {
         char name[32];
         snprintf(name, sizeof name, "w%d", i);
         for (int j = 0; j < 17; j++) bufs[i][j] = rank + i + j;
-        hs[i] = submit1(e, name, CRING_COLL_ALLREDUCE, bufs[i], bufs[i], CRING_INT32, 17, CRING_SUM, 0);
+        hs[i] =
+            submit1(e, name, CRING_COLL_ALLREDUCE, bufs[i], bufs[i], CRING_INT32, 17, CRING_SUM, 0);
         CHECK(hs[i] != NULL);
     }
     for (int i = 0; i < NAMES; i++) {
@@ -81,8 +89,9 @@ static void run_rank(int rank, int size, int port, int transport) {
     }
     cring_engine_get_stats(e, &after);
     uint64_t colls = after.collectives - before.collectives;
-    if (rank == 0) printf("size %d: %d small allreduces ran as %llu collectives\n", size, SMALL,
-                          (unsigned long long)colls);
+    if (rank == 0)
+        printf("size %d: %d small allreduces ran as %llu collectives\n", size, SMALL,
+               (unsigned long long)colls);
     CHECK(colls < SMALL / 10);
 
     /* 3. Mismatch: every rank's handle fails naming the tensor, then it works again. */
@@ -114,17 +123,20 @@ static void run_rank(int rank, int size, int port, int transport) {
         if (rank == 0) {
             dh = submit1(e, "dup", CRING_COLL_ALLREDUCE, &d1, &d1, CRING_INT32, 1, CRING_SUM, 0);
             CHECK(dh);
-            cring_tensor_t t = {.send = &d2, .recv = &d2, .dtype = CRING_INT32, .ndim = 0,
-                                .shape = NULL};
-            cring_request_t q = {.name = "dup", .collective = CRING_COLL_ALLREDUCE,
-                                 .op = CRING_SUM, .compression = CRING_DTYPE_COUNT,
-                                 .ntensors = 1, .tensors = &t};
+            cring_tensor_t t = {
+                .send = &d2, .recv = &d2, .dtype = CRING_INT32, .ndim = 0, .shape = NULL};
+            cring_request_t q = {.name = "dup",
+                                 .collective = CRING_COLL_ALLREDUCE,
+                                 .op = CRING_SUM,
+                                 .compression = CRING_DTYPE_COUNT,
+                                 .ntensors = 1,
+                                 .tensors = &t};
             cring_handle_t *dh2 = NULL;
             CHECK(cring_engine_submit(e, &q, &dh2) == CRING_ERR_INVALID_ARGUMENT && dh2 == NULL);
             CHECK(strstr(cring_engine_error_message(), "already in flight"));
         }
-        cring_handle_t *go = submit1(e, "go", CRING_COLL_ALLREDUCE, &g, &g, CRING_INT32, 1,
-                                     CRING_SUM, 0);
+        cring_handle_t *go =
+            submit1(e, "go", CRING_COLL_ALLREDUCE, &g, &g, CRING_INT32, 1, CRING_SUM, 0);
         CHECK_OK(cring_handle_wait(go));
         cring_handle_free(go);
         if (rank != 0)
@@ -140,8 +152,11 @@ static void run_rank(int rank, int size, int port, int transport) {
     int32_t mine[16];
     for (int i = 0; i < 2 * rows; i++) mine[i] = rank;
     cring_tensor_t gt = {.send = mine, .dtype = CRING_INT32, .ndim = 2, .shape = shape};
-    cring_request_t gq = {.name = "gather", .collective = CRING_COLL_ALLGATHER,
-                          .compression = CRING_DTYPE_COUNT, .ntensors = 1, .tensors = &gt};
+    cring_request_t gq = {.name = "gather",
+                          .collective = CRING_COLL_ALLGATHER,
+                          .compression = CRING_DTYPE_COUNT,
+                          .ntensors = 1,
+                          .tensors = &gt};
     cring_handle_t *gh;
     CHECK_OK(cring_engine_submit(e, &gq, &gh));
     CHECK_OK(cring_handle_wait(gh));
@@ -169,10 +184,14 @@ static void run_rank(int rank, int size, int port, int transport) {
         for (int j = 0; j < size; j++)
             for (int64_t i = 0; i < splits[j]; i++, row++)
                 for (int64_t c = 0; c < cols; c++)
-                    src[row * cols + c] = (int32_t)(rank * 1000000 + j * 100000 + i * 1000 + c % 997);
+                    src[row * cols + c] =
+                        (int32_t)(rank * 1000000 + j * 100000 + i * 1000 + c % 997);
         cring_tensor_t at = {.send = src, .dtype = CRING_INT32, .ndim = 2, .shape = shp};
-        cring_request_t aq = {.name = "a2a", .collective = CRING_COLL_ALLTOALL,
-                              .compression = CRING_DTYPE_COUNT, .ntensors = 1, .tensors = &at,
+        cring_request_t aq = {.name = "a2a",
+                              .collective = CRING_COLL_ALLTOALL,
+                              .compression = CRING_DTYPE_COUNT,
+                              .ntensors = 1,
+                              .tensors = &at,
                               .splits = splits};
         cring_handle_t *ah;
         CHECK_OK(cring_engine_submit(e, &aq, &ah));
@@ -208,14 +227,15 @@ static void run_rank(int rank, int size, int port, int transport) {
         int last = size - 1;
         int32_t jv = -1;
         if (rank == last) {
-            cring_request_t jq = {.name = "join", .collective = CRING_COLL_JOIN,
-                                  .compression = CRING_DTYPE_COUNT};
+            cring_request_t jq = {
+                .name = "join", .collective = CRING_COLL_JOIN, .compression = CRING_DTYPE_COUNT};
             cring_handle_t *jh;
             CHECK_OK(cring_engine_submit(e, &jq, &jh));
             int32_t x = 1;
             cring_handle_t *no = NULL;
             CHECK(cring_engine_submit(e, &jq, &no) != CRING_OK && !no);
-            CHECK(submit1(e, "late", CRING_COLL_ALLREDUCE, &x, &x, CRING_INT32, 1, CRING_SUM, 0) == NULL);
+            CHECK(submit1(e, "late", CRING_COLL_ALLREDUCE, &x, &x, CRING_INT32, 1, CRING_SUM, 0) ==
+                  NULL);
             CHECK_OK(cring_handle_wait(jh));
             jv = (int32_t)cring_handle_value(jh);
             cring_handle_free(jh);
@@ -237,13 +257,13 @@ static void run_rank(int rank, int size, int port, int transport) {
                 cring_handle_free(h);
             }
             int32_t m = rank;
-            cring_handle_t *mh2 = submit1(e, "max", CRING_COLL_ALLREDUCE, &m, &m, CRING_INT32, 1,
-                                          CRING_MAX, 0);
+            cring_handle_t *mh2 =
+                submit1(e, "max", CRING_COLL_ALLREDUCE, &m, &m, CRING_INT32, 1, CRING_MAX, 0);
             CHECK(cring_handle_wait(mh2) == CRING_ERR_MISMATCH);
             CHECK(strstr(cring_handle_error(mh2), "joined") != NULL);
             cring_handle_free(mh2);
-            cring_request_t jq = {.name = "join", .collective = CRING_COLL_JOIN,
-                                  .compression = CRING_DTYPE_COUNT};
+            cring_request_t jq = {
+                .name = "join", .collective = CRING_COLL_JOIN, .compression = CRING_DTYPE_COUNT};
             cring_handle_t *jh;
             CHECK_OK(cring_engine_submit(e, &jq, &jh));
             CHECK_OK(cring_handle_wait(jh));
@@ -254,10 +274,10 @@ static void run_rank(int rank, int size, int port, int transport) {
          * rank says the same one */
         CHECK(jv >= 0 && jv < last);
         int32_t lo = jv, hi = jv;
-        cring_handle_t *lh = submit1(e, "jv-min", CRING_COLL_ALLREDUCE, &lo, &lo, CRING_INT32, 1,
-                                     CRING_MIN, 0);
-        cring_handle_t *hh = submit1(e, "jv-max", CRING_COLL_ALLREDUCE, &hi, &hi, CRING_INT32, 1,
-                                     CRING_MAX, 0);
+        cring_handle_t *lh =
+            submit1(e, "jv-min", CRING_COLL_ALLREDUCE, &lo, &lo, CRING_INT32, 1, CRING_MIN, 0);
+        cring_handle_t *hh =
+            submit1(e, "jv-max", CRING_COLL_ALLREDUCE, &hi, &hi, CRING_INT32, 1, CRING_MAX, 0);
         CHECK_OK(cring_handle_wait(lh));
         CHECK_OK(cring_handle_wait(hh));
         CHECK(lo == jv && hi == jv);
@@ -265,8 +285,8 @@ static void run_rank(int rank, int size, int port, int transport) {
         cring_handle_free(hh);
         /* after the join everything works as before */
         int32_t one = 1;
-        cring_handle_t *oh2 = submit1(e, "after-join", CRING_COLL_ALLREDUCE, &one, &one, CRING_INT32,
-                                      1, CRING_SUM, 0);
+        cring_handle_t *oh2 = submit1(e, "after-join", CRING_COLL_ALLREDUCE, &one, &one,
+                                      CRING_INT32, 1, CRING_SUM, 0);
         CHECK_OK(cring_handle_wait(oh2));
         CHECK(one == size);
         cring_handle_free(oh2);
@@ -280,7 +300,8 @@ static void run_rank(int rank, int size, int port, int transport) {
     if (size > 1) {
         static int32_t dropped[33];
         for (int j = 0; j < 33; j++) dropped[j] = rank + j;
-        cring_request_t bq = {.name = "drop-barrier", .collective = CRING_COLL_BARRIER,
+        cring_request_t bq = {.name = "drop-barrier",
+                              .collective = CRING_COLL_BARRIER,
                               .compression = CRING_DTYPE_COUNT};
         cring_handle_t *bh = NULL;
         if (rank == 0) {
@@ -300,8 +321,8 @@ static void run_rank(int rank, int size, int port, int transport) {
         }
         /* a later collective completes after "dropped" ran everywhere */
         int32_t one = 1;
-        cring_handle_t *ah = submit1(e, "after-drop", CRING_COLL_ALLREDUCE, &one, &one,
-                                     CRING_INT32, 1, CRING_SUM, 0);
+        cring_handle_t *ah = submit1(e, "after-drop", CRING_COLL_ALLREDUCE, &one, &one, CRING_INT32,
+                                     1, CRING_SUM, 0);
         CHECK_OK(cring_handle_wait(ah));
         cring_handle_free(ah);
         CHECK(one == size);

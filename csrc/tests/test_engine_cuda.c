@@ -44,10 +44,17 @@ static void *stream_of(int rank) { return (void *)(uintptr_t)(0x1000 + rank); }
 static cring_handle_t *submit(cring_engine_t *e, const char *name, cring_collective_t coll,
                               cring_op_t op, int root, const cring_tensor_t *ts, int nt,
                               cring_device_type_t type, int rank) {
-    cring_request_t q = {.name = name, .collective = coll, .op = op, .root = root,
-                         .prescale = 1, .postscale = 1, .compression = CRING_DTYPE_COUNT,
-                         .ntensors = nt, .tensors = ts,
-                         .device = {.type = type, .id = 0,
+    cring_request_t q = {.name = name,
+                         .collective = coll,
+                         .op = op,
+                         .root = root,
+                         .prescale = 1,
+                         .postscale = 1,
+                         .compression = CRING_DTYPE_COUNT,
+                         .ntensors = nt,
+                         .tensors = ts,
+                         .device = {.type = type,
+                                    .id = 0,
                                     .stream = type == CRING_DEVICE_CUDA ? stream_of(rank) : NULL}};
     cring_handle_t *h = NULL;
     cring_status_t st = cring_engine_submit(e, &q, &h);
@@ -82,10 +89,10 @@ static void run_rank(int rank, int size, int port, int unused) {
         char name[32];
         snprintf(name, sizeof name, "many%d", i);
         for (int j = 0; j < 5; j++) many[i][j] = (float)(rank * 100 + i + j);
-        mt[i] = (cring_tensor_t){.send = many[i], .recv = many[i], .dtype = CRING_FLOAT32,
-                                 .ndim = 1, .shape = &dims5};
-        mh[i] = submit(e, name, CRING_COLL_ALLREDUCE, CRING_SUM, 0, &mt[i], 1, CRING_DEVICE_CUDA,
-                       rank);
+        mt[i] = (cring_tensor_t){
+            .send = many[i], .recv = many[i], .dtype = CRING_FLOAT32, .ndim = 1, .shape = &dims5};
+        mh[i] =
+            submit(e, name, CRING_COLL_ALLREDUCE, CRING_SUM, 0, &mt[i], 1, CRING_DEVICE_CUDA, rank);
     }
     for (int i = 0; i < MANY; i++) {
         CHECK_OK(cring_handle_wait(mh[i]));
@@ -109,9 +116,14 @@ static void run_rank(int rank, int size, int port, int unused) {
                              {a1, a1, CRING_FLOAT32, 1, &d1},
                              {a2, a2, CRING_FLOAT32, 1, &d2}};
     cring_tensor_t sct = {sc, sc, CRING_FLOAT32, 1, &d7};
-    cring_request_t scaled = {.name = "scaled", .collective = CRING_COLL_ALLREDUCE,
-                              .op = CRING_AVERAGE, .prescale = 0.5, .postscale = 2.0,
-                              .compression = CRING_DTYPE_COUNT, .ntensors = 1, .tensors = &sct,
+    cring_request_t scaled = {.name = "scaled",
+                              .collective = CRING_COLL_ALLREDUCE,
+                              .op = CRING_AVERAGE,
+                              .prescale = 0.5,
+                              .postscale = 2.0,
+                              .compression = CRING_DTYPE_COUNT,
+                              .ntensors = 1,
+                              .tensors = &sct,
                               .device = {CRING_DEVICE_CUDA, 0, stream_of(rank)}};
     cring_handle_t *gh = NULL, *sh = NULL;
     if (rank % 2) CHECK_OK(cring_engine_submit(e, &scaled, &sh));
@@ -137,10 +149,10 @@ static void run_rank(int rank, int size, int port, int unused) {
     }
     cring_tensor_t bt[2] = {{bs, br, CRING_FLOAT64, 1, &d9}, {bi, bi, CRING_INT32, 1, &d4}};
     cring_tensor_t ct = {cpu, cpu, CRING_INT32, 1, &d3};
-    cring_handle_t *cpuh = submit(e, "cpu", CRING_COLL_ALLREDUCE, CRING_SUM, 0, &ct, 1,
-                                  CRING_DEVICE_CPU, rank);
-    cring_handle_t *bh = submit(e, "bcast", CRING_COLL_BROADCAST, CRING_SUM, S - 1, bt, 2,
-                                CRING_DEVICE_CUDA, rank);
+    cring_handle_t *cpuh =
+        submit(e, "cpu", CRING_COLL_ALLREDUCE, CRING_SUM, 0, &ct, 1, CRING_DEVICE_CPU, rank);
+    cring_handle_t *bh =
+        submit(e, "bcast", CRING_COLL_BROADCAST, CRING_SUM, S - 1, bt, 2, CRING_DEVICE_CUDA, rank);
     CHECK_OK(cring_handle_wait(bh));
     CHECK_OK(cring_handle_wait(cpuh));
     for (int i = 0; i < 9; i++) CHECK(br[i] == (S - 1) * 100.0 + i);
@@ -212,8 +224,8 @@ static void run_rank(int rank, int size, int port, int unused) {
     int32_t a2a[4 * 8];
     int64_t a2shape = 2 * S;
     cring_tensor_t a2t = {a2a, NULL, CRING_INT32, 1, &a2shape};
-    cring_handle_t *a2h = submit(e, "a2a", CRING_COLL_ALLTOALL, CRING_SUM, 0, &a2t, 1,
-                                 CRING_DEVICE_CUDA, rank);
+    cring_handle_t *a2h =
+        submit(e, "a2a", CRING_COLL_ALLTOALL, CRING_SUM, 0, &a2t, 1, CRING_DEVICE_CUDA, rank);
     CHECK(cring_handle_wait(a2h) == CRING_ERR_NOT_SUPPORTED);
     CHECK(strstr(cring_handle_error(a2h), "CRING_GPU_OPERATIONS=host") != NULL);
     cring_handle_free(a2h);
@@ -221,8 +233,8 @@ static void run_rank(int rank, int size, int port, int unused) {
     /* 7. The last rank joins: the others' CUDA allreduces run with zeros (in
      * device memory) as its part. */
     if (S > 1) {
-        cring_request_t jq = {.name = "join", .collective = CRING_COLL_JOIN,
-                              .compression = CRING_DTYPE_COUNT};
+        cring_request_t jq = {
+            .name = "join", .collective = CRING_COLL_JOIN, .compression = CRING_DTYPE_COUNT};
         cring_handle_t *jh = NULL;
         if (rank == S - 1) {
             CHECK_OK(cring_engine_submit(e, &jq, &jh));

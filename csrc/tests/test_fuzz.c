@@ -328,10 +328,9 @@ static void gen_request(buf_t *b) {
 
 /* Lengths that sit on or around the limits of the protocol. */
 static uint32_t interesting_u32(uint32_t around) {
-    static const uint32_t special[] = {0,          1,          2,          4,
-                                       5,          4095,       4096,       4097,
-                                       65535,      65536,      MAX_MSG - 1, MAX_MSG,
-                                       MAX_MSG + 1, 0x7fffffffu, 0x80000000u, 0xffffffffu};
+    static const uint32_t special[] = {
+        0,     1,     2,           4,       5,           4095,        4096,        4097,
+        65535, 65536, MAX_MSG - 1, MAX_MSG, MAX_MSG + 1, 0x7fffffffu, 0x80000000u, 0xffffffffu};
     switch (below(3)) {
     case 0: return special[below(sizeof special / sizeof special[0])];
     case 1: return around + below(5) - 2;
@@ -352,9 +351,7 @@ static void mutate(buf_t *b, size_t from) {
         case 1: /* set one byte */
             if (len) p[below((uint32_t)len)] = (uint8_t)rnd();
             break;
-        case 2: /* truncate */
-            b->len = from + below((uint32_t)len + 1);
-            break;
+        case 2: /* truncate */ b->len = from + below((uint32_t)len + 1); break;
         case 3: { /* append random bytes */
             size_t extra = 1 + below(64);
             buf_reserve(b, extra);
@@ -474,9 +471,7 @@ static void fuzz_handshake_case(int port, uint8_t last_answer[36]) {
     cring__auth_response(SECRET, nonce, valid + 4);
     buf_t b = {0};
     switch (below(6)) {
-    case 0: /* a replayed answer from an earlier connection */
-        buf_add(&b, last_answer, 36);
-        break;
+    case 0: /* a replayed answer from an earlier connection */ buf_add(&b, last_answer, 36); break;
     case 1: { /* the right protocol, the wrong secret */
         uint8_t wrong[36];
         memcpy(wrong, "CRS1", 4);
@@ -716,9 +711,14 @@ static void tcp_rank(int rank, int port, const char *prefix) {
         if (cring_store_wait(store, keys, 1, 60.0) != CRING_OK) _exit(11);
     }
     cring__errmsg_t err = {{0}};
-    cring__transport_init_t init = {.rank = rank, .size = 2, .store = store, .key_prefix = prefix,
-                                    .listen_addr = "127.0.0.1", .secret = SECRET,
-                                    .timeout_s = 60.0, .err = &err};
+    cring__transport_init_t init = {.rank = rank,
+                                    .size = 2,
+                                    .store = store,
+                                    .key_prefix = prefix,
+                                    .listen_addr = "127.0.0.1",
+                                    .secret = SECRET,
+                                    .timeout_s = 60.0,
+                                    .err = &err};
     cring__p2p_t *p2p = NULL;
     if (cring__tcp_create(&init, &p2p) != CRING_OK) {
         fprintf(stderr, "rank %d: tcp_create failed: %s\n", rank, err.text);
@@ -760,8 +760,8 @@ static void tcp_fuzz_case(const char *host, int port) {
     CHECK(memcmp(hello, "CRT1", 4) == 0);
     uint8_t valid[TCP_ANSWER];
     memcpy(valid, "CRT1", 4);
-    put_u32(valid + 4, 0); /* from rank 0 */
-    put_u32(valid + 8, 1); /* to rank 1 */
+    put_u32(valid + 4, 0);  /* from rank 0 */
+    put_u32(valid + 8, 1);  /* to rank 1 */
     put_u32(valid + 12, 2); /* world size 2 */
     cring__auth_response(SECRET, hello + 4, valid + 16);
     buf_t b = {0};

@@ -166,8 +166,11 @@ static void run_rank(int rank, int size, int port, int unused) {
         {f[1], f[1], CRING_FLOAT32, counts[1], NULL, stream},
         {f[2], f[2], CRING_FLOAT32, counts[2], NULL, (void *)(uintptr_t)0x5001},
     };
-    cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE, .op = CRING_SUM, .scale = 1.0,
-                           .ntensors = 3, .tensors = ts};
+    cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE,
+                           .op = CRING_SUM,
+                           .scale = 1.0,
+                           .ntensors = 3,
+                           .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     for (int k = 1; k < 3; k++)
         for (size_t i = 0; i < counts[k]; i++) {
@@ -176,8 +179,11 @@ static void run_rank(int rank, int size, int port, int unused) {
             check_float(&f[k][i], expect, "grouped sum", i);
         }
     ts[0] = (cring__gpu_tensor_t){ints, ints, CRING_INT32, 5, NULL, stream};
-    c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLREDUCE, .op = CRING_AVERAGE, .scale = 1.0,
-                            .ntensors = 1, .tensors = ts};
+    c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLREDUCE,
+                            .op = CRING_AVERAGE,
+                            .scale = 1.0,
+                            .ntensors = 1,
+                            .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     for (int i = 0; i < 5; i++) {
         int sum = 0;
@@ -189,8 +195,11 @@ static void run_rank(int rank, int size, int port, int unused) {
     float scaled[7];
     for (int i = 0; i < 7; i++) scaled[i] = fval(rank, (size_t)i);
     ts[0] = (cring__gpu_tensor_t){scaled, scaled, CRING_FLOAT32, 7, NULL, stream};
-    c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLREDUCE, .op = CRING_AVERAGE, .scale = 0.5,
-                            .ntensors = 1, .tensors = ts};
+    c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLREDUCE,
+                            .op = CRING_AVERAGE,
+                            .scale = 0.5,
+                            .ntensors = 1,
+                            .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     for (size_t i = 0; i < 7; i++) {
         float expect = 0;
@@ -210,8 +219,11 @@ static void run_rank(int rank, int size, int port, int unused) {
         brecv[i] = -1;
     }
     ts[0] = (cring__gpu_tensor_t){bsend, brecv, CRING_FLOAT64, 9, NULL, stream};
-    c = (cring__gpu_coll_t){.collective = CRING_COLL_BROADCAST, .root = size - 1, .scale = 1.0,
-                            .ntensors = 1, .tensors = ts};
+    c = (cring__gpu_coll_t){.collective = CRING_COLL_BROADCAST,
+                            .root = size - 1,
+                            .scale = 1.0,
+                            .ntensors = 1,
+                            .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     for (int i = 0; i < 9; i++) CHECK(brecv[i] == (size - 1) * 100.0 + i);
 
@@ -227,8 +239,8 @@ static void run_rank(int rank, int size, int port, int unused) {
     for (int i = 0; i < 3; i++) esend[i] = rank * 10 + i;
     ts[0] = (cring__gpu_tensor_t){gsend, grecv, CRING_INT64, (size_t)rank + 1, uneven, stream};
     ts[1] = (cring__gpu_tensor_t){esend, erecv, CRING_INT64, 3, even, stream};
-    c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLGATHER, .scale = 1.0, .ntensors = 2,
-                            .tensors = ts};
+    c = (cring__gpu_coll_t){
+        .collective = CRING_COLL_ALLGATHER, .scale = 1.0, .ntensors = 2, .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     size_t at = 0;
     for (int r = 0; r < size; r++)
@@ -249,8 +261,11 @@ static void run_rank(int rank, int size, int port, int unused) {
     for (int i = 0; i < 2 * size; i++) esend2[i] = fval(rank, (size_t)i + 3);
     ts[0] = (cring__gpu_tensor_t){rsend, rrecv, CRING_FLOAT32, 7, rs_counts, stream};
     ts[1] = (cring__gpu_tensor_t){esend2, erecv2, CRING_FLOAT32, 2 * (size_t)size, rs_even, stream};
-    c = (cring__gpu_coll_t){.collective = CRING_COLL_REDUCESCATTER, .op = CRING_SUM,
-                            .scale = 1.0, .ntensors = 2, .tensors = ts};
+    c = (cring__gpu_coll_t){.collective = CRING_COLL_REDUCESCATTER,
+                            .op = CRING_SUM,
+                            .scale = 1.0,
+                            .ntensors = 2,
+                            .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     for (size_t i = 0; i < rs_counts[rank]; i++) {
         float expect = 0;
@@ -290,8 +305,11 @@ static void run_async_error(int rank, int size, int port, int unused) {
     CHECK_OK(cring__gpu_comm_init(g, 0, 0, 1, id, &slot, &err));
     float x[4] = {1, 2, 3, 4};
     cring__gpu_tensor_t t = {x, x, CRING_FLOAT32, 4, NULL, NULL};
-    cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE, .op = CRING_SUM, .scale = 1.0,
-                           .ntensors = 1, .tensors = &t};
+    cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE,
+                           .op = CRING_SUM,
+                           .scale = 1.0,
+                           .ntensors = 1,
+                           .tensors = &t};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
     CHECK(cring__gpu_comm_check(g, 0, &err) == CRING_ERR_PEER_FAILURE);
     CHECK(strstr(err.text, "remote process exited") != NULL);

@@ -76,8 +76,7 @@ static uint16_t ref_f32_to_bf16(float f) {
 static const cring_dtype_t all_dtypes[] = {CRING_FLOAT16, CRING_BFLOAT16, CRING_FLOAT32,
                                            CRING_FLOAT64, CRING_INT8,     CRING_UINT8,
                                            CRING_INT32,   CRING_INT64};
-static const cring_op_t all_ops[] = {CRING_SUM, CRING_AVERAGE, CRING_MIN, CRING_MAX,
-                                     CRING_PRODUCT};
+static const cring_op_t all_ops[] = {CRING_SUM, CRING_AVERAGE, CRING_MIN, CRING_MAX, CRING_PRODUCT};
 #define N_DTYPES (sizeof all_dtypes / sizeof all_dtypes[0])
 #define N_OPS (sizeof all_ops / sizeof all_ops[0])
 
@@ -144,8 +143,7 @@ static void ref_reduce(cring_dtype_t dt, cring_op_t op, void *out, const void *c
             for (int k = 1; k < nsrc; k++)
                 acc = ref_fcombine32(op, acc, load(((const uint16_t *)srcs[k])[i]));
             if (divide) acc = acc / (float)divisor;
-            ((uint16_t *)out)[i] =
-                dt == CRING_FLOAT16 ? ref_f32_to_f16(acc) : ref_f32_to_bf16(acc);
+            ((uint16_t *)out)[i] = dt == CRING_FLOAT16 ? ref_f32_to_f16(acc) : ref_f32_to_bf16(acc);
             break;
         }
         case CRING_FLOAT32: {
@@ -217,8 +215,8 @@ static int same_element(cring_dtype_t dt, const void *a, const void *b, size_t i
 
 static int mismatches_reported = 0;
 
-static void expect_same(const char *what, cring_dtype_t dt, cring_op_t op, size_t count,
-                        int nsrc, const void *got, const void *want) {
+static void expect_same(const char *what, cring_dtype_t dt, cring_op_t op, size_t count, int nsrc,
+                        const void *got, const void *want) {
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < count; i++)
         if (!same_element(dt, got, want, i)) {
@@ -310,7 +308,8 @@ static void fill(cring_dtype_t dt, void *buf, size_t count, int which) {
                 uint32_t bits = (uint32_t)(r >> 20);
                 memcpy(&v, &bits, sizeof v); /* anything: NaN, inf, subnormal */
             } else {
-                v = ldexpf((float)((int64_t)(r >> 20) % 100000) / 1000.0f, (int)((r >> 8) % 40) - 20);
+                v = ldexpf((float)((int64_t)(r >> 20) % 100000) / 1000.0f,
+                           (int)((r >> 8) % 40) - 20);
                 if (r >> 63) v = -v;
             }
             ((float *)buf)[i] = v;
@@ -322,7 +321,8 @@ static void fill(cring_dtype_t dt, void *buf, size_t count, int which) {
                 uint64_t bits = rng();
                 memcpy(&v, &bits, sizeof v);
             } else {
-                v = ldexp((double)((int64_t)(r >> 20) % 1000000) / 1000.0, (int)((r >> 8) % 80) - 40);
+                v = ldexp((double)((int64_t)(r >> 20) % 1000000) / 1000.0,
+                          (int)((r >> 8) % 80) - 40);
                 if (r >> 63) v = -v;
             }
             ((double *)buf)[i] = v;
@@ -434,8 +434,8 @@ static void check_copy_stream(void) {
     unsigned char *src = malloc(max + 128), *dst = malloc(max + 256);
     CHECK(src && dst);
     for (size_t i = 0; i < max + 128; i++) src[i] = (unsigned char)(i * 7 + i / 251);
-    static const size_t lens[] = {0, 1, 31, 63, 64, 65, 127, 1000, 1023, 1024, 1025, 1087,
-                                  1151, 2048, 2111, 3 * 1024 + 191};
+    static const size_t lens[] = {0,    1,    31,   63,   64,   65,   127,  1000,
+                                  1023, 1024, 1025, 1087, 1151, 2048, 2111, 3 * 1024 + 191};
     for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
         size_t n = lens[li];
         CHECK(n <= max);
@@ -546,8 +546,8 @@ static void print_timings(void) {
     printf("timing (best of 5; bandwidth counts 2 reads + 1 write), kernels: %s\n",
            cring__reduce_isa());
     struct timing_case cases[] = {
-        {CRING_FLOAT32, a, b, (16u << 20) / 4, 1}, {CRING_FLOAT32, a, b, (16u << 20) / 4, 0},
-        {CRING_FLOAT16, a, b, (16u << 20) / 2, 1}, {CRING_FLOAT16, a, b, (16u << 20) / 2, 0},
+        {CRING_FLOAT32, a, b, (16u << 20) / 4, 1},  {CRING_FLOAT32, a, b, (16u << 20) / 4, 0},
+        {CRING_FLOAT16, a, b, (16u << 20) / 2, 1},  {CRING_FLOAT16, a, b, (16u << 20) / 2, 0},
         {CRING_BFLOAT16, a, b, (16u << 20) / 2, 1}, {CRING_BFLOAT16, a, b, (16u << 20) / 2, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -562,8 +562,8 @@ static void print_timings(void) {
     printf("  float32  sum 64 MiB  %-8s %8.3f ms  %6.1f GB/s\n", cring__reduce_isa(), t * 1e3,
            3.0 * (double)big / t / 1e9);
     t = time_best(run_copy, &f32big, 5);
-    printf("  memcpy       64 MiB  (reference) %8.3f ms  %6.1f GB/s (1 read + 1 write)\n",
-           t * 1e3, 2.0 * (double)big / t / 1e9);
+    printf("  memcpy       64 MiB  (reference) %8.3f ms  %6.1f GB/s (1 read + 1 write)\n", t * 1e3,
+           2.0 * (double)big / t / 1e9);
     t = time_best(run_copy_stream, &f32big, 5);
     printf("  copy_stream  64 MiB  %-11s %8.3f ms  %6.1f GB/s (1 read + 1 write)\n",
            cring__copy_stream_isa(), t * 1e3, 2.0 * (double)big / t / 1e9);

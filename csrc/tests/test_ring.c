@@ -108,7 +108,8 @@ static cring_status_t fake_sendrecv(cring__p2p_t *p2p, int send_peer, const void
 
 static void fake_destroy(cring__p2p_t *p2p) { (void)p2p; }
 
-static const cring__p2p_ops_t fake_ops = {.name = "fake", .sendrecv = fake_sendrecv, .destroy = fake_destroy};
+static const cring__p2p_ops_t fake_ops = {
+    .name = "fake", .sendrecv = fake_sendrecv, .destroy = fake_destroy};
 
 static world_t *world_new(int size, size_t capacity) {
     world_t *w = calloc(1, sizeof *w);
@@ -166,10 +167,10 @@ static void run_world(int size, size_t capacity, rank_fn fn, void *ctx, long fai
     rank_job_t jobs[MAX_RANKS];
     pthread_t threads[MAX_RANKS];
     for (int r = 0; r < size; r++) {
-        jobs[r] = (rank_job_t){.p2p = {.base = {.ops = &fake_ops, .rank = r, .size = size},
-                                       .world = w},
-                               .fn = fn,
-                               .ctx = ctx};
+        jobs[r] =
+            (rank_job_t){.p2p = {.base = {.ops = &fake_ops, .rank = r, .size = size}, .world = w},
+                         .fn = fn,
+                         .ctx = ctx};
         CHECK(pthread_create(&threads[r], NULL, rank_main, &jobs[r]) == 0);
     }
     for (int r = 0; r < size; r++) CHECK(pthread_join(threads[r], NULL) == 0);
@@ -253,8 +254,8 @@ static int64_t int_wrap(cring_dtype_t dt, uint64_t v) {
 }
 
 /* want[i - first] = op over ranks of input element i, for i in [first, first+n). */
-static void reference(cring_dtype_t dt, cring_op_t op, int size, void *const *inputs,
-                      size_t first, size_t n, void *want, uint64_t seed) {
+static void reference(cring_dtype_t dt, cring_op_t op, int size, void *const *inputs, size_t first,
+                      size_t n, void *want, uint64_t seed) {
     for (size_t k = 0; k < n; k++) {
         size_t i = first + k;
         if (is_float(dt)) {
@@ -297,8 +298,8 @@ static void expect_bytes(const char *what, int size, int rank, const void *got, 
     if (nbytes && memcmp(got, want, nbytes)) {
         size_t at = 0;
         while (((const unsigned char *)got)[at] == ((const unsigned char *)want)[at]) at++;
-        fprintf(stderr, "%s: size %d rank %d: first wrong byte %zu of %zu\n", what, size, rank,
-                at, nbytes);
+        fprintf(stderr, "%s: size %d rank %d: first wrong byte %zu of %zu\n", what, size, rank, at,
+                nbytes);
     }
     CHECK(nbytes == 0 || !memcmp(got, want, nbytes));
 }
@@ -319,8 +320,7 @@ static cring_status_t allreduce_rank(void *ctx, cring__p2p_t *p2p, cring__scratc
                                  c->count, c->dtype, c->op);
 }
 
-static void check_allreduce(int size, cring_dtype_t dt, cring_op_t op, size_t count,
-                            int in_place) {
+static void check_allreduce(int size, cring_dtype_t dt, cring_op_t op, size_t count, int in_place) {
     static uint64_t seed = 1;
     seed++;
     size_t es = cring_dtype_size(dt), bytes = count * es;
@@ -344,7 +344,8 @@ static void check_allreduce(int size, cring_dtype_t dt, cring_op_t op, size_t co
         snprintf(what, sizeof what, "allreduce %s %s count %zu%s", cring_dtype_name(dt),
                  cring_op_name(op), count, in_place ? " in place" : "");
         expect_bytes(what, size, r, in_place ? c.send[r] : c.recv[r], want, bytes);
-        if (!in_place) expect_bytes("allreduce left send alone", size, r, c.send[r], inputs[r], bytes);
+        if (!in_place)
+            expect_bytes("allreduce left send alone", size, r, c.send[r], inputs[r], bytes);
         free(c.send[r]);
         free(c.recv[r]);
         free(inputs[r]);
@@ -360,8 +361,7 @@ typedef struct reducescatter_case {
     void *send[MAX_RANKS], *recv[MAX_RANKS];
 } reducescatter_case_t;
 
-static cring_status_t reducescatter_rank(void *ctx, cring__p2p_t *p2p,
-                                         cring__scratch_t *scratch) {
+static cring_status_t reducescatter_rank(void *ctx, cring__p2p_t *p2p, cring__scratch_t *scratch) {
     reducescatter_case_t *c = ctx;
     return cring__ring_reducescatter(p2p, scratch, c->send[p2p->rank], c->recv[p2p->rank],
                                      c->counts, c->dtype, c->op);
@@ -585,8 +585,7 @@ int main(void) {
     static const cring_dtype_t dtypes[] = {CRING_FLOAT16, CRING_BFLOAT16, CRING_FLOAT32,
                                            CRING_FLOAT64, CRING_INT8,     CRING_UINT8,
                                            CRING_INT32,   CRING_INT64};
-    static const cring_op_t ops[] = {CRING_SUM, CRING_AVERAGE, CRING_MIN, CRING_MAX,
-                                     CRING_PRODUCT};
+    static const cring_op_t ops[] = {CRING_SUM, CRING_AVERAGE, CRING_MIN, CRING_MAX, CRING_PRODUCT};
     /* big allreduces: a few (dtype, op) pairs, one per kernel path that matters */
     static const struct {
         cring_dtype_t dtype;
@@ -614,8 +613,7 @@ int main(void) {
                 check_allreduce(size, big[b].dtype, big[b].op, BIG_COUNT, in_place);
 
         /* reducescatter: all zero; uneven with zeros; total < size; large uneven */
-        size_t zeros[MAX_RANKS] = {0}, uneven[MAX_RANKS], tiny[MAX_RANKS] = {0},
-               large[MAX_RANKS];
+        size_t zeros[MAX_RANKS] = {0}, uneven[MAX_RANKS], tiny[MAX_RANKS] = {0}, large[MAX_RANKS];
         for (int r = 0; r < size; r++) {
             uneven[r] = r % 3 == 1 ? 0 : (size_t)(r * 5 + 3);
             large[r] = r == size / 2 && size > 1 ? 0 : BIG_COUNT / (size_t)size + (size_t)r * 1001;

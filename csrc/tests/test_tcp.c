@@ -114,8 +114,8 @@ static void death_child(world_t *w) {
     const int rank = w->rank, size = w->size;
     uint8_t token = (uint8_t)rank, got = 0;
     /* Everyone connected and alive: one small ring step. */
-    CHECK_OK(p2p->ops->sendrecv(p2p, (rank + 1) % size, &token, 1, (rank + size - 1) % size,
-                                &got, 1));
+    CHECK_OK(
+        p2p->ops->sendrecv(p2p, (rank + 1) % size, &token, 1, (rank + size - 1) % size, &got, 1));
     const size_t big = 64u << 20;
     uint8_t *buf = calloc(1, big);
     CHECK(buf != NULL);
@@ -127,10 +127,8 @@ static void death_child(world_t *w) {
     }
     double t0 = cring__now_s();
     cring_status_t st;
-    if (rank == 2)
-        st = p2p->ops->sendrecv(p2p, 1, &token, 1, 1, buf, big);
-    else
-        st = p2p->ops->sendrecv(p2p, 1, buf, big, -1, NULL, 0);
+    if (rank == 2) st = p2p->ops->sendrecv(p2p, 1, &token, 1, 1, buf, big);
+    else st = p2p->ops->sendrecv(p2p, 1, buf, big, -1, NULL, 0);
     double took = cring__now_s() - t0;
     if (st != CRING_ERR_PEER_FAILURE)
         fprintf(stderr, "rank %d: got %s: %s\n", rank, cring_status_name(st), err.text);

@@ -15,31 +15,30 @@
 
 static int testutil_checks = 0;
 
-#define CHECK(cond)                                                                      \
-    do {                                                                                 \
-        testutil_checks++;                                                               \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);     \
-            exit(1);                                                                     \
-        }                                                                                \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        testutil_checks++;                                                                         \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_OK(call)                                                                   \
-    do {                                                                                 \
-        cring_status_t st_ = (call);                                                     \
-        testutil_checks++;                                                               \
-        if (st_ != CRING_OK) {                                                           \
-            fprintf(stderr, "%s:%d: %s returned %s (%s)\n", __FILE__, __LINE__, #call,   \
-                    cring_status_name(st_), cring_status_string(st_));                   \
-            exit(1);                                                                     \
-        }                                                                                \
+#define CHECK_OK(call)                                                                             \
+    do {                                                                                           \
+        cring_status_t st_ = (call);                                                               \
+        testutil_checks++;                                                                         \
+        if (st_ != CRING_OK) {                                                                     \
+            fprintf(stderr, "%s:%d: %s returned %s (%s)\n", __FILE__, __LINE__, #call,             \
+                    cring_status_name(st_), cring_status_string(st_));                             \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 /* The config of rank `rank` of a `size`-rank world whose rank 0 serves the
  * store on loopback `port` (what testutil_run_world's ranks receive). */
-static __attribute__((unused)) cring_config_t testutil_config(int rank, int size, int port,
-                                                              cring_transport_kind_t transport,
-                                                              double timeout_s) {
+static __attribute__((unused)) cring_config_t
+testutil_config(int rank, int size, int port, cring_transport_kind_t transport, double timeout_s) {
     cring_config_t cfg;
     cring_config_init(&cfg);
     cfg.rank = rank;
@@ -69,8 +68,8 @@ static __attribute__((unused)) int testutil_free_port(void) {
  * wait for all, and fail the test when any did not exit 0. Rank 0 is meant
  * to serve the store on `port`: the parent starts no threads before forking
  * (a thread's memory would look leaked in every child under LeakSanitizer). */
-static __attribute__((unused)) void testutil_run_world(int size, void (*rank_main)(int, int, int, int), int arg,
-                               const char *label) {
+static __attribute__((unused)) void
+testutil_run_world(int size, void (*rank_main)(int, int, int, int), int arg, const char *label) {
     int port = testutil_free_port();
     pid_t pids[64];
     for (int r = 0; r < size; r++) {

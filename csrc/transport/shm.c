@@ -139,16 +139,16 @@ static cring_status_t create_segment(cring__shm_t *shm, char *name, size_t name_
                            strerror(errno));
     cring_status_t st = CRING_OK;
     if (ftruncate(fd, (off_t)shm->map_bytes) != 0) {
-        st = cring__fail(shm->err, CRING_ERR_SYSTEM,
-                         "cannot size shared memory %s to %zu bytes: %s", name, shm->map_bytes,
-                         strerror(errno));
+        st =
+            cring__fail(shm->err, CRING_ERR_SYSTEM, "cannot size shared memory %s to %zu bytes: %s",
+                        name, shm->map_bytes, strerror(errno));
         goto cleanup;
     }
     shm->base = mmap(NULL, shm->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (shm->base == MAP_FAILED) {
         shm->base = NULL;
-        st = cring__fail(shm->err, CRING_ERR_SYSTEM, "mmap of %zu bytes failed: %s",
-                         shm->map_bytes, strerror(errno));
+        st = cring__fail(shm->err, CRING_ERR_SYSTEM, "mmap of %zu bytes failed: %s", shm->map_bytes,
+                         strerror(errno));
         goto cleanup;
     }
     shm->hdr = shm->base;
@@ -181,8 +181,8 @@ static cring_status_t open_segment(cring__shm_t *shm, const char *name,
     shm->base = mmap(NULL, shm->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (shm->base == MAP_FAILED) {
         shm->base = NULL;
-        st = cring__fail(shm->err, CRING_ERR_SYSTEM, "mmap of %zu bytes failed: %s",
-                         shm->map_bytes, strerror(errno));
+        st = cring__fail(shm->err, CRING_ERR_SYSTEM, "mmap of %zu bytes failed: %s", shm->map_bytes,
+                         strerror(errno));
         goto cleanup;
     }
     shm->hdr = shm->base;
@@ -368,7 +368,8 @@ uint32_t cring__shm_bell(const cring__shm_t *shm) {
 void cring__shm_idle_wait(cring__shm_t *shm, uint32_t seen, double max_wait_s) {
     shm_ctrl_t *me = &shm->ctrl[shm->rank];
     if (max_wait_s <= 0) return;
-    struct timespec ts = {(time_t)max_wait_s, (long)((max_wait_s - (double)(time_t)max_wait_s) * 1e9)};
+    struct timespec ts = {(time_t)max_wait_s,
+                          (long)((max_wait_s - (double)(time_t)max_wait_s) * 1e9)};
     atomic_fetch_add(&me->bell_sleepers, 1);
     /* Pairs with the ringer's fetch_add then load of bell_sleepers. */
     if (atomic_load(&me->bell) == seen && !atomic_load(&shm->hdr->aborted))
@@ -424,8 +425,8 @@ static cring_status_t aborted_status(cring__shm_t *shm) {
                            peer, detector, shm->rank);
     if (why == CRING_ERR_PEER_FAILURE && peer >= 0)
         return cring__fail(shm->err, CRING_ERR_PEER_FAILURE,
-                           "rank %d died (rank %d noticed first; rank %d stopped)", peer,
-                           detector, shm->rank);
+                           "rank %d died (rank %d noticed first; rank %d stopped)", peer, detector,
+                           shm->rank);
     if (why == CRING_ERR_TIMEOUT && peer >= 0)
         return cring__fail(shm->err, CRING_ERR_TIMEOUT,
                            "rank %d timed out waiting for rank %d (CRING_TIMEOUT_SECONDS); rank "
@@ -491,8 +492,8 @@ cring_status_t cring__shm_wait(cring__shm_t *shm, int peer, uint64_t seq) {
             if (!pid_alive(c->pid)) {
                 cring__shm_abort(shm, CRING_ERR_PEER_FAILURE, peer);
                 return cring__fail(shm->err, CRING_ERR_PEER_FAILURE,
-                                   "rank %d (pid %d) died while rank %d was waiting for it",
-                                   peer, (int)c->pid, shm->rank);
+                                   "rank %d (pid %d) died while rank %d was waiting for it", peer,
+                                   (int)c->pid, shm->rank);
             }
         }
         if (now - start > shm->timeout_s) {
@@ -518,7 +519,7 @@ uint64_t cring__shm_flag_key(const cring__shm_t *shm) {
 
 long cring__shm_spin_limit(const cring__shm_t *shm) {
     return thread_spin_cap >= 0 && thread_spin_cap < shm->spin_iters ? thread_spin_cap
-                                                                      : shm->spin_iters;
+                                                                     : shm->spin_iters;
 }
 
 cring_status_t cring__shm_wait_all(cring__shm_t *shm, uint64_t seq) {

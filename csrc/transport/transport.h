@@ -16,12 +16,12 @@
 typedef struct cring__transport_init {
     int rank;
     int size;
-    cring_store_t *store;       /* rendezvous store client (not owned) */
-    const char *key_prefix;     /* prefix for this communicator's store keys */
-    const char *listen_addr;    /* TCP: address peers connect to (NULL: auto) */
-    const char *secret;         /* job secret for peer handshakes (may be NULL) */
-    double timeout_s;           /* bound on every wait */
-    cring__errmsg_t *err;       /* where failure detail goes (owned by the comm) */
+    cring_store_t *store;    /* rendezvous store client (not owned) */
+    const char *key_prefix;  /* prefix for this communicator's store keys */
+    const char *listen_addr; /* TCP: address peers connect to (NULL: auto) */
+    const char *secret;      /* job secret for peer handshakes (may be NULL) */
+    double timeout_s;        /* bound on every wait */
+    cring__errmsg_t *err;    /* where failure detail goes (owned by the comm) */
 } cring__transport_init_t;
 
 /* ---- point to point -------------------------------------------------------- */
@@ -37,8 +37,7 @@ typedef struct cring__p2p_ops {
      * ERR_TIMEOUT (no progress for timeout_s), ERR_SYSTEM. Detail goes to
      * the errmsg given at creation. */
     cring_status_t (*sendrecv)(cring__p2p_t *p2p, int send_peer, const void *send_buf,
-                               size_t send_bytes, int recv_peer, void *recv_buf,
-                               size_t recv_bytes);
+                               size_t send_bytes, int recv_peer, void *recv_buf, size_t recv_bytes);
     /* Block until a peer sends something (the start of the next collective,
      * or a closed connection), wake_fd becomes readable (when >= 0), or
      * max_wait_s passes (0: just look). Consumes nothing from the peers'

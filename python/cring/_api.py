@@ -12,13 +12,17 @@ from __future__ import annotations
 import functools
 import sys as _sys
 import threading
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 import numpy as _np
 from numpy import ndarray as _ndarray
 
-from . import _C, _discovery
-from . import _gpu  # CUDA tensors (see the marked branches below)
+from . import (
+    _C,
+    _discovery,
+    _gpu,  # CUDA tensors (see the marked branches below)
+)
 from ._core import (  # noqa: F401  (re-exported by cring/__init__.py)
     _ASYNC,
     _CALLER_WAITS,
@@ -89,9 +93,17 @@ def init(
     with _state_lock:
         if _C.is_initialized():
             return
-        plan = _discovery.plan_init(rank=rank, size=size, addr=addr, port=port, secret=secret,
-                                    transport=transport, timeout_s=timeout_s,
-                                    generation=_generation, start_store=_start_store)
+        plan = _discovery.plan_init(
+            rank=rank,
+            size=size,
+            addr=addr,
+            port=port,
+            secret=secret,
+            transport=transport,
+            timeout_s=timeout_s,
+            generation=_generation,
+            start_store=_start_store,
+        )
         _generation += 1
         if plan.serve_store:
             key = (plan.addr, plan.port)
@@ -99,8 +111,18 @@ def init(
                 _fixed_servers[key] = _C.StoreServer(plan.addr, plan.port, plan.secret)
             plan.serve_store = False
         try:
-            _C.init(plan.rank, plan.size, plan.addr, plan.port, plan.serve_store, plan.secret,
-                    plan.job_key, None, plan.transport, plan.timeout_s)
+            _C.init(
+                plan.rank,
+                plan.size,
+                plan.addr,
+                plan.port,
+                plan.serve_store,
+                plan.secret,
+                plan.job_key,
+                None,
+                plan.transport,
+                plan.timeout_s,
+            )
         except BaseException:
             if plan.store_server is not None:
                 plan.store_server.stop()
@@ -174,8 +196,10 @@ def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
 
 
 # keyed by dtype object: NumPy computes `dtype.name` in Python, about 2 us
-_NUMPY_NAMES = {_np.dtype(n): n for n in ("float16", "float32", "float64", "int8", "uint8",
-                                           "int32", "int64", "bool")}
+_NUMPY_NAMES = {
+    _np.dtype(n): n
+    for n in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
+}
 _TORCH_NAMES: dict = {}  # torch dtype -> cring name, filled when torch is first seen
 
 
@@ -184,38 +208,85 @@ def _is_torch(x: Any) -> bool:
     if torch is None or not isinstance(x, torch.Tensor):
         return False
     if not _TORCH_NAMES:
-        for n in ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64",
-                  "bool"):
+        for n in (
+            "float16",
+            "bfloat16",
+            "float32",
+            "float64",
+            "int8",
+            "uint8",
+            "int32",
+            "int64",
+            "bool",
+        ):
             _TORCH_NAMES[getattr(torch, n)] = n
     return True
 
 
-def _cuda_submit(stream: int, collective: int, name: str, pairs: list,
-                 finish: Callable[[Any], Any], *, op: Any = 0, root: int = 0,
-                 prescale: float = 1.0, postscale: float = 1.0, wire: Optional[str] = None,
-                 caller_waits: bool = False) -> Handle:
+def _cuda_submit(
+    stream: int,
+    collective: int,
+    name: str,
+    pairs: list,
+    finish: Callable[[Any], Any],
+    *,
+    op: Any = 0,
+    root: int = 0,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    wire: Optional[str] = None,
+    caller_waits: bool = False,
+) -> Handle:
     """_submit for CUDA tensors on the NCCL path: exported for `stream` (the
     caller's, from _gpu.nccl_stream) and enqueued on it by the engine's CUDA
     backend; at synchronize() torch's current stream is ordered after it."""
     with _gpu.device_guard(pairs[0][0]):
-        h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
-                      _CALLER_WAITS if caller_waits else _ASYNC, None, stream)
+        h = _C.submit(
+            collective,
+            name,
+            pairs,
+            op,
+            root,
+            float(prescale),
+            float(postscale),
+            wire,
+            _CALLER_WAITS if caller_waits else _ASYNC,
+            None,
+            stream,
+        )
     return Handle(h, _gpu.ordered(stream, finish))
 
 
-def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compression: Any,
-                     prescale_factor: float, postscale_factor: float, grouped: bool,
-                     caller_waits: bool) -> Handle:
+def _allreduce_async(
+    tensors: list,
+    in_place: bool,
+    op: Any,
+    name: str,
+    compression: Any,
+    prescale_factor: float,
+    postscale_factor: float,
+    grouped: bool,
+    caller_waits: bool,
+) -> Handle:
     submit, info = _submit, _info
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
         _require_init()
         if _gpu.host_staged(tensors, name):
             wires = {_wire(compression, _gpu.info(x, name)[1]) for x in tensors}
-            return _gpu.host_reduce_like(_submit, _C.ALLREDUCE, list(tensors), in_place, name,
-                                         grouped, op=op, prescale=prescale_factor,
-                                         postscale=postscale_factor, caller_waits=caller_waits,
-                                         wire=wires.pop() if len(wires) == 1 else None)
+            return _gpu.host_reduce_like(
+                _submit,
+                _C.ALLREDUCE,
+                list(tensors),
+                in_place,
+                name,
+                grouped,
+                op=op,
+                prescale=prescale_factor,
+                postscale=postscale_factor,
+                caller_waits=caller_waits,
+                wire=wires.pop() if len(wires) == 1 else None,
+            )
         stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
         submit, info = functools.partial(_cuda_submit, stream), _gpu.info
         if not (compression is None or compression is Compression.none):
@@ -224,10 +295,24 @@ def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compress
             compression = None
             if wire is not None:  # cast with torch around an allreduce of the casts
                 return _gpu.compressed(
-                    list(tensors), in_place, wire, grouped,
-                    lambda casts: _allreduce_async(casts, True, op, name, None, prescale_factor,
-                                                   postscale_factor, True, caller_waits),
-                    lambda inner, finish: Handle(inner._h, finish), synchronize)
+                    list(tensors),
+                    in_place,
+                    wire,
+                    grouped,
+                    lambda casts: _allreduce_async(
+                        casts,
+                        True,
+                        op,
+                        name,
+                        None,
+                        prescale_factor,
+                        postscale_factor,
+                        True,
+                        caller_waits,
+                    ),
+                    lambda inner, finish: Handle(inner._h, finish),
+                    synchronize,
+                )
     pairs, outs, wires = [], [], set()
     plain = compression is None or compression is Compression.none
     for x in tensors:
@@ -243,51 +328,122 @@ def _allreduce_async(tensors: list, in_place: bool, op: Any, name: str, compress
         outs.append(out)
     wire = wires.pop() if len(wires) == 1 else None
     finish = (lambda h: outs) if grouped else (lambda h: outs[0])
-    return submit(_C.ALLREDUCE, name, pairs, finish, op=op, prescale=prescale_factor,
-                   postscale=postscale_factor, wire=wire, caller_waits=caller_waits)
+    return submit(
+        _C.ALLREDUCE,
+        name,
+        pairs,
+        finish,
+        op=op,
+        prescale=prescale_factor,
+        postscale=postscale_factor,
+        wire=wire,
+        caller_waits=caller_waits,
+    )
 
 
-def allreduce_async(tensor: Any, op: int = Average, name: Optional[str] = None,
-                    compression: Any = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> Handle:
+def allreduce_async(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """Start an allreduce into a new tensor; synchronize() returns it."""
-    return _allreduce_async([tensor], False, op, _name("allreduce", name), compression,
-                            prescale_factor, postscale_factor, False, False)
+    return _allreduce_async(
+        [tensor],
+        False,
+        op,
+        _name("allreduce", name),
+        compression,
+        prescale_factor,
+        postscale_factor,
+        False,
+        False,
+    )
 
 
-def allreduce_async_(tensor: Any, op: int = Average, name: Optional[str] = None,
-                     compression: Any = None, prescale_factor: float = 1.0,
-                     postscale_factor: float = 1.0) -> Handle:
+def allreduce_async_(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """Start an in-place allreduce; synchronize() returns the tensor itself."""
-    return _allreduce_async([tensor], True, op, _name("allreduce", name), compression,
-                            prescale_factor, postscale_factor, False, False)
+    return _allreduce_async(
+        [tensor],
+        True,
+        op,
+        _name("allreduce", name),
+        compression,
+        prescale_factor,
+        postscale_factor,
+        False,
+        False,
+    )
 
 
 def _plain(compression: Any, prescale_factor: float, postscale_factor: float) -> bool:
-    return ((compression is None or compression is Compression.none) and prescale_factor == 1.0
-            and postscale_factor == 1.0)
+    return (
+        (compression is None or compression is Compression.none)
+        and prescale_factor == 1.0
+        and postscale_factor == 1.0
+    )
 
 
-def allreduce(tensor: Any, op: int = Average, name: Optional[str] = None,
-              compression: Any = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0) -> Any:
+def allreduce(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Any:
     """Return a new tensor of the caller's kind holding the reduction of
     `tensor` over all ranks; the input is unchanged.
     op: cring.Average (default, as in Horovod), Sum, Min, Max or Product."""
-    return synchronize(_allreduce_async([tensor], False, op, _name("allreduce", name),
-                                        compression, prescale_factor, postscale_factor, False,
-                                        True))
+    return synchronize(
+        _allreduce_async(
+            [tensor],
+            False,
+            op,
+            _name("allreduce", name),
+            compression,
+            prescale_factor,
+            postscale_factor,
+            False,
+            True,
+        )
+    )
 
 
-def _allreduce_inplace_general(tensor: Any, op: int = Average, name: Optional[str] = None,
-                               compression: Any = None, prescale_factor: float = 1.0,
-                               postscale_factor: float = 1.0) -> Any:
+def _allreduce_inplace_general(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Any:
     """allreduce_ for what _C.allreduce_ does not do itself: generated names,
     compression and scaling, CUDA tensors and other libraries' tensors."""
     name = _name("allreduce", name)
     if not _plain(compression, prescale_factor, postscale_factor) or _gpu.is_cuda(tensor):
-        return synchronize(_allreduce_async([tensor], True, op, name, compression,
-                                            prescale_factor, postscale_factor, False, True))
+        return synchronize(
+            _allreduce_async(
+                [tensor],
+                True,
+                op,
+                name,
+                compression,
+                prescale_factor,
+                postscale_factor,
+                False,
+                True,
+            )
+        )
     src = tensor if type(tensor) is _ndarray else dlpack_source(tensor)
     _C.submit(_C.ALLREDUCE, name, [(src, src)], op, 0, 1.0, 1.0, None, _WAIT_HERE)
     return tensor
@@ -302,65 +458,136 @@ _C.allreduce_fallback = _allreduce_inplace_general
 allreduce_ = _C.allreduce_
 
 
-def grouped_allreduce_async(tensors: Sequence[Any], op: int = Average, name: Optional[str] = None,
-                            compression: Any = None, prescale_factor: float = 1.0,
-                            postscale_factor: float = 1.0) -> Handle:
+def grouped_allreduce_async(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """Start one allreduce over a list of tensors, negotiated and run as one
     unit; synchronize() returns the list of results."""
-    return _allreduce_async(list(tensors), False, op, _name("grouped_allreduce", name),
-                            compression, prescale_factor, postscale_factor, True, False)
+    return _allreduce_async(
+        list(tensors),
+        False,
+        op,
+        _name("grouped_allreduce", name),
+        compression,
+        prescale_factor,
+        postscale_factor,
+        True,
+        False,
+    )
 
 
-def grouped_allreduce_async_(tensors: Sequence[Any], op: int = Average,
-                             name: Optional[str] = None, compression: Any = None,
-                             prescale_factor: float = 1.0,
-                             postscale_factor: float = 1.0) -> Handle:
+def grouped_allreduce_async_(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """In-place form of grouped_allreduce_async."""
-    return _allreduce_async(list(tensors), True, op, _name("grouped_allreduce", name),
-                            compression, prescale_factor, postscale_factor, True, False)
+    return _allreduce_async(
+        list(tensors),
+        True,
+        op,
+        _name("grouped_allreduce", name),
+        compression,
+        prescale_factor,
+        postscale_factor,
+        True,
+        False,
+    )
 
 
-def grouped_allreduce(tensors: Sequence[Any], op: int = Average, name: Optional[str] = None,
-                      compression: Any = None, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0) -> list:
+def grouped_allreduce(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list:
     """Allreduce a list of tensors as one unit; returns new tensors."""
-    return synchronize(_allreduce_async(list(tensors), False, op,
-                                        _name("grouped_allreduce", name), compression,
-                                        prescale_factor, postscale_factor, True, True))
+    return synchronize(
+        _allreduce_async(
+            list(tensors),
+            False,
+            op,
+            _name("grouped_allreduce", name),
+            compression,
+            prescale_factor,
+            postscale_factor,
+            True,
+            True,
+        )
+    )
 
 
-def grouped_allreduce_(tensors: Sequence[Any], op: int = Average, name: Optional[str] = None,
-                       compression: Any = None, prescale_factor: float = 1.0,
-                       postscale_factor: float = 1.0) -> list:
+def grouped_allreduce_(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    compression: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list:
     """Allreduce a list of tensors as one unit, in place; returns the list."""
-    return synchronize(_allreduce_async(list(tensors), True, op,
-                                        _name("grouped_allreduce", name), compression,
-                                        prescale_factor, postscale_factor, True, True))
+    return synchronize(
+        _allreduce_async(
+            list(tensors),
+            True,
+            op,
+            _name("grouped_allreduce", name),
+            compression,
+            prescale_factor,
+            postscale_factor,
+            True,
+            True,
+        )
+    )
 
 
-def _broadcast_async(tensor: Any, root_rank: int, name: str, in_place: bool,
-                     caller_waits: bool) -> Handle:
+def _broadcast_async(
+    tensor: Any, root_rank: int, name: str, in_place: bool, caller_waits: bool
+) -> Handle:
     _require_init()
     root = int(root_rank)  # the C submission checks its range
     submit, info = _submit, _info
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.is_cuda(tensor):
         if not 0 <= root < size():
-            raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size "
-                             f"{size()}")
+            raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size {size()}")
         if _gpu.host_staged([tensor], name):
-            return _gpu.host_reduce_like(_submit, _C.BROADCAST, [tensor], in_place, name, False,
-                                         root=root, caller_waits=caller_waits)
-        submit, info = functools.partial(_cuda_submit, _gpu.nccl_stream([tensor], name)), \
-            _gpu.info
+            return _gpu.host_reduce_like(
+                _submit,
+                _C.BROADCAST,
+                [tensor],
+                in_place,
+                name,
+                False,
+                root=root,
+                caller_waits=caller_waits,
+            )
+        submit, info = functools.partial(_cuda_submit, _gpu.nccl_stream([tensor], name)), _gpu.info
     src = dlpack_source(tensor)
     if in_place:
-        return submit(_C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root,
-                      caller_waits=caller_waits)
+        return submit(
+            _C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root, caller_waits=caller_waits
+        )
     shape, dtype_name = info(tensor, name)
     out = empty_like(tensor, shape, dtype_name)
-    return submit(_C.BROADCAST, name, [(src, dlpack_source(out))], lambda h: out, root=root,
-                  caller_waits=caller_waits)
+    return submit(
+        _C.BROADCAST,
+        name,
+        [(src, dlpack_source(out))],
+        lambda h: out,
+        root=root,
+        caller_waits=caller_waits,
+    )
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
@@ -389,8 +616,9 @@ def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
         if _gpu.host_staged(tensors, name):
-            return _gpu.host_allgather(_submit, list(tensors), name, grouped, size(),
-                                       caller_waits=caller_waits)
+            return _gpu.host_allgather(
+                _submit, list(tensors), name, grouped, size(), caller_waits=caller_waits
+            )
         submit = functools.partial(_cuda_submit, _gpu.nccl_stream(tensors, name))
         info, like = _gpu.info, _gpu.result_like
     infos = [info(x, name) for x in tensors]
@@ -425,22 +653,38 @@ def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None) 
 
 def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None) -> list:
     """Allgather several tensors as one unit; returns a list."""
-    return synchronize(_allgather_async(list(tensors), _name("grouped_allgather", name), True,
-                                        True))
+    return synchronize(
+        _allgather_async(list(tensors), _name("grouped_allgather", name), True, True)
+    )
 
 
-def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
-                         prescale_factor: float, postscale_factor: float,
-                         caller_waits: bool) -> Handle:
+def _reducescatter_async(
+    tensors: list,
+    op: Any,
+    name: str,
+    grouped: bool,
+    prescale_factor: float,
+    postscale_factor: float,
+    caller_waits: bool,
+) -> Handle:
     _require_init()
     p, r = size(), rank()
     submit, info = _submit, _info
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
         if _gpu.host_staged(tensors, name):
-            return _gpu.host_reducescatter(_submit, list(tensors), name, grouped, p, r, op=op,
-                                           prescale=prescale_factor, postscale=postscale_factor,
-                                           caller_waits=caller_waits)
+            return _gpu.host_reducescatter(
+                _submit,
+                list(tensors),
+                name,
+                grouped,
+                p,
+                r,
+                op=op,
+                prescale=prescale_factor,
+                postscale=postscale_factor,
+                caller_waits=caller_waits,
+            )
         stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
         submit, info = functools.partial(_cuda_submit, stream), _gpu.info
     pairs, outs = [], []
@@ -454,40 +698,92 @@ def _reducescatter_async(tensors: list, op: Any, name: str, grouped: bool,
         pairs.append((dlpack_source(x), dlpack_source(out)))
         outs.append(out)
     finish = (lambda h: outs) if grouped else (lambda h: outs[0])
-    return submit(_C.REDUCESCATTER, name, pairs, finish, op=op, prescale=prescale_factor,
-                   postscale=postscale_factor, caller_waits=caller_waits)
+    return submit(
+        _C.REDUCESCATTER,
+        name,
+        pairs,
+        finish,
+        op=op,
+        prescale=prescale_factor,
+        postscale=postscale_factor,
+        caller_waits=caller_waits,
+    )
 
 
-def reducescatter_async(tensor: Any, op: int = Average, name: Optional[str] = None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+def reducescatter_async(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """Start a reducescatter; synchronize() returns this rank's part."""
-    return _reducescatter_async([tensor], op, _name("reducescatter", name), False,
-                                prescale_factor, postscale_factor, False)
+    return _reducescatter_async(
+        [tensor], op, _name("reducescatter", name), False, prescale_factor, postscale_factor, False
+    )
 
 
-def reducescatter(tensor: Any, op: int = Average, name: Optional[str] = None,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Any:
+def reducescatter(
+    tensor: Any,
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Any:
     """Reduce `tensor` over all ranks and return this rank's part of the
     result, split along the first dimension: with n rows and P ranks, rank r
     gets n // P rows, plus one if r < n % P."""
-    return synchronize(_reducescatter_async([tensor], op, _name("reducescatter", name), False,
-                                            prescale_factor, postscale_factor, True))
+    return synchronize(
+        _reducescatter_async(
+            [tensor],
+            op,
+            _name("reducescatter", name),
+            False,
+            prescale_factor,
+            postscale_factor,
+            True,
+        )
+    )
 
 
-def grouped_reducescatter_async(tensors: Sequence[Any], op: int = Average,
-                                name: Optional[str] = None, prescale_factor: float = 1.0,
-                                postscale_factor: float = 1.0) -> Handle:
+def grouped_reducescatter_async(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> Handle:
     """Start a reducescatter of several tensors as one unit."""
-    return _reducescatter_async(list(tensors), op, _name("grouped_reducescatter", name), True,
-                                prescale_factor, postscale_factor, False)
+    return _reducescatter_async(
+        list(tensors),
+        op,
+        _name("grouped_reducescatter", name),
+        True,
+        prescale_factor,
+        postscale_factor,
+        False,
+    )
 
 
-def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, name: Optional[str] = None,
-                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
+def grouped_reducescatter(
+    tensors: Sequence[Any],
+    op: int = Average,
+    name: Optional[str] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list:
     """Reducescatter several tensors as one unit; returns a list."""
-    return synchronize(_reducescatter_async(list(tensors), op,
-                                            _name("grouped_reducescatter", name), True,
-                                            prescale_factor, postscale_factor, True))
+    return synchronize(
+        _reducescatter_async(
+            list(tensors),
+            op,
+            _name("grouped_reducescatter", name),
+            True,
+            prescale_factor,
+            postscale_factor,
+            True,
+        )
+    )
 
 
 def _alltoall_async(tensor: Any, splits: Any, name: str, caller_waits: bool) -> Handle:
@@ -502,8 +798,18 @@ def _alltoall_async(tensor: Any, splits: Any, name: str, caller_waits: bool) -> 
         received = _C.first_dims(h, 0, size())
         return result_like(tensor, h, 0, (sum(received),) + tuple(shape[1:]), dtype_name), received
 
-    h = _C.submit(_C.ALLTOALL, name, [(dlpack_source(tensor), None)], 0, 0, 1.0, 1.0, None,
-                  _CALLER_WAITS if caller_waits else _ASYNC, splits)
+    h = _C.submit(
+        _C.ALLTOALL,
+        name,
+        [(dlpack_source(tensor), None)],
+        0,
+        0,
+        1.0,
+        1.0,
+        None,
+        _CALLER_WAITS if caller_waits else _ASYNC,
+        splits,
+    )
     return Handle(h, finish)
 
 
@@ -539,8 +845,7 @@ def join() -> int:
 
 def barrier() -> None:
     """Return once every rank has called barrier()."""
-    synchronize(_submit(_C.BARRIER, _name("barrier", None), [], lambda h: None,
-                        caller_waits=True))
+    synchronize(_submit(_C.BARRIER, _name("barrier", None), [], lambda h: None, caller_waits=True))
 
 
 def engine_stats() -> dict:

@@ -52,8 +52,9 @@ def _op(op: Any) -> int:
     try:
         op = ReduceOp(op.__index__())
     except (AttributeError, TypeError, ValueError):
-        raise ValueError(f"unknown reduction op {op!r}; use cring.Sum, Average, Min, Max or "
-                         "Product") from None
+        raise ValueError(
+            f"unknown reduction op {op!r}; use cring.Sum, Average, Min, Max or Product"
+        ) from None
     if op == ReduceOp.ADASUM:
         raise NotImplementedError("cring does not implement Adasum; use cring.Average or Sum")
     return int(op)
@@ -179,11 +180,30 @@ def synchronize(handle: Handle) -> Any:
 _ASYNC, _CALLER_WAITS, _WAIT_HERE = 0, 1, 2  # _C.submit's caller_waits argument
 
 
-def _submit(collective: int, name: str, pairs: list, finish: Callable[[Any], Any], *,
-            op: Any = 0, root: int = 0, prescale: float = 1.0, postscale: float = 1.0,
-            wire: Optional[str] = None, caller_waits: bool = False) -> Handle:
+def _submit(
+    collective: int,
+    name: str,
+    pairs: list,
+    finish: Callable[[Any], Any],
+    *,
+    op: Any = 0,
+    root: int = 0,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    wire: Optional[str] = None,
+    caller_waits: bool = False,
+) -> Handle:
     """Submit one request to the engine (NotInitializedError before init());
     the C submission binds and checks every argument once."""
-    h = _C.submit(collective, name, pairs, op, root, float(prescale), float(postscale), wire,
-                  _CALLER_WAITS if caller_waits else _ASYNC)
+    h = _C.submit(
+        collective,
+        name,
+        pairs,
+        op,
+        root,
+        float(prescale),
+        float(postscale),
+        wire,
+        _CALLER_WAITS if caller_waits else _ASYNC,
+    )
     return Handle(h, finish)

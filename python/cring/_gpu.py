@@ -31,7 +31,8 @@ import contextlib
 import os
 import sys
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -45,7 +46,7 @@ _CUDA_DEVICE_TYPES = (_DL_CUDA, _DL_CUDA_MANAGED)
 
 _NCCL_WHEEL_FILES = ("nvidia/nccl/lib/libnccl.so.2",)
 _CUDART_WHEEL_FILES = (
-    "nvidia/cu13/lib/libcudart.so.13",          # nvidia-cuda-runtime 13.x
+    "nvidia/cu13/lib/libcudart.so.13",  # nvidia-cuda-runtime 13.x
     "nvidia/cuda_runtime/lib/libcudart.so.12",  # nvidia-cuda-runtime-cu12
     "nvidia/cuda_runtime/lib/libcudart.so.11.0",
 )
@@ -53,11 +54,13 @@ _INSTALL_NCCL = (
     "install NCCL with `pip install nvidia-nccl-cu12` (CUDA 12) or `pip install "
     "nvidia-nccl-cu13` (CUDA 13), or point CRING_NCCL_LIBRARY at libnccl.so.2; or set "
     "CRING_GPU_OPERATIONS=host to stage CUDA tensors through host memory and cring's CPU "
-    "transports")
+    "transports"
+)
 _INSTALL_CUDART = (
     "install the CUDA runtime with `pip install nvidia-cuda-runtime-cu12` (CUDA 12) or "
     "`pip install nvidia-cuda-runtime` (CUDA 13), or point CRING_CUDART_LIBRARY at "
-    "libcudart.so")
+    "libcudart.so"
+)
 
 _loaded: dict[str, tuple[bool, str, int]] = {}  # "nccl"/"cudart" -> (ok, path or error, version)
 _thread = threading.local()
@@ -66,6 +69,7 @@ _SUM, _AVERAGE = 1, 0  # cring.Sum, cring.Average
 
 
 # ---- availability ----------------------------------------------------------------------------
+
 
 def _wheel_paths(relative: Sequence[str]) -> list[str]:
     """Candidate library files inside pip wheels on the import path."""
@@ -116,10 +120,17 @@ def nccl_info() -> dict:
     ok, where, code = _load("nccl")
     version = None
     if ok:
-        major, rest = (code // 10000, code % 10000) if code >= 10000 else (code // 1000, code % 1000)
+        major, rest = (
+            (code // 10000, code % 10000) if code >= 10000 else (code // 1000, code % 1000)
+        )
         version = f"{major}.{rest // 100}.{rest % 100}"
-    return {"available": ok, "path": where if ok else None, "version": version,
-            "version_code": code or None, "error": None if ok else where}
+    return {
+        "available": ok,
+        "path": where if ok else None,
+        "version": version,
+        "version_code": code or None,
+        "error": None if ok else where,
+    }
 
 
 def cuda_info() -> dict:
@@ -127,9 +138,13 @@ def cuda_info() -> dict:
     'device_count', 'error'}."""
     ok, where, version = _load("cudart")
     count, why = _gpu.device_count() if ok else (0, where)
-    return {"available": ok and count > 0, "path": where if ok else None,
-            "runtime_version": version or None, "device_count": count,
-            "error": None if ok and count > 0 else why}
+    return {
+        "available": ok and count > 0,
+        "path": where if ok else None,
+        "runtime_version": version or None,
+        "device_count": count,
+        "error": None if ok and count > 0 else why,
+    }
 
 
 def _device_index(x: Any) -> int:
@@ -142,8 +157,10 @@ def _device_index(x: Any) -> int:
 def _require_cudart(name: str) -> None:
     ok, why, _ = _load("cudart")
     if not ok:
-        raise CRingError(f"tensor '{name}' is a CUDA tensor, and CUDA tensors need the CUDA "
-                            f"runtime, which could not be loaded: {why}; {_INSTALL_CUDART}")
+        raise CRingError(
+            f"tensor '{name}' is a CUDA tensor, and CUDA tensors need the CUDA "
+            f"runtime, which could not be loaded: {why}; {_INSTALL_CUDART}"
+        )
 
 
 def _mode() -> str:
@@ -154,6 +171,7 @@ def _mode() -> str:
 
 
 # ---- routing helpers used by cring._api ----------------------------------------------------------
+
 
 def is_cuda(x: Any) -> bool:
     """Whether x is a CUDA tensor (cheap for torch and NumPy)."""
@@ -184,8 +202,10 @@ def host_staged(tensors: Sequence[Any], name: str) -> bool:
     a call that mixes CUDA and other tensors, or a bad CRING_GPU_OPERATIONS."""
     cpu = [i for i, x in enumerate(tensors) if not is_cuda(x)]
     if cpu:
-        raise ValueError(f"tensor '{name}': every tensor of one call must be on the same device, "
-                         f"but tensor(s) {cpu} of {len(tensors)} are not CUDA tensors")
+        raise ValueError(
+            f"tensor '{name}': every tensor of one call must be on the same device, "
+            f"but tensor(s) {cpu} of {len(tensors)} are not CUDA tensors"
+        )
     return _mode() == "host"
 
 
@@ -195,31 +215,39 @@ def info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
     try:
         return tuple(int(d) for d in x.shape), str(x.dtype).replace("torch.", "")
     except (AttributeError, TypeError):
-        raise TypeError(f"tensor '{name}': a CUDA tensor of kind {type(x).__name__} needs "
-                        "`shape` and `dtype` for an out-of-place call") from None
+        raise TypeError(
+            f"tensor '{name}': a CUDA tensor of kind {type(x).__name__} needs "
+            "`shape` and `dtype` for an out-of-place call"
+        ) from None
 
 
 def nccl_stream(tensors: Sequence[Any], name: str, op: int = _SUM, scale: float = 1.0) -> int:
     """For the NCCL path: check that NCCL can run here (else CRingError saying
     what to install) and that NCCL can apply the scaling; return the
     cudaStream_t (an int) the call is ordered on, for cring._C.submit."""
-    for kind, hint, what in (("nccl", _INSTALL_NCCL, "CUDA tensors go through NCCL"),
-                             ("cudart", _INSTALL_CUDART, "NCCL needs the CUDA runtime")):
+    for kind, hint, what in (
+        ("nccl", _INSTALL_NCCL, "CUDA tensors go through NCCL"),
+        ("cudart", _INSTALL_CUDART, "NCCL needs the CUDA runtime"),
+    ):
         ok, why, _ = _load(kind)
         if not ok:
-            raise CRingError(f"tensor '{name}' is on cuda:{_device_index(tensors[0])}: {what}, "
-                                f"which could not be loaded: {why}; {hint}")
+            raise CRingError(
+                f"tensor '{name}' is on cuda:{_device_index(tensors[0])}: {what}, "
+                f"which could not be loaded: {why}; {hint}"
+            )
     if scale != 1.0:  # checked here so that every rank raises before submitting
         for x in tensors:
             dtype = str(getattr(x, "dtype", "")).replace("torch.", "")
             if dtype not in _FLOATING or op not in (_SUM, _AVERAGE):
                 raise NotImplementedError(
                     f"tensor '{name}': prescale_factor/postscale_factor on CUDA tensors apply "
-                    f"to Sum and Average of floating-point tensors, not {dtype}")
+                    f"to Sum and Average of floating-point tensors, not {dtype}"
+                )
     return raw_stream(tensors[0])
 
 
 # ---- streams ------------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def use_stream(stream: int) -> Iterator[None]:
@@ -256,8 +284,12 @@ def _dlpack_stream(raw: int) -> int:
 def device_guard(x: Any) -> Any:
     """torch exports a CUDA tensor only while its device is current."""
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor) and x.is_cuda and \
-            x.device.index != torch.cuda.current_device():
+    if (
+        torch is not None
+        and isinstance(x, torch.Tensor)
+        and x.is_cuda
+        and x.device.index != torch.cuda.current_device()
+    ):
         return torch.cuda.device(x.device.index)
     return contextlib.nullcontext()
 
@@ -272,21 +304,27 @@ def order_after(stream: int, outs: Sequence[Any]) -> None:
     current = torch.cuda.current_stream(device)
     if int(current.cuda_stream) == stream:
         return
-    ran_on = (torch.cuda.default_stream(device) if stream == 0
-              else torch.cuda.ExternalStream(stream, device=device))
+    ran_on = (
+        torch.cuda.default_stream(device)
+        if stream == 0
+        else torch.cuda.ExternalStream(stream, device=device)
+    )
     current.wait_stream(ran_on)
 
 
 def ordered(stream: int, finish: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """finish, then order_after() on its result (a tensor or a list)."""
+
     def run(h: Any) -> Any:
         out = finish(h)
         order_after(stream, out if isinstance(out, list) else [out])
         return out
+
     return run
 
 
 # ---- results and compression on the NCCL path --------------------------------------------------
+
 
 class _DeviceResult:
     """A CUDA allgather's result (device memory its handle owns) offered
@@ -298,8 +336,14 @@ class _DeviceResult:
         self._capsule = capsule
         self._device = device
 
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
-                   copy: Any = None) -> Any:
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Any = None,
+        dl_device: Any = None,
+        copy: Any = None,
+    ) -> Any:
         # ordering against the consumer's stream is order_after()'s job
         capsule, self._capsule = self._capsule, None
         return capsule
@@ -323,8 +367,10 @@ def result_like(x: Any, handle: Any, index: int, shape: Sequence[int], dtype_nam
         return torch.from_dlpack(capsule)
     namespace = getattr(x, "__array_namespace__", None)
     if namespace is None or not hasattr(namespace(), "from_dlpack"):
-        raise TypeError(f"cannot make a CUDA result of kind {type(x).__name__}: it has no "
-                        "Array-API namespace with from_dlpack")
+        raise TypeError(
+            f"cannot make a CUDA result of kind {type(x).__name__}: it has no "
+            "Array-API namespace with from_dlpack"
+        )
     return namespace().from_dlpack(_DeviceResult(capsule, device))
 
 
@@ -334,22 +380,31 @@ def wire_dtype(tensors: Sequence[Any], wire: Optional[str]) -> Optional[Any]:
         return None
     torch = sys.modules.get("torch")
     if torch is None or not all(isinstance(x, torch.Tensor) for x in tensors):
-        raise NotImplementedError("compression= on CUDA tensors needs torch tensors (cring casts "
-                                  "them with torch); cast the tensors yourself instead")
+        raise NotImplementedError(
+            "compression= on CUDA tensors needs torch tensors (cring casts "
+            "them with torch); cast the tensors yourself instead"
+        )
     return {"float16": torch.float16, "bfloat16": torch.bfloat16}[wire]
 
 
-def compressed(tensors: list, in_place: bool, wire: Any, grouped: bool,
-               reduce: Callable[[list], Any], wrap: Callable[[Any, Callable], Any],
-               wait: Callable[[Any], Any]) -> Any:
+def compressed(
+    tensors: list,
+    in_place: bool,
+    wire: Any,
+    grouped: bool,
+    reduce: Callable[[list], Any],
+    wrap: Callable[[Any, Callable], Any],
+    wait: Callable[[Any], Any],
+) -> Any:
     """float32 CUDA tensors travel as float16/bfloat16: cast with torch,
     allreduce the casts in place (reduce(casts) -> handle), cast back at
     synchronize(). wrap(inner, finish) makes the caller's handle; wait(inner)
     synchronizes the inner one."""
     casts = [x.detach().to(wire) for x in tensors]
     inner = reduce(casts)
-    outs = list(tensors) if in_place else [empty_like(x, tuple(x.shape), "float32")
-                                           for x in tensors]
+    outs = (
+        list(tensors) if in_place else [empty_like(x, tuple(x.shape), "float32") for x in tensors]
+    )
 
     def finish(h: Any) -> Any:
         for out, c in zip(outs, wait(inner)):
@@ -361,6 +416,7 @@ def compressed(tensors: list, in_place: bool, wire: Any, grouped: bool,
 
 # ---- the host-staged path -----------------------------------------------------------------------
 # submit(collective, name, pairs, finish, **options) -> Handle is cring._api._submit.
+
 
 def _stage_in(tensors: list, name: str) -> tuple[list, int, int]:
     _require_cudart(name)
@@ -378,13 +434,23 @@ def _stage_out(pinned: Any, out: Any, dl: int, raw: int, name: str) -> None:
         _gpu.stage_out(pinned, dlpack_source(out), dl, raw, name)
 
 
-def host_reduce_like(submit: Callable, collective: int, tensors: list, in_place: bool,
-                     name: str, grouped: bool, **options: Any) -> Any:
+def host_reduce_like(
+    submit: Callable,
+    collective: int,
+    tensors: list,
+    in_place: bool,
+    name: str,
+    grouped: bool,
+    **options: Any,
+) -> Any:
     """allreduce and broadcast: stage in, run in place on the pinned copies as
     CPU tensors, copy the results out at synchronize()."""
     staged, dl, raw = _stage_in(tensors, name)
-    outs = list(tensors) if in_place else [empty_like(x, s.shape, s.dtype)
-                                           for x, s in zip(tensors, staged)]
+    outs = (
+        list(tensors)
+        if in_place
+        else [empty_like(x, s.shape, s.dtype) for x, s in zip(tensors, staged)]
+    )
     hold = [staged]
 
     def finish(h: Any) -> Any:
@@ -395,8 +461,9 @@ def host_reduce_like(submit: Callable, collective: int, tensors: list, in_place:
     return submit(collective, name, [(s, s) for s in staged], finish, **options)
 
 
-def host_allgather(submit: Callable, tensors: list, name: str, grouped: bool, size: int,
-                   **options: Any) -> Any:
+def host_allgather(
+    submit: Callable, tensors: list, name: str, grouped: bool, size: int, **options: Any
+) -> Any:
     staged, dl, raw = _stage_in(tensors, name)
 
     def finish(h: Any) -> Any:
@@ -415,8 +482,9 @@ def host_allgather(submit: Callable, tensors: list, name: str, grouped: bool, si
     return submit(_C.ALLGATHER, name, [(s, None) for s in staged], finish, **options)
 
 
-def host_reducescatter(submit: Callable, tensors: list, name: str, grouped: bool, size: int,
-                       rank: int, **options: Any) -> Any:
+def host_reducescatter(
+    submit: Callable, tensors: list, name: str, grouped: bool, size: int, rank: int, **options: Any
+) -> Any:
     staged, dl, raw = _stage_in(tensors, name)
     pinned_outs = []
     for s in staged:

@@ -5,13 +5,20 @@ importing any framework that the caller did not already use."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 _NUMPY_DTYPES = {
-    "float16": np.float16, "float32": np.float32, "float64": np.float64,
-    "int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int64": np.int64, "bool": np.bool_,
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "int32": np.int32,
+    "int64": np.int64,
+    "bool": np.bool_,
 }
 
 

@@ -27,14 +27,23 @@ class _DLDataType(ctypes.Structure):
 
 
 class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p)]
+    _fields_ = [
+        ("dl_tensor", _DLTensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+    ]
 
 
 _capsule_new = ctypes.pythonapi.PyCapsule_New
@@ -53,18 +62,21 @@ class _Namespace:
     take results it hands over through DLPack (engine-owned "device" memory)."""
 
     @staticmethod
-    def empty(shape: Any, dtype: Any = None, device: Any = None) -> "FakeCudaTensor":
+    def empty(shape: Any, dtype: Any = None, device: Any = None) -> FakeCudaTensor:
         return FakeCudaTensor(np.empty(shape, dtype=dtype), device=device or 0)
 
     @staticmethod
-    def from_dlpack(x: Any) -> "FakeCudaTensor":
+    def from_dlpack(x: Any) -> FakeCudaTensor:
         device_type, device = x.__dlpack_device__()
         assert device_type == KDL_CUDA, device_type
         capsule = x.__dlpack__()
         t = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor")).dl_tensor
         shape = tuple(t.shape[i] for i in range(t.ndim))
-        dtype = np.dtype(np.bool_) if t.dtype.code == 6 else \
-            np.dtype(f"{_KINDS[t.dtype.code]}{t.dtype.bits // 8}")
+        dtype = (
+            np.dtype(np.bool_)
+            if t.dtype.code == 6
+            else np.dtype(f"{_KINDS[t.dtype.code]}{t.dtype.bits // 8}")
+        )
         nbytes = int(np.prod(shape)) * dtype.itemsize
         memory = (ctypes.c_char * nbytes).from_address(t.data + t.byte_offset)
         out = FakeCudaTensor(np.frombuffer(memory, dtype=dtype).reshape(shape), device=device)
@@ -98,8 +110,14 @@ class FakeCudaTensor:
     def __array_namespace__(self, api_version: Any = None) -> _Namespace:
         return _Namespace()
 
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
-                   copy: Any = None) -> Any:
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Any = None,
+        dl_device: Any = None,
+        copy: Any = None,
+    ) -> Any:
         FakeCudaTensor.streams_seen.append((self.label, stream))
         a = self.array
         shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)

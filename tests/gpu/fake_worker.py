@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import cring  # noqa: E402
 from cring import _gpu  # noqa: E402
+
 from fake_cuda import FakeCudaTensor as F  # noqa: E402
 
 
@@ -53,8 +54,11 @@ def main() -> None:
     close(m.array, np.array([p - 1, 0, 2]), "int64 max")
 
     # a group: zero, one and 1001 elements, one fused NCCL group
-    g = [F(np.zeros(0, np.float32)), F(np.full(1, r + 1.0, np.float32)),
-         F(np.arange(1001, dtype=np.float32) * (r + 1))]
+    g = [
+        F(np.zeros(0, np.float32)),
+        F(np.full(1, r + 1.0, np.float32)),
+        F(np.arange(1001, dtype=np.float32) * (r + 1)),
+    ]
     out = cring.grouped_allreduce_(g, op=cring.Sum, name="group")
     assert out == g
     s = sum(q + 1 for q in range(p))
@@ -80,12 +84,13 @@ def main() -> None:
     close(g0.array, np.arange(p, dtype=np.float32) * 2, "allgather of 0-d")
 
     # reducescatter: 7 rows over p ranks
-    rs = cring.reducescatter(F(np.arange(14, dtype=np.float32).reshape(7, 2) * (r + 1)),
-                             op=cring.Sum, name="rs")
+    rs = cring.reducescatter(
+        F(np.arange(14, dtype=np.float32).reshape(7, 2) * (r + 1)), op=cring.Sum, name="rs"
+    )
     rows = [7 // p + (1 if q < 7 % p else 0) for q in range(p)]
     start = sum(rows[:r])
     full = np.arange(14, dtype=np.float32).reshape(7, 2) * s
-    close(rs.array, full[start:start + rows[r]], "reducescatter")
+    close(rs.array, full[start : start + rows[r]], "reducescatter")
 
     # async: the handle returns the tensor itself
     a = F(np.ones(3, np.float32))
@@ -110,8 +115,10 @@ def main() -> None:
             mismatch = str(e)
         # a CUDA tensor on rank 0, a CPU array on the others, under one name
         try:
-            cring.allreduce_(F(np.ones(3, np.float32)) if r == 0 else np.ones(3, np.float32),
-                             name="mixed_devices")
+            cring.allreduce_(
+                F(np.ones(3, np.float32)) if r == 0 else np.ones(3, np.float32),
+                name="mixed_devices",
+            )
         except cring.MismatchError as e:
             mismatch += " | " + str(e)
         after = F(np.ones(2, np.float32))
@@ -131,11 +138,18 @@ def main() -> None:
     stats = _gpu.stats()
     cring.shutdown()
     with open(outdir / f"rank{r}.json", "w") as f:
-        json.dump({"rank": r, "size": p, "stats": stats, "mismatch": mismatch,
-                   "any_order": any_order,
-                   "nccl": _gpu.nccl_info(), "default_streams": [s_ for label, s_ in
-                                                                 F.streams_seen if label is None][:3]},
-                  f)
+        json.dump(
+            {
+                "rank": r,
+                "size": p,
+                "stats": stats,
+                "mismatch": mismatch,
+                "any_order": any_order,
+                "nccl": _gpu.nccl_info(),
+                "default_streams": [s_ for label, s_ in F.streams_seen if label is None][:3],
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

@@ -41,14 +41,21 @@ def check(name: str, fn: Callable[[], Any]) -> Any:
     t0 = time.perf_counter()
     try:
         detail = fn()
-        RESULTS.append({"check": name, "ok": True, "seconds": time.perf_counter() - t0,
-                        "detail": detail})
+        RESULTS.append(
+            {"check": name, "ok": True, "seconds": time.perf_counter() - t0, "detail": detail}
+        )
         print(f"PASS {name}" + (f": {detail}" if detail not in (None, "") else ""), flush=True)
         return detail
     except Exception as error:  # noqa: BLE001  (a failed check is reported, then the next runs)
-        RESULTS.append({"check": name, "ok": False, "seconds": time.perf_counter() - t0,
-                        "detail": f"{type(error).__name__}: {error}",
-                        "traceback": traceback.format_exc()})
+        RESULTS.append(
+            {
+                "check": name,
+                "ok": False,
+                "seconds": time.perf_counter() - t0,
+                "detail": f"{type(error).__name__}: {error}",
+                "traceback": traceback.format_exc(),
+            }
+        )
         print(f"FAIL {name}: {type(error).__name__}: {error}", flush=True)
         return None
 
@@ -60,31 +67,45 @@ def expect(cond: bool, what: str) -> None:
 
 # ---- shared collective checks (any world size) --------------------------------------------------
 
+
 def collectives(torch: Any, cring: Any, dev: Any, tag: str) -> None:
     r, p = cring.rank(), cring.size()
-    dtypes = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32,
-              torch.int64, torch.int8, torch.uint8]
+    dtypes = [
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int32,
+        torch.int64,
+        torch.int8,
+        torch.uint8,
+    ]
 
     def allreduce_dtypes() -> str:
         for dt in dtypes:
             x = (torch.arange(1000, device=dev) % 7 + r).to(dt)
-            ref = sum((torch.arange(1000, device=dev) % 7 + q).to(torch.float64)
-                      for q in range(p))
+            ref = sum((torch.arange(1000, device=dev) % 7 + q).to(torch.float64) for q in range(p))
             y = cring.allreduce(x, op=cring.Sum, name=f"{tag}.sum.{dt}")
             expect(y.device == dev and y.dtype == dt, f"{dt}: output on {y.device}/{y.dtype}")
             if dt in (torch.int8, torch.uint8):
                 ref = ref.to(torch.int64).to(dt)
-            expect(torch.allclose(y.double(), ref.to(dt).double(), rtol=1e-2, atol=1e-2),
-                   f"{dt} sum wrong")
-            for op, fn in ((cring.Min, torch.minimum), (cring.Max, torch.maximum)):
+            expect(
+                torch.allclose(y.double(), ref.to(dt).double(), rtol=1e-2, atol=1e-2),
+                f"{dt} sum wrong",
+            )
+            for op in (cring.Min, cring.Max):
                 z = cring.allreduce(x, op=op, name=f"{tag}.{op.name}.{dt}")
-                want = (torch.arange(1000, device=dev) % 7).to(dt) if op == cring.Min else \
-                    (torch.arange(1000, device=dev) % 7 + p - 1).to(dt)
+                want = (
+                    (torch.arange(1000, device=dev) % 7).to(dt)
+                    if op == cring.Min
+                    else (torch.arange(1000, device=dev) % 7 + p - 1).to(dt)
+                )
                 expect(torch.equal(z, want), f"{dt} {op.name} wrong")
         avg = cring.allreduce(torch.full((5,), 10.0 * (r + 1), device=dev), name=f"{tag}.avg")
         expect(torch.allclose(avg, torch.full((5,), 10.0 * (p + 1) / 2, device=dev)), "average")
-        iavg = cring.allreduce(torch.tensor([-7 * (r + 1), 5], device=dev, dtype=torch.int32),
-                               name=f"{tag}.iavg")
+        iavg = cring.allreduce(
+            torch.tensor([-7 * (r + 1), 5], device=dev, dtype=torch.int32), name=f"{tag}.iavg"
+        )
         s = sum(q + 1 for q in range(p))
         expect(iavg.tolist() == [int(-7 * s / p), int(5 * p / p)], f"int average {iavg}")
         return f"{len(dtypes)} dtypes"
@@ -95,20 +116,36 @@ def collectives(torch: Any, cring: Any, dev: Any, tag: str) -> None:
         out = cring.allreduce_(x, op=cring.Sum, name=f"{tag}.inplace")
         expect(out is x and x.data_ptr() == ptr, "in place moved the tensor")
         expect(torch.all(x == sum(range(p))).item(), "in-place sum")
-        group = [torch.zeros(0, device=dev), torch.ones(1, device=dev) * (r + 1),
-                 torch.arange(100_001, device=dev, dtype=torch.float32)]
+        group = [
+            torch.zeros(0, device=dev),
+            torch.ones(1, device=dev) * (r + 1),
+            torch.arange(100_001, device=dev, dtype=torch.float32),
+        ]
         cring.grouped_allreduce_(group, op=cring.Sum, name=f"{tag}.group")
         s = sum(q + 1 for q in range(p))
         expect(group[1].item() == s, "group[1]")
-        expect(torch.equal(group[2], torch.arange(100_001, device=dev, dtype=torch.float32) * p),
-               "group[2]")
-        scaled = cring.allreduce(torch.ones(7, device=dev), op=cring.Sum, prescale_factor=0.5,
-                                 postscale_factor=4.0, name=f"{tag}.scaled")
+        expect(
+            torch.equal(group[2], torch.arange(100_001, device=dev, dtype=torch.float32) * p),
+            "group[2]",
+        )
+        scaled = cring.allreduce(
+            torch.ones(7, device=dev),
+            op=cring.Sum,
+            prescale_factor=0.5,
+            postscale_factor=4.0,
+            name=f"{tag}.scaled",
+        )
         expect(torch.allclose(scaled, torch.full((7,), 2.0 * p, device=dev)), "scaling")
-        comp = cring.allreduce(torch.full((9,), 1.5, device=dev), op=cring.Sum,
-                               compression=cring.Compression.fp16, name=f"{tag}.fp16")
-        expect(comp.dtype == torch.float32 and torch.allclose(comp, torch.full_like(comp, 1.5 * p)),
-               "fp16 compression")
+        comp = cring.allreduce(
+            torch.full((9,), 1.5, device=dev),
+            op=cring.Sum,
+            compression=cring.Compression.fp16,
+            name=f"{tag}.fp16",
+        )
+        expect(
+            comp.dtype == torch.float32 and torch.allclose(comp, torch.full_like(comp, 1.5 * p)),
+            "fp16 compression",
+        )
         h = cring.allreduce_async_(torch.ones(3, device=dev), op=cring.Sum, name=f"{tag}.async")
         expect(torch.all(cring.synchronize(h) == p).item(), "async")
         return "ok"
@@ -117,8 +154,9 @@ def collectives(torch: Any, cring: Any, dev: Any, tag: str) -> None:
         b = torch.full((2, 5), float(r), device=dev)
         cring.broadcast_(b, root_rank=p - 1, name=f"{tag}.bcast")
         expect(torch.all(b == p - 1).item(), "broadcast_")
-        g = cring.allgather(torch.full((r + 1, 3), r, device=dev, dtype=torch.int64),
-                            name=f"{tag}.gather")
+        g = cring.allgather(
+            torch.full((r + 1, 3), r, device=dev, dtype=torch.int64), name=f"{tag}.gather"
+        )
         ref = torch.cat([torch.full((q + 1, 3), q, dtype=torch.int64) for q in range(p)])
         expect(torch.equal(g.cpu(), ref), "uneven allgather")
         g0 = cring.allgather(torch.tensor(float(r), device=dev), name=f"{tag}.gather0d")
@@ -128,25 +166,30 @@ def collectives(torch: Any, cring: Any, dev: Any, tag: str) -> None:
         rows = [7 // p + (1 if q < 7 % p else 0) for q in range(p)]
         start = sum(rows[:r])
         full = torch.arange(14, dtype=torch.float32).reshape(7, 2) * sum(q + 1 for q in range(p))
-        expect(torch.equal(rs.cpu(), full[start:start + rows[r]]), "reducescatter")
+        expect(torch.equal(rs.cpu(), full[start : start + rows[r]]), "reducescatter")
         return "ok"
 
     check(f"{tag}: allreduce Sum/Min/Max/Average over every dtype", allreduce_dtypes)
     check(f"{tag}: in place, grouped, scaled, fp16-compressed, async", in_place_and_grouped)
-    check(f"{tag}: broadcast, uneven allgather, 0-d allgather, uneven reducescatter",
-          broadcast_gather_scatter)
+    check(
+        f"{tag}: broadcast, uneven allgather, 0-d allgather, uneven reducescatter",
+        broadcast_gather_scatter,
+    )
 
 
 def train(torch: Any, cring: Any, dev: Any, tag: str) -> dict:
     """cring.torch DistributedOptimizer on CUDA: each rank its shard of a
     regression problem; returns the first and last loss and a parameter sum."""
     import cring.torch as hvd
+
     hvd.init()
     torch.manual_seed(1234)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 1)).to(dev)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                   named_parameters=model.named_parameters())
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+    ).to(dev)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters()
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     gen = torch.Generator(device="cpu").manual_seed(99 + hvd.rank())
     w_true = torch.randn(32, 1, generator=torch.Generator().manual_seed(5))
@@ -165,14 +208,19 @@ def train(torch: Any, cring: Any, dev: Any, tag: str) -> dict:
     same = bool(torch.all(every == every[0]).item())
     expect(same, "ranks ended with different parameters")
     expect(losses[-1] < 0.5 * losses[0], f"loss did not fall: {losses[0]:.4f} -> {losses[-1]:.4f}")
-    return {"first_loss": round(losses[0], 5), "last_loss": round(losses[-1], 5),
-            "parameters_equal_on_all_ranks": same}
+    return {
+        "first_loss": round(losses[0], 5),
+        "last_loss": round(losses[-1], 5),
+        "parameters_equal_on_all_ranks": same,
+    }
 
 
 # ---- 2. world size 1 on the NCCL path, in this process -------------------------------------------
 
+
 def world_one(torch: Any, cring: Any) -> None:
     from cring import _gpu
+
     os.environ.pop("CRING_GPU_OPERATIONS", None)
     cring.init(rank=0, size=1)
     dev = torch.device("cuda", 0)
@@ -210,8 +258,10 @@ def world_one(torch: Any, cring: Any) -> None:
             seconds = time.perf_counter() - t0
         still_busy = not busy.query()
         torch.cuda.synchronize()
-        expect(still_busy and seconds < 0.2,
-               f"calls took {seconds:.3f} s while another stream was busy (device-wide wait?)")
+        expect(
+            still_busy and seconds < 0.2,
+            f"calls took {seconds:.3f} s while another stream was busy (device-wide wait?)",
+        )
         return f"{seconds * 1e6:.0f} us for a sync + an async call while the device was busy"
 
     def optimizer() -> dict:
@@ -224,18 +274,29 @@ def world_one(torch: Any, cring: Any) -> None:
     check("nccl world 1: no device-wide wait on the fast path", no_device_wait)
     check("nccl world 1: cring.torch DistributedOptimizer on CUDA", optimizer)
     after = _gpu.stats()
-    check("nccl world 1: one communicator, nothing staged through host memory",
-          lambda: expect(after["communicators"] - before["communicators"] == 1 and
-                         after["staged_bytes"] == before["staged_bytes"], str(after)) or after)
+    check(
+        "nccl world 1: one communicator, nothing staged through host memory",
+        lambda: (
+            expect(
+                after["communicators"] - before["communicators"] == 1
+                and after["staged_bytes"] == before["staged_bytes"],
+                str(after),
+            )
+            or after
+        ),
+    )
     cring.shutdown()
 
 
 # ---- 3/4. two processes ------------------------------------------------------------------------
 
+
 def worker(mode: str, out: Path) -> None:
     import torch
+
     import cring
     from cring import _gpu
+
     cring.init()
     r = cring.rank()
     dev = torch.device("cuda", 0 if mode in ("host", "nccl-one-gpu") else cring.local_rank())
@@ -250,10 +311,13 @@ def worker(mode: str, out: Path) -> None:
         RESULTS.append({"check": "nccl two ranks on one GPU", "ok": True, "detail": outcome})
     else:
         collectives(torch, cring, dev, f"{mode} world 2")
-        check(f"{mode} world 2: cring.torch DistributedOptimizer on CUDA",
-              lambda: train(torch, cring, dev, f"{mode} world 2"))
-        RESULTS.append({"check": f"{mode} world 2: GPU layer counters", "ok": True,
-                        "detail": _gpu.stats()})
+        check(
+            f"{mode} world 2: cring.torch DistributedOptimizer on CUDA",
+            lambda: train(torch, cring, dev, f"{mode} world 2"),
+        )
+        RESULTS.append(
+            {"check": f"{mode} world 2: GPU layer counters", "ok": True, "detail": _gpu.stats()}
+        )
     cring.shutdown()
     with open(out / f"rank{r}.json", "w") as f:
         json.dump(RESULTS, f)
@@ -267,15 +331,31 @@ def two_ranks(mode: str, tmp: Path) -> None:
         env.pop("CRING_GPU_OPERATIONS", None)
     outdir = tmp / mode
     outdir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "cring.run", "-np", "2", sys.executable, __file__, "--worker",
-           mode, "--out", str(outdir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cring.run",
+        "-np",
+        "2",
+        sys.executable,
+        __file__,
+        "--worker",
+        mode,
+        "--out",
+        str(outdir),
+    ]
     limit_s = 180 if mode == "nccl-one-gpu" else 900
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit_s)
     except subprocess.TimeoutExpired as e:
         ok = mode == "nccl-one-gpu"  # informational only
-        RESULTS.append({"check": f"{mode} world 2", "ok": ok,
-                        "detail": f"did not finish in {limit_s} s: {str(e.stderr)[-2000:]}"})
+        RESULTS.append(
+            {
+                "check": f"{mode} world 2",
+                "ok": ok,
+                "detail": f"did not finish in {limit_s} s: {str(e.stderr)[-2000:]}",
+            }
+        )
         print(f"{'INFO' if ok else 'FAIL'} {mode} world 2: did not finish in {limit_s} s")
         return
     sys.stdout.write(proc.stdout)
@@ -286,33 +366,50 @@ def two_ranks(mode: str, tmp: Path) -> None:
                 item["check"] = f"[rank {r}] {item['check']}"
                 RESULTS.append(item)
     if proc.returncode != 0 and mode != "nccl-one-gpu":
-        RESULTS.append({"check": f"{mode} world 2: processes exited 0", "ok": False,
-                        "detail": proc.stderr[-4000:]})
+        RESULTS.append(
+            {
+                "check": f"{mode} world 2: processes exited 0",
+                "ok": False,
+                "detail": proc.stderr[-4000:],
+            }
+        )
         print(f"FAIL {mode} world 2 exited {proc.returncode}:\n{proc.stderr[-4000:]}")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="gpu_checks.json", help="where to write the results")
-    parser.add_argument("--worker", choices=("host", "nccl", "nccl-one-gpu"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--worker", choices=("host", "nccl", "nccl-one-gpu"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, Path(args.out))
         return 0
     import torch
+
     import cring
     from cring import _gpu
+
     if not torch.cuda.is_available():
         print("torch sees no CUDA device: this script needs a GPU (and a CUDA build of torch)")
         return 2
     gpus = torch.cuda.device_count()
-    info = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "gpus": gpus,
-            "gpu_name": torch.cuda.get_device_name(0), "nccl": _gpu.nccl_info(),
-            "cuda": _gpu.cuda_info()}
+    info = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "gpus": gpus,
+        "gpu_name": torch.cuda.get_device_name(0),
+        "nccl": _gpu.nccl_info(),
+        "cuda": _gpu.cuda_info(),
+    }
     print(json.dumps(info, indent=1))
-    check("libraries: nccl_available() and cuda_available() are True",
-          lambda: expect(cring.nccl_available() and cring.cuda_available(), json.dumps(info)))
+    check(
+        "libraries: nccl_available() and cuda_available() are True",
+        lambda: expect(cring.nccl_available() and cring.cuda_available(), json.dumps(info)),
+    )
     world_one(torch, cring)
     tmp = Path(args.out).resolve().parent / "gpu_checks_ranks"
     two_ranks("host", tmp)

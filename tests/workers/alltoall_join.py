@@ -1,6 +1,7 @@
 """cring.alltoall and cring.join on NumPy arrays (no torch): rank r sends
 (r + j) % 3 rows to rank j, some large enough to cross shared-memory window
 halves; then uneven batches end in join(). Writes <out>/rank<R>.json."""
+
 import json
 import sys
 
@@ -37,7 +38,7 @@ if received != [2] * P or out.dtype != np.int8 or not np.array_equal(out, want):
 
 # uneven batches: rank r allreduces (Average) r + 1 times, then joins
 seen = []
-for b in range(R + 1):
+for _ in range(R + 1):
     seen.append(float(cring.allreduce(np.full(5, R + 1.0), name="grad")[0]))
 last = cring.join()
 expected = [sum(r + 1.0 for r in range(b, P)) / P for b in range(R + 1)]

@@ -24,10 +24,11 @@ import os
 import time
 
 import numpy as np
-from elastic_common import Killer, parser
 
 import cring
 import cring.elastic
+
+from elastic_common import Killer, parser
 
 V = np.array([1.0, 0.5, 0.25, 0.125])
 

@@ -34,8 +34,13 @@ class Checks:
 
     def finish(self) -> None:
         """Write the result file and exit non-zero when any check failed."""
-        result = {"rank": self.rank, "size": self.size, "cases": self.cases,
-                  "failures": self.failures, **self.info}
+        result = {
+            "rank": self.rank,
+            "size": self.size,
+            "cases": self.cases,
+            "failures": self.failures,
+            **self.info,
+        }
         with open(f"{self.outdir}/rank{self.rank}.json", "w") as f:
             json.dump(result, f)
         print(f"rank {self.rank}: {self.cases} checks, {len(self.failures)} failed", flush=True)
@@ -55,5 +60,7 @@ def compare(got: Any, ref: np.ndarray, rtol: float = 0.0, atol: float = 0.0) -> 
         return None
     bad = np.flatnonzero(~ok.ravel())
     i = int(bad[0])
-    return (f"{len(bad)} of {got.size} elements wrong, first at {i}: got {g.ravel()[i]!r} "
-            f"expected {r.ravel()[i]!r}")
+    return (
+        f"{len(bad)} of {got.size} elements wrong, first at {i}: got {g.ravel()[i]!r} "
+        f"expected {r.ravel()[i]!r}"
+    )

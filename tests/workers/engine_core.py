@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 import cring
+
 from engine_common import Checks, compare
 
 N_NAMED = 50
@@ -52,6 +53,7 @@ def main():
 
     # 1. Named allreduces in a different order on every rank, twice.
     for rep in range(2):
+
         def named_out_of_order(rep=rep):
             order = submission_order(N_NAMED, rank, size, rep)
             inputs = {i: named_values(i, rank, rep) for i in range(N_NAMED)}
@@ -81,14 +83,18 @@ def main():
         n, count = 1000, 16
         before = cring.engine_stats()
         inputs = [np.arange(count, dtype=np.float32) + k + rank for k in range(n)]
-        handles = [cring.allreduce_async(x, op=cring.Sum, name=f"small.{k}")
-                   for k, x in enumerate(inputs)]
+        handles = [
+            cring.allreduce_async(x, op=cring.Sum, name=f"small.{k}") for k, x in enumerate(inputs)
+        ]
         outs = [cring.synchronize(h) for h in handles]
         after = cring.engine_stats()
         delta = {key: after[key] - before[key] for key in after}
         checks.info["small_delta"] = delta
-        print(f"1000 small allreduces: {delta['collectives']} collectives, "
-              f"{delta['fused_tensors']} fused tensors, {delta['cycles']} cycles", flush=True)
+        print(
+            f"1000 small allreduces: {delta['collectives']} collectives, "
+            f"{delta['fused_tensors']} fused tensors, {delta['cycles']} cycles",
+            flush=True,
+        )
         offset = sum(range(size))
         for k, out in enumerate(outs):
             ref = (np.arange(count, dtype=np.float32) + k) * size + offset
@@ -103,6 +109,7 @@ def main():
 
     # 12. Mixed collectives in one async batch, in a different order per rank, twice.
     for rep in range(2):
+
         def mixed_batch(rep=rep):
             root = size - 1
             bcast_in = np.full(5, 10.0 * rank + rep, dtype=np.float64)
@@ -115,27 +122,32 @@ def main():
                 "bcast": lambda: cring.broadcast_async(bcast_in, root, name="mix.bcast"),
                 "bcast_": lambda: cring.broadcast_async_(bcast_inplace, root, name="mix.bcast_"),
                 "gather": lambda: cring.allgather_async(gather_in, name="mix.gather"),
-                "scatter": lambda: cring.reducescatter_async(scatter_in, op=cring.Sum,
-                                                             name="mix.scatter"),
-                "reduce": lambda: cring.allreduce_async(reduce_in, op=cring.Sum,
-                                                        name="mix.reduce"),
-                "reduce2": lambda: cring.allreduce_async_(reduce2_in, op=cring.Max,
-                                                          name="mix.reduce2"),
+                "scatter": lambda: cring.reducescatter_async(
+                    scatter_in, op=cring.Sum, name="mix.scatter"
+                ),
+                "reduce": lambda: cring.allreduce_async(reduce_in, op=cring.Sum, name="mix.reduce"),
+                "reduce2": lambda: cring.allreduce_async_(
+                    reduce2_in, op=cring.Max, name="mix.reduce2"
+                ),
             }
             keys = list(submit)
-            handles = {keys[i]: submit[keys[i]]()
-                       for i in submission_order(len(keys), rank, size, 100 + rep)}
+            handles = {
+                keys[i]: submit[keys[i]]()
+                for i in submission_order(len(keys), rank, size, 100 + rep)
+            }
             got = {k: cring.synchronize(handles[k]) for k in keys}
             rows = [7 // size + (1 if r < 7 % size else 0) for r in range(size)]
             start = sum(rows[:rank])
-            full_scatter = ((np.arange(21, dtype=np.float32).reshape(7, 3) + rep)
-                            * sum(range(1, size + 1)))
+            full_scatter = (np.arange(21, dtype=np.float32).reshape(7, 3) + rep) * sum(
+                range(1, size + 1)
+            )
             refs = {
                 "bcast": np.full(5, 10.0 * root + rep, dtype=np.float64),
                 "bcast_": np.arange(9, dtype=np.int32) * (root + 1) + rep,
-                "gather": np.concatenate([np.full((r + 1, 2), r + rep, dtype=np.int64)
-                                          for r in range(size)]),
-                "scatter": full_scatter[start:start + rows[rank]].astype(np.float32),
+                "gather": np.concatenate(
+                    [np.full((r + 1, 2), r + rep, dtype=np.int64) for r in range(size)]
+                ),
+                "scatter": full_scatter[start : start + rows[rank]].astype(np.float32),
                 "reduce": (np.arange(1001, dtype=np.float32) + rep) * size + sum(range(size)),
                 "reduce2": np.full(3, size + rep, dtype=np.int32),
             }

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 import cring
+
 from engine_common import Checks, compare
 
 
@@ -31,19 +32,32 @@ def main():
         # disagrees on 'bad.op' while ranks 0 and 1 agree.
         bad_shape = np.ones(4 + (rank == 1), dtype=np.float32)
         bad_op = np.ones(4, dtype=np.float64)
-        submit = [(n, (lambda x=x, n=n: cring.allreduce_async(x, op=cring.Sum, name=n)))
-                  for n, x in good.items()]
-        submit.insert(3, ("bad.shape", lambda: cring.allreduce_async(bad_shape, op=cring.Sum,
-                                                                     name="bad.shape")))
+        submit = [
+            (n, (lambda x=x, n=n: cring.allreduce_async(x, op=cring.Sum, name=n)))
+            for n, x in good.items()
+        ]
+        submit.insert(
+            3,
+            ("bad.shape", lambda: cring.allreduce_async(bad_shape, op=cring.Sum, name="bad.shape")),
+        )
         if size >= 3:
-            submit.insert(5, ("bad.op", lambda: cring.allreduce_async(
-                bad_op, op=cring.Max if rank == 2 else cring.Sum, name="bad.op")))
+            submit.insert(
+                5,
+                (
+                    "bad.op",
+                    lambda: cring.allreduce_async(
+                        bad_op, op=cring.Max if rank == 2 else cring.Sum, name="bad.op"
+                    ),
+                ),
+            )
         if rank == 1:
             submit.reverse()
         handles = {n: fn() for n, fn in submit}
         problems = []
-        expected = {"bad.shape": ("rank 0 vs rank 1", "shape float32 [4] vs float32 [5]"),
-                    "bad.op": ("rank 0 vs rank 2", "op sum vs max")}
+        expected = {
+            "bad.shape": ("rank 0 vs rank 1", "shape float32 [4] vs float32 [5]"),
+            "bad.op": ("rank 0 vs rank 2", "op sum vs max"),
+        }
         for n, h in handles.items():
             if n in expected:
                 try:
@@ -103,8 +117,9 @@ def main():
             else:
                 cring.allreduce(np.zeros(1), name=f"go.{owner}")
                 h = cring.allreduce_async(x, op=cring.Sum, name=name)
-            problem = compare(cring.synchronize(h),
-                              np.full(4, sum(range(1, size + 1)), dtype=np.float64))
+            problem = compare(
+                cring.synchronize(h), np.full(4, sum(range(1, size + 1)), dtype=np.float64)
+            )
             if problem:
                 problems.append(f"{name}: {problem}")
             # once synchronized, the name is free again

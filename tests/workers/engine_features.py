@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 import cring
+
 from engine_common import Checks, compare
 
 TOL = {"fp16": 1e-3, "bf16": 8e-3}  # about one rounding of each wire dtype
@@ -60,8 +61,9 @@ def main():
     checks.check("poll on a 64 MiB allreduce", poll_large)
 
     def poll_then_synchronize():
-        h = cring.allreduce_async(np.full(16 * 2**20 // 4, rank, np.float32), op=cring.Sum,
-                                  name="poll.sync")
+        h = cring.allreduce_async(
+            np.full(16 * 2**20 // 4, rank, np.float32), op=cring.Sum, name="poll.sync"
+        )
         before = cring.poll(h)
         out = cring.synchronize(h)
         if before:
@@ -81,13 +83,18 @@ def main():
         def worker(t):
             try:
                 start.wait()
-                inputs = [np.arange(1 + 97 * i, dtype=np.float64) * (t + 1) + rank
-                          for i in range(per_thread)]
-                handles = [cring.allreduce_async(x, op=cring.Sum, name=f"thread{t}.op{i}")
-                           for i, x in enumerate(inputs)]
+                inputs = [
+                    np.arange(1 + 97 * i, dtype=np.float64) * (t + 1) + rank
+                    for i in range(per_thread)
+                ]
+                handles = [
+                    cring.allreduce_async(x, op=cring.Sum, name=f"thread{t}.op{i}")
+                    for i, x in enumerate(inputs)
+                ]
                 for i, h in enumerate(handles):
-                    ref = np.arange(1 + 97 * i, dtype=np.float64) * (t + 1) * size + \
-                        sum(range(size))
+                    ref = np.arange(1 + 97 * i, dtype=np.float64) * (t + 1) * size + sum(
+                        range(size)
+                    )
                     problem = compare(cring.synchronize(h), ref)
                     if problem:
                         problems.append(f"thread{t}.op{i}: {problem}")
@@ -122,18 +129,25 @@ def main():
 
     def compression_small_integers():
         problems = []
-        per_rank = [np.random.default_rng([1, r]).integers(-8, 9, 1001).astype(np.float32)
-                    for r in range(size)]
+        per_rank = [
+            np.random.default_rng([1, r]).integers(-8, 9, 1001).astype(np.float32)
+            for r in range(size)
+        ]
         ref = np.sum(per_rank, axis=0).astype(np.float32)
         for cname, comp in compressions.items():
-            out = cring.allreduce(per_rank[rank], op=cring.Sum, name=f"cint.{cname}",
-                                  compression=comp)
+            out = cring.allreduce(
+                per_rank[rank], op=cring.Sum, name=f"cint.{cname}", compression=comp
+            )
             problem = compare(out, ref)
             if problem:
                 problems.append(f"{cname}: {problem}")
             x = per_rank[rank].copy()
-            if cring.synchronize(cring.allreduce_async_(x, op=cring.Sum, compression=comp,
-                                                        name=f"cint_.{cname}")) is not x:
+            if (
+                cring.synchronize(
+                    cring.allreduce_async_(x, op=cring.Sum, compression=comp, name=f"cint_.{cname}")
+                )
+                is not x
+            ):
                 problems.append(f"{cname}: in-place form did not return its argument")
             problem = compare(x, ref)
             if problem:
@@ -144,18 +158,24 @@ def main():
 
     def compression_random():
         problems = []
-        per_rank = [np.random.default_rng([2, r]).standard_normal(10_000).astype(np.float32)
-                    for r in range(size)]
+        per_rank = [
+            np.random.default_rng([2, r]).standard_normal(10_000).astype(np.float32)
+            for r in range(size)
+        ]
         exact = np.sum(np.stack(per_rank).astype(np.float64), axis=0)
-        fp32 = cring.allreduce(per_rank[rank], op=cring.Sum, name="crand.none",
-                               compression=cring.Compression.none)
+        fp32 = cring.allreduce(
+            per_rank[rank], op=cring.Sum, name="crand.none", compression=cring.Compression.none
+        )
         problem = compare(fp32, exact.astype(np.float32), rtol=1e-6, atol=1e-6)
         if problem:
             problems.append(f"none: {problem}")
         # submitted together: the fusion must keep the three wire dtypes apart
-        handles = {c: cring.allreduce_async(per_rank[rank], op=cring.Sum, name=f"crand.{c}",
-                                            compression=comp)
-                   for c, comp in compressions.items()}
+        handles = {
+            c: cring.allreduce_async(
+                per_rank[rank], op=cring.Sum, name=f"crand.{c}", compression=comp
+            )
+            for c, comp in compressions.items()
+        }
         for cname, h in handles.items():
             out = cring.synchronize(h)
             tol = TOL[cname] * (size + 1)
@@ -165,8 +185,10 @@ def main():
             rounded = float(np.mean(out != fp32))
             checks.info[f"{cname}_rounded_fraction"] = rounded
             if rounded < 0.5:
-                problems.append(f"{cname}: only {rounded:.0%} of values differ from the float32 "
-                                "result; was the payload compressed?")
+                problems.append(
+                    f"{cname}: only {rounded:.0%} of values differ from the float32 "
+                    "result; was the payload compressed?"
+                )
         return "; ".join(problems) or None
 
     checks.check("compression: random values within tolerance", compression_random)
@@ -175,15 +197,15 @@ def main():
         problems = []
         for cname, comp in compressions.items():
             ints = np.arange(1000, dtype=np.int32) * 1009 + 1_000_000 + rank
-            out = cring.allreduce(ints, op=cring.Sum, name=f"cother.i32.{cname}",
-                                  compression=comp)
+            out = cring.allreduce(ints, op=cring.Sum, name=f"cother.i32.{cname}", compression=comp)
             ref = (np.arange(1000, dtype=np.int64) * 1009 + 1_000_000) * size + sum(range(size))
             problem = compare(out, ref.astype(np.int32))
             if problem:
                 problems.append(f"int32 with {cname}: {problem}")
             doubles = np.full(7, 1.0 / 3.0 + rank, dtype=np.float64)
-            out = cring.allreduce(doubles, op=cring.Sum, name=f"cother.f64.{cname}",
-                                  compression=comp)
+            out = cring.allreduce(
+                doubles, op=cring.Sum, name=f"cother.f64.{cname}", compression=comp
+            )
             ref = np.full(7, size / 3.0 + sum(range(size)), dtype=np.float64)
             problem = compare(out, ref, rtol=1e-14)
             if problem:
@@ -197,17 +219,24 @@ def main():
 
     def grouped_inputs(r):
         # np.asarray: arithmetic on a 0-d array gives a NumPy scalar
-        return [np.asarray(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) + 10 * k + r)
-                for k, s in enumerate(shapes)]
+        return [
+            np.asarray(np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) + 10 * k + r)
+            for k, s in enumerate(shapes)
+        ]
 
-    grouped_refs = [np.asarray(np.sum([grouped_inputs(r)[k] for r in range(size)], axis=0),
-                               dtype=np.float32) for k in range(len(shapes))]
+    grouped_refs = [
+        np.asarray(np.sum([grouped_inputs(r)[k] for r in range(size)], axis=0), dtype=np.float32)
+        for k in range(len(shapes))
+    ]
 
     def check_group(label, outs, expect_same=None):
         if not isinstance(outs, list) or len(outs) != len(shapes):
             return f"{label}: expected a list of {len(shapes)}, got {type(outs).__name__}"
-        problems = [f"{label}[{k}] {shapes[k]}: {p}"
-                    for k, out in enumerate(outs) if (p := compare(out, grouped_refs[k]))]
+        problems = [
+            f"{label}[{k}] {shapes[k]}: {p}"
+            for k, out in enumerate(outs)
+            if (p := compare(out, grouped_refs[k]))
+        ]
         if expect_same is not None and any(a is not b for a, b in zip(outs, expect_same)):
             problems.append(f"{label}: in-place results are not the inputs")
         return "; ".join(problems) or None
@@ -216,18 +245,37 @@ def main():
         problems = []
         xs = grouped_inputs(rank)
         originals = [x.copy() for x in xs]
-        problems.append(check_group("grouped_allreduce", cring.grouped_allreduce(
-            xs, op=cring.Sum, name="g.out")))
+        problems.append(
+            check_group(
+                "grouped_allreduce", cring.grouped_allreduce(xs, op=cring.Sum, name="g.out")
+            )
+        )
         if any(not np.array_equal(a, b) for a, b in zip(xs, originals)):
             problems.append("grouped_allreduce modified its inputs")
-        problems.append(check_group("grouped_allreduce_async", cring.synchronize(
-            cring.grouped_allreduce_async(xs, op=cring.Sum, name="g.async"))))
+        problems.append(
+            check_group(
+                "grouped_allreduce_async",
+                cring.synchronize(cring.grouped_allreduce_async(xs, op=cring.Sum, name="g.async")),
+            )
+        )
         ys = grouped_inputs(rank)
-        problems.append(check_group("grouped_allreduce_", cring.grouped_allreduce_(
-            ys, op=cring.Sum, name="g.inplace"), expect_same=ys))
+        problems.append(
+            check_group(
+                "grouped_allreduce_",
+                cring.grouped_allreduce_(ys, op=cring.Sum, name="g.inplace"),
+                expect_same=ys,
+            )
+        )
         zs = grouped_inputs(rank)
-        problems.append(check_group("grouped_allreduce_async_", cring.synchronize(
-            cring.grouped_allreduce_async_(zs, op=cring.Sum, name="g.async_")), expect_same=zs))
+        problems.append(
+            check_group(
+                "grouped_allreduce_async_",
+                cring.synchronize(
+                    cring.grouped_allreduce_async_(zs, op=cring.Sum, name="g.async_")
+                ),
+                expect_same=zs,
+            )
+        )
         return "; ".join(p for p in problems if p) or None
 
     checks.check("grouped allreduce, different shapes", grouped_allreduce)
@@ -236,34 +284,45 @@ def main():
         problems = []
 
         def mine(r):
-            return [np.full((r + 1, 2), r, dtype=np.float32),
-                    np.arange(2 * r * 3, dtype=np.int64).reshape(2 * r, 3) + 100 * r,
-                    np.array(float(r))]
+            return [
+                np.full((r + 1, 2), r, dtype=np.float32),
+                np.arange(2 * r * 3, dtype=np.int64).reshape(2 * r, 3) + 100 * r,
+                np.array(float(r)),
+            ]
 
-        refs = [np.concatenate([mine(r)[0] for r in range(size)]),
-                np.concatenate([mine(r)[1] for r in range(size)]),
-                np.array([float(r) for r in range(size)])]
+        refs = [
+            np.concatenate([mine(r)[0] for r in range(size)]),
+            np.concatenate([mine(r)[1] for r in range(size)]),
+            np.array([float(r) for r in range(size)]),
+        ]
         for label, outs in [
             ("grouped_allgather", cring.grouped_allgather(mine(rank), name="gg.sync")),
-            ("grouped_allgather_async", cring.synchronize(
-                cring.grouped_allgather_async(mine(rank), name="gg.async")))]:
-            problems += [f"{label}[{k}]: {p}" for k in range(3)
-                         if (p := compare(outs[k], refs[k]))]
+            (
+                "grouped_allgather_async",
+                cring.synchronize(cring.grouped_allgather_async(mine(rank), name="gg.async")),
+            ),
+        ]:
+            problems += [f"{label}[{k}]: {p}" for k in range(3) if (p := compare(outs[k], refs[k]))]
         return "; ".join(problems) or None
 
     checks.check("grouped allgather, different first dimensions", grouped_allgather)
 
     def grouped_reducescatter():
-        xs = [np.arange(7 * 3, dtype=np.float64).reshape(7, 3) * (rank + 1),
-              np.arange(5, dtype=np.int32) + rank]
+        xs = [
+            np.arange(7 * 3, dtype=np.float64).reshape(7, 3) * (rank + 1),
+            np.arange(5, dtype=np.int32) + rank,
+        ]
         outs = cring.grouped_reducescatter(xs, op=cring.Sum, name="grs")
         problems = []
-        for k, (full, n) in enumerate([
+        for k, (full, n) in enumerate(
+            [
                 (np.arange(21, dtype=np.float64).reshape(7, 3) * total, 7),
-                (np.arange(5, dtype=np.int32) * size + sum(range(size)), 5)]):
+                (np.arange(5, dtype=np.int32) * size + sum(range(size)), 5),
+            ]
+        ):
             rows = [n // size + (1 if r < n % size else 0) for r in range(size)]
             start = sum(rows[:rank])
-            p = compare(outs[k], full[start:start + rows[rank]])
+            p = compare(outs[k], full[start : start + rows[rank]])
             if p:
                 problems.append(f"[{k}]: {p}")
         return "; ".join(problems) or None
@@ -294,31 +353,44 @@ def main():
             problems.append(f"allreduce prescale 1/size: {p}")
         # int32, fused with a second async tensor, and in place
         ints = np.arange(10, dtype=np.int32) * 3 + rank
-        h1 = cring.allreduce_async_(ints, op=cring.Sum, prescale_factor=2.0,
-                                    postscale_factor=0.5, name="scale.int")
-        h2 = cring.allreduce_async(np.ones(3, np.int32), op=cring.Sum, prescale_factor=2.0,
-                                   postscale_factor=0.5, name="scale.int2")
+        h1 = cring.allreduce_async_(
+            ints, op=cring.Sum, prescale_factor=2.0, postscale_factor=0.5, name="scale.int"
+        )
+        h2 = cring.allreduce_async(
+            np.ones(3, np.int32),
+            op=cring.Sum,
+            prescale_factor=2.0,
+            postscale_factor=0.5,
+            name="scale.int2",
+        )
         cring.synchronize(h1)
-        p = compare(ints, (np.arange(10, dtype=np.int32) * 3 * size + sum(range(size)))
-                    .astype(np.int32))
+        p = compare(
+            ints, (np.arange(10, dtype=np.int32) * 3 * size + sum(range(size))).astype(np.int32)
+        )
         if p:
             problems.append(f"int32 in place pre 2 post 0.5: {p}")
         p = compare(cring.synchronize(h2), np.full(3, size, np.int32))
         if p:
             problems.append(f"int32 fused pre 2 post 0.5: {p}")
         # grouped, and reducescatter
-        outs = cring.grouped_allreduce(grouped_inputs(rank), op=cring.Sum, prescale_factor=2.0,
-                                       postscale_factor=0.5, name="scale.grouped")
+        outs = cring.grouped_allreduce(
+            grouped_inputs(rank),
+            op=cring.Sum,
+            prescale_factor=2.0,
+            postscale_factor=0.5,
+            name="scale.grouped",
+        )
         p = check_group("grouped pre 2 post 0.5", outs)
         if p:
             problems.append(p)
         y = np.arange(6 * 2, dtype=np.float32).reshape(6, 2) + rank
-        out = cring.reducescatter(y, op=cring.Sum, prescale_factor=2.0, postscale_factor=0.5,
-                                  name="scale.rs")
+        out = cring.reducescatter(
+            y, op=cring.Sum, prescale_factor=2.0, postscale_factor=0.5, name="scale.rs"
+        )
         full = np.arange(12, dtype=np.float32).reshape(6, 2) * size + sum(range(size))
         rows = [6 // size + (1 if r < 6 % size else 0) for r in range(size)]
         start = sum(rows[:rank])
-        p = compare(out, full[start:start + rows[rank]].astype(np.float32))
+        p = compare(out, full[start : start + rows[rank]].astype(np.float32))
         if p:
             problems.append(f"reducescatter pre 2 post 0.5: {p}")
         return "; ".join(problems) or None

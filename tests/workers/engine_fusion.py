@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 import cring
+
 from engine_common import Checks, compare
 
 N, COUNT = 1000, 16

@@ -37,8 +37,10 @@ def warn(late_s):
         out = cring.synchronize(cring.allreduce_async(x, op=cring.Sum, name="late_tensor"))
         ref = np.full(6, sum(range(1, size + 1)) + size * rep, dtype=np.float32)
         if np.array_equal(out, ref):
-            print(f"rank {rank}: late_tensor pass {rep} ok after "
-                  f"{time.monotonic() - t0:.1f} s", flush=True)
+            print(
+                f"rank {rank}: late_tensor pass {rep} ok after {time.monotonic() - t0:.1f} s",
+                flush=True,
+            )
         else:
             print(f"rank {rank}: late_tensor pass {rep} wrong: {out} != {ref}", flush=True)
             ok = False
@@ -66,8 +68,10 @@ def shutdown(sleep_s):
             print(f"rank {rank}: never_tensor completed", flush=True)
             ok = False
         except cring.CRingError as e:
-            print(f"rank {rank}: {type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}",
-                  flush=True)
+            print(
+                f"rank {rank}: {type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}",
+                flush=True,
+            )
         # the communicator is broken: new work is refused at once
         t0 = time.monotonic()
         try:
@@ -75,8 +79,11 @@ def shutdown(sleep_s):
             print(f"rank {rank}: allreduce after the stall did not raise", flush=True)
             ok = False
         except cring.CRingError as e:
-            print(f"rank {rank}: refused after {time.monotonic() - t0:.1f} s: "
-                  f"{type(e).__name__}: {e}", flush=True)
+            print(
+                f"rank {rank}: refused after {time.monotonic() - t0:.1f} s: "
+                f"{type(e).__name__}: {e}",
+                flush=True,
+            )
     # shutdown() and init() again make a working communicator
     cring.shutdown()
     cring.init()

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 import cring
+
 from engine_common import Checks
 
 
@@ -53,8 +54,10 @@ def main():
     checks.check("CRING_TIMELINE file valid after each op", after_each_op)
 
     def fused_batch():
-        handles = [cring.allreduce_async(np.full(64, k, np.float32), name=f"tl.small.{k}")
-                   for k in range(40)]
+        handles = [
+            cring.allreduce_async(np.full(64, k, np.float32), name=f"tl.small.{k}")
+            for k in range(40)
+        ]
         for h in handles:
             cring.synchronize(h)
         events = load(env_path)

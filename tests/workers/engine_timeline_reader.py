@@ -50,9 +50,10 @@ def main():
     reader = subprocess.Popen([sys.executable, "-c", READER, path, seconds, str(cpus[-1])])
     k = 0
     while reader.poll() is None and k < MAX_OPS:
-        handles = [cring.allreduce_async(np.ones(4, np.float32),
-                                         name=f"live.{k + i:06d}." + "x" * 500)
-                   for i in range(50)]
+        handles = [
+            cring.allreduce_async(np.ones(4, np.float32), name=f"live.{k + i:06d}." + "x" * 500)
+            for i in range(50)
+        ]
         k += 50
         for h in handles:
             cring.synchronize(h)

@@ -36,8 +36,10 @@ for i in range(1_000_000):
     handles = []
     t0 = time.monotonic()
     try:
-        handles = [cring.allreduce_async(small[k], op=cring.Sum, name=f"async.{i}.{k}")
-                   for k in range(len(small))]
+        handles = [
+            cring.allreduce_async(small[k], op=cring.Sum, name=f"async.{i}.{k}")
+            for k in range(len(small))
+        ]
         cring.allreduce_(big, op=cring.Average, name=f"big.{i}")
         for h in handles:
             assert cring.synchronize(h)[0] == sum(range(size))
@@ -51,8 +53,10 @@ for i in range(1_000_000):
             except cring.CRingError:
                 failed_handles += 1
         # each one finished (before the failure) or raises; none hangs
-        print(f"SURVIVOR {rank} in-flight handles: {len(handles)}, raised: {failed_handles}",
-              flush=True)
+        print(
+            f"SURVIVOR {rank} in-flight handles: {len(handles)}, raised: {failed_handles}",
+            flush=True,
+        )
         try:
             cring.allreduce_(big, name="after")
             print(f"SURVIVOR {rank} next call returned (wrong)", flush=True)
@@ -68,8 +72,11 @@ for i in range(1_000_000):
             x = np.full(10, rank, np.int64)
             cring.allreduce_(x, op=cring.Sum)
             assert (x == sum(survivors)).all(), x
-            print(f"SURVIVOR {rank} re-initialised as rank {new_rank} of {len(survivors)} "
-                  f"over {cring.transport()}: allreduce ok", flush=True)
+            print(
+                f"SURVIVOR {rank} re-initialised as rank {new_rank} of {len(survivors)} "
+                f"over {cring.transport()}: allreduce ok",
+                flush=True,
+            )
             cring.shutdown()
         sys.exit(0)
     if i == 0:

@@ -66,8 +66,9 @@ def interrupted(label: str, wait) -> None:
     """Rank 0 blocks in `wait` on a collective rank 1 never submits; a SIGINT
     one second later must raise KeyboardInterrupt at once."""
     sent = []
-    timer = threading.Timer(1.0, lambda: (sent.append(time.monotonic()),
-                                          os.kill(os.getpid(), signal.SIGINT)))
+    timer = threading.Timer(
+        1.0, lambda: (sent.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT))
+    )
     timer.start()
     try:
         wait()

@@ -23,8 +23,10 @@ for i in range(200):
         t0 = time.monotonic()
         cring.allreduce_(x, op=cring.Average, name=f"step.{i}")
     except (cring.PeerFailureError, cring.TimeoutError) as e:
-        print(f"SURVIVOR {rank} raised {type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}",
-              flush=True)
+        print(
+            f"SURVIVOR {rank} raised {type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}",
+            flush=True,
+        )
         try:  # the engine refuses further work instead of hanging
             cring.allreduce_(x, name="after")
         except cring.CRingError as e2:

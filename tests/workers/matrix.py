@@ -5,7 +5,6 @@ number of cases and every failure; exits 1 if any case failed."""
 import json
 import sys
 import traceback
-
 from functools import partial
 
 import numpy as np
@@ -20,14 +19,21 @@ except ImportError:  # pragma: no cover - the test environment has torch
 COUNTS = [0, 1, 7, 1_000_003]
 REDUCE_DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"]
 MOVE_DTYPES = REDUCE_DTYPES + ["bool"]
-OPS = {"sum": cring.Sum, "average": cring.Average, "min": cring.Min, "max": cring.Max,
-       "product": cring.Product}
+OPS = {
+    "sum": cring.Sum,
+    "average": cring.Average,
+    "min": cring.Min,
+    "max": cring.Max,
+    "product": cring.Product,
+}
 RTOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-6, "float64": 1e-12}
 
 
 def values(dtype, op, count, rank, salt=0):
     """Deterministic per-rank input as float64 (exactly representable in dtype)."""
-    rng = np.random.default_rng([count, rank, REDUCE_DTYPES.index(dtype) if dtype in REDUCE_DTYPES else 9, salt])
+    rng = np.random.default_rng(
+        [count, rank, REDUCE_DTYPES.index(dtype) if dtype in REDUCE_DTYPES else 9, salt]
+    )
     if dtype == "bool":
         return rng.integers(0, 2, count).astype(np.float64)
     if op == "product":
@@ -82,7 +88,9 @@ def compare(got, ref, dtype):
         return None
     bad = np.flatnonzero(~np.isclose(got, ref, rtol=RTOL.get(dtype, 0), atol=RTOL.get(dtype, 0)))
     i = int(bad[0])
-    return f"{len(bad)} wrong elements, first at {i}: got {got.ravel()[i]} expected {ref.ravel()[i]}"
+    return (
+        f"{len(bad)} wrong elements, first at {i}: got {got.ravel()[i]} expected {ref.ravel()[i]}"
+    )
 
 
 def main():
@@ -105,7 +113,7 @@ def main():
         """A view that starts inside a larger array: the result lands in
         the view, and the elements around it are untouched."""
         base = np.full(len(data) + 5, 7, dtype=dtype)
-        x = base[3:3 + len(data)]
+        x = base[3 : 3 + len(data)]
         x[...] = data
         cring.allreduce_(x, op=cring.Sum, name=f"view.{dtype}.{len(data)}")
         around = base[[0, 1, 2, -2, -1]].astype(np.float64)
@@ -141,15 +149,19 @@ def main():
                     y = cring.reducescatter(make(dtype, per_rank[rank]), op=op)
                     rows = [count // size + (1 if r < count % size else 0) for r in range(size)]
                     start = sum(rows[:rank])
-                    return compare(y, ref[start:start + rows[rank]], dtype)
+                    return compare(y, ref[start : start + rows[rank]], dtype)
 
                 check(f"allreduce {dtype} {opname} n={count}", out_of_place)
                 check(f"allreduce_ {dtype} {opname} n={count}", in_place)
-                check(f"allreduce_ named {dtype} {opname} n={count}",
-                      partial(in_place, f"ip.{dtype}.{opname}.{count}"))
+                check(
+                    f"allreduce_ named {dtype} {opname} n={count}",
+                    partial(in_place, f"ip.{dtype}.{opname}.{count}"),
+                )
                 if dtype != "bfloat16" and opname == "sum":
-                    check(f"allreduce_ named view {dtype} n={count}",
-                          partial(in_view, dtype, per_rank[rank], ref))
+                    check(
+                        f"allreduce_ named view {dtype} n={count}",
+                        partial(in_view, dtype, per_rank[rank], ref),
+                    )
                 check(f"reducescatter {dtype} {opname} n={count}", scatter)
 
     for dtype in MOVE_DTYPES:
@@ -174,7 +186,9 @@ def main():
                 rows = [count if r % 2 == 0 else count // 2 for r in range(size)]
                 mine = values(dtype, "sum", rows[rank], rank, salt=2)
                 y = cring.allgather(make(dtype, mine))
-                ref = np.concatenate([values(dtype, "sum", rows[r], r, salt=2) for r in range(size)])
+                ref = np.concatenate(
+                    [values(dtype, "sum", rows[r], r, salt=2) for r in range(size)]
+                )
                 return compare(y, ref, dtype)
 
             check(f"allgather {dtype} n={count}", gather)
@@ -193,7 +207,7 @@ def main():
         full = np.arange(7 * 3, dtype=np.float64).reshape(7, 3) * sum(range(1, size + 1))
         rows = [7 // size + (1 if r < 7 % size else 0) for r in range(size)]
         start = sum(rows[:rank])
-        return compare(y, full[start:start + rows[rank]], "float32")
+        return compare(y, full[start : start + rows[rank]], "float32")
 
     check("reducescatter 2-d", scatter_2d)
 
@@ -202,8 +216,13 @@ def main():
         return None
 
     check("barrier", barrier)
-    result = {"rank": rank, "size": size, "transport": cring.transport(), "cases": cases,
-              "failures": failures}
+    result = {
+        "rank": rank,
+        "size": size,
+        "transport": cring.transport(),
+        "cases": cases,
+        "failures": failures,
+    }
     with open(f"{outdir}/rank{rank}.json", "w") as f:
         json.dump(result, f)
     cring.shutdown()

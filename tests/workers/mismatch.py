@@ -19,10 +19,13 @@ for what, call in cases.items():
     try:
         call()
     except cring.MismatchError as e:
-        expected = {"count": "shape float32 [4] vs float32 [5]",
-                    "dtype": "dtype float64 [4] vs float32 [4]",
-                    "op": "op max vs sum", "root": "root rank 1 vs 0",
-                    "trailing": "shape float64 [2, 4] vs float64 [2, 3]"}[what]
+        expected = {
+            "count": "shape float32 [4] vs float32 [5]",
+            "dtype": "dtype float64 [4] vs float32 [4]",
+            "op": "op max vs sum",
+            "root": "root rank 1 vs 0",
+            "trailing": "shape float64 [2, 4] vs float64 [2, 3]",
+        }[what]
         assert "rank 0 vs rank 1" in str(e), str(e)
         assert expected in str(e) and f"'{what}'" in str(e), str(e)
         print(f"rank {rank}: {what}: {e}")

@@ -13,9 +13,10 @@ assert os.environ.get("RAY_TRAIN_V2_ENABLED") == "0", "run with RAY_TRAIN_V2_ENA
 
 import ray  # noqa: E402
 import ray.train  # noqa: E402
-import ray_loops  # noqa: E402
 
 from cring.ray import TRAIN_V2, CRingConfig, CRingTrainer  # noqa: E402
+
+import ray_loops  # noqa: E402
 
 address, outdir = sys.argv[1], sys.argv[2]
 ray.init(

@@ -35,14 +35,28 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: fake_dlpack
 
 import cring  # noqa: E402
+
 from fake_dlpack import FakeTensor  # noqa: E402
 
 OUT_DIR, TOTAL, SEED = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"]
-OPS = {"sum": cring.Sum, "average": cring.Average, "min": cring.Min, "max": cring.Max,
-       "product": cring.Product}
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
-            "int32": 4, "int64": 8}
+OPS = {
+    "sum": cring.Sum,
+    "average": cring.Average,
+    "min": cring.Min,
+    "max": cring.Max,
+    "product": cring.Product,
+}
+ITEMSIZE = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int32": 4,
+    "int64": 8,
+}
 MAX_BYTES = 1 << 20
 NAME_POOL = 300  # names are reused with new shapes and dtypes, as a changing model would
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -54,6 +68,7 @@ def rss_bytes() -> int:
 
 
 # ---- inputs and the NumPy reference ---------------------------------------------
+
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits, rounding to nearest even (inputs have no NaN)."""
@@ -70,8 +85,9 @@ def make_input(dtype: str, n: int, unit: int, index: int, rank: int) -> np.ndarr
     """Rank `rank`'s input for tensor `index` of `unit`: the same on every rank."""
     rng = np.random.default_rng([SEED, unit, index, rank])
     if dtype in ("float16", "float32", "float64"):
-        return rng.standard_normal(n, dtype=np.float64 if dtype == "float64" else np.float32
-                                   ).astype(dtype)
+        return rng.standard_normal(
+            n, dtype=np.float64 if dtype == "float64" else np.float32
+        ).astype(dtype)
     if dtype == "bfloat16":
         return f32_to_bf16_bits(rng.standard_normal(n, dtype=np.float32))
     info = np.iinfo(dtype)
@@ -82,8 +98,9 @@ def reference(dtype: str, op: str, inputs: list) -> np.ndarray:
     """What every rank must hold after allreducing `inputs` (one per rank)."""
     size = len(inputs)
     if dtype in ("float16", "bfloat16"):
-        wide = [bf16_bits_to_f32(x) if dtype == "bfloat16" else x.astype(np.float32)
-                for x in inputs]
+        wide = [
+            bf16_bits_to_f32(x) if dtype == "bfloat16" else x.astype(np.float32) for x in inputs
+        ]
         acc = combine(op, wide)
         if op == "average":
             acc = acc / np.float32(size)
@@ -114,6 +131,7 @@ def combine(op: str, xs: list) -> np.ndarray:
 
 
 # ---- the plan ----------------------------------------------------------------------
+
 
 def draw_tensor(plan: np.random.Generator) -> tuple[str, int]:
     dtype = DTYPES[plan.integers(len(DTYPES))]
@@ -150,13 +168,17 @@ class Tensor:
             raise AssertionError(
                 f"{where}: {self.dtype} {self.op} of {self.n} elements is wrong at {bad.size} "
                 f"elements; first at {i}: got {got[i] if i >= 0 else got.shape!r}, expected "
-                f"{self.expected[i] if i >= 0 else self.expected.shape!r} (seed {SEED})")
+                f"{self.expected[i] if i >= 0 else self.expected.shape!r} (seed {SEED})"
+            )
 
 
 def run_unit(unit: int, plan: np.random.Generator, counts: dict, largest: bool = False) -> int:
     """Run one unit of work; returns how many tensors it allreduced."""
-    mode = ["sync", "sync", "async", "grouped"][plan.integers(4)] if not largest else \
-        ["sync", "async", "grouped"][unit % 3]
+    mode = (
+        ["sync", "sync", "async", "grouped"][plan.integers(4)]
+        if not largest
+        else ["sync", "async", "grouped"][unit % 3]
+    )
     ntensors = 1 if mode == "sync" else int(plan.integers(2, 17)) if not largest else 16
     names = [f"soak.{k}" for k in plan.choice(NAME_POOL, size=ntensors, replace=False)]
     group_op = list(OPS)[plan.integers(len(OPS))]
@@ -228,10 +250,18 @@ def main() -> None:
     gc.collect()
     rss_end = rss_bytes()
     samples.append(rss_end)
-    result = {"rank": cring.rank(), "tensors": done, "units": unit - 6, "counts": counts,
-              "seconds": time.monotonic() - t0, "rss_start": rss_start, "rss_end": rss_end,
-              "rss_samples": samples, "transport": cring.transport(),
-              "stats": cring.engine_stats()}
+    result = {
+        "rank": cring.rank(),
+        "tensors": done,
+        "units": unit - 6,
+        "counts": counts,
+        "seconds": time.monotonic() - t0,
+        "rss_start": rss_start,
+        "rss_end": rss_end,
+        "rss_samples": samples,
+        "transport": cring.transport(),
+        "stats": cring.engine_stats(),
+    }
     cring.shutdown()
     (OUT_DIR / f"rank{result['rank']}.json").write_text(json.dumps(result))
 

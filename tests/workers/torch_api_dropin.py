@@ -46,8 +46,9 @@ STEPS, LR = 40, 0.05
 model = make_model(1234 + hvd.rank())  # different on every rank until the broadcast
 optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                     compression=hvd.Compression.none)
+optimizer = hvd.DistributedOptimizer(
+    optimizer, named_parameters=model.named_parameters(), compression=hvd.Compression.none
+)
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
 shard = slice(hvd.rank(), None, hvd.size())

@@ -33,17 +33,22 @@ try:
     hvd.synchronize(handle)
     report("the stalled allreduce completed", False)
 except hvd.HorovodInternalError as e:
-    report(f"HorovodInternalError {type(e).__name__} timeout={isinstance(e, cring.TimeoutError)} "
-           f"cause={type(e.__cause__).__name__}: {e}",
-           isinstance(e, cring.TimeoutError) and isinstance(e.__cause__, cring.TimeoutError)
-           and f"only.{rank}" in str(e))
+    report(
+        f"HorovodInternalError {type(e).__name__} timeout={isinstance(e, cring.TimeoutError)} "
+        f"cause={type(e.__cause__).__name__}: {e}",
+        isinstance(e, cring.TimeoutError)
+        and isinstance(e.__cause__, cring.TimeoutError)
+        and f"only.{rank}" in str(e),
+    )
 
 try:
     hvd.allreduce(torch.ones(2), name="after_stall")
     report("allreduce on the broken communicator did not raise", False)
 except hvd.HorovodInternalError as e:
-    report(f"refused: HorovodInternalError cause={type(e.__cause__).__name__}",
-           isinstance(e.__cause__, cring.CRingError))
+    report(
+        f"refused: HorovodInternalError cause={type(e.__cause__).__name__}",
+        isinstance(e.__cause__, cring.CRingError),
+    )
 
 hvd.shutdown()
 hvd.init()

@@ -25,6 +25,7 @@ import torch
 
 import cring
 import cring.torch as hvd
+
 from engine_common import Checks
 
 hvd.init()
@@ -78,8 +79,11 @@ def close(got, ref, dtype=None, rtol=None, what=""):
     if dtype is not None and got.dtype != dtype:
         return f"{what}: dtype {got.dtype} != {dtype}"
     g = got.detach().double().numpy()
-    tol = rtol if rtol is not None else TOL.get(got.dtype, 1e-12 if got.dtype == torch.float64
-                                                else 1e-5)
+    tol = (
+        rtol
+        if rtol is not None
+        else TOL.get(got.dtype, 1e-12 if got.dtype == torch.float64 else 1e-5)
+    )
     if got.dtype.is_floating_point:
         ok = np.allclose(g, ref, rtol=tol, atol=tol)
     else:
@@ -117,13 +121,27 @@ def basics():
     env_rank, env_size = int(os.environ["CRING_RANK"]), int(os.environ["CRING_SIZE"])
     facts = {
         "is_initialized": hvd.is_initialized() is True,
-        "rank": RANK == env_rank, "size": SIZE == env_size,
-        "local_rank": hvd.local_rank() == RANK, "local_size": hvd.local_size() == SIZE,
-        "cross_rank": hvd.cross_rank() == 0, "cross_size": hvd.cross_size() == 1,
-        "built": [f() for f in (hvd.mpi_built, hvd.mpi_enabled, hvd.gloo_built,
-                                hvd.gloo_enabled, hvd.ddl_built, hvd.ccl_built,
-                                hvd.rocm_built, hvd.mpi_threads_supported)]
-        == [False] * 8 and hvd.cring_built() is True
+        "rank": RANK == env_rank,
+        "size": SIZE == env_size,
+        "local_rank": hvd.local_rank() == RANK,
+        "local_size": hvd.local_size() == SIZE,
+        "cross_rank": hvd.cross_rank() == 0,
+        "cross_size": hvd.cross_size() == 1,
+        "built": [
+            f()
+            for f in (
+                hvd.mpi_built,
+                hvd.mpi_enabled,
+                hvd.gloo_built,
+                hvd.gloo_enabled,
+                hvd.ddl_built,
+                hvd.ccl_built,
+                hvd.rocm_built,
+                hvd.mpi_threads_supported,
+            )
+        ]
+        == [False] * 8
+        and hvd.cring_built() is True
         and hvd.nccl_built() == cring.nccl_available(),
         "global_process_set": hvd.global_process_set.size() == SIZE
         and hvd.global_process_set.rank() == RANK
@@ -141,15 +159,27 @@ checks.check("basics and introspection", basics)
 def allreduce_ops_dtypes():
     problems = []
     shape = (3, 337)
-    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
-                  torch.int64, torch.int8, torch.uint8):
+    for dtype in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int32,
+        torch.int64,
+        torch.int8,
+        torch.uint8,
+    ):
         for op in (hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product):
             small = op == hvd.Product or dtype in (torch.int8, torch.uint8)
             kind = "near1" if small else "normal"
             if dtype == torch.uint8:
                 x = data(RANK, shape, torch.int64, "near1").abs().to(torch.uint8)
-                stack = np.stack([data(r, shape, torch.int64, "near1").abs().double().numpy()
-                                  for r in range(SIZE)])
+                stack = np.stack(
+                    [
+                        data(r, shape, torch.int64, "near1").abs().double().numpy()
+                        for r in range(SIZE)
+                    ]
+                )
             else:
                 x = data(RANK, shape, dtype, kind)
                 stack = all_inputs(shape, dtype, kind)
@@ -158,8 +188,15 @@ def allreduce_ops_dtypes():
             ref = reference(stack, op, dtype)
             if dtype.is_floating_point:
                 ref = torch.from_numpy(ref).to(dtype).double().numpy()  # rounded once
-            problems.append(close(out, ref, dtype, rtol=TOL.get(dtype, 1e-5) * (
-                4 if op == hvd.Product else 1), what=f"{dtype} {op.name}"))
+            problems.append(
+                close(
+                    out,
+                    ref,
+                    dtype,
+                    rtol=TOL.get(dtype, 1e-5) * (4 if op == hvd.Product else 1),
+                    what=f"{dtype} {op.name}",
+                )
+            )
             if not torch.equal(x, before) or out.data_ptr() == x.data_ptr():
                 problems.append(f"{dtype} {op.name}: the input changed or was reused")
     return collect(*problems)
@@ -175,17 +212,27 @@ def allreduce_average_argument():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         problems.append(close(hvd.allreduce(x, average=True), stack.mean(0), what="average=True"))
-        problems.append(close(hvd.allreduce(x, average=False), stack.sum(0),
-                              what="average=False"))
-        problems.append(close(hvd.allreduce_(x.clone(), average=False), stack.sum(0),
-                              what="allreduce_ average=False"))
+        problems.append(close(hvd.allreduce(x, average=False), stack.sum(0), what="average=False"))
+        problems.append(
+            close(
+                hvd.allreduce_(x.clone(), average=False),
+                stack.sum(0),
+                what="allreduce_ average=False",
+            )
+        )
     if sum(issubclass(w.category, DeprecationWarning) for w in caught) != 3:
         problems.append(f"expected 3 DeprecationWarnings, got {[str(w.message) for w in caught]}")
     for fn in (hvd.allreduce, hvd.allreduce_, hvd.allreduce_async, hvd.allreduce_async_):
-        problems.append(raises(ValueError, lambda fn=fn: fn(x, average=True, op=hvd.Sum),
-                               match="supersedes average"))
-    problems.append(raises(ValueError, lambda: hvd.grouped_allreduce([x], average=False,
-                                                                     op=hvd.Sum)))
+        problems.append(
+            raises(
+                ValueError,
+                lambda fn=fn: fn(x, average=True, op=hvd.Sum),
+                match="supersedes average",
+            )
+        )
+    problems.append(
+        raises(ValueError, lambda: hvd.grouped_allreduce([x], average=False, op=hvd.Sum))
+    )
     return collect(*problems)
 
 
@@ -198,9 +245,11 @@ def allreduce_scale_factors():
     out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)
     inplace = hvd.allreduce_(x.clone(), op=hvd.Average, prescale_factor=2.0)
     handle = hvd.allreduce_async(x, op=hvd.Sum, postscale_factor=0.25, name="scaled.async")
-    return collect(close(out, 1.5 * stack.sum(0), what="Sum x0.5 x3"),
-                   close(inplace, 2.0 * stack.mean(0), what="allreduce_ Average x2"),
-                   close(hvd.synchronize(handle), 0.25 * stack.sum(0), what="async x0.25"))
+    return collect(
+        close(out, 1.5 * stack.sum(0), what="Sum x0.5 x3"),
+        close(inplace, 2.0 * stack.mean(0), what="allreduce_ Average x2"),
+        close(hvd.synchronize(handle), 0.25 * stack.sum(0), what="async x0.25"),
+    )
 
 
 checks.check("allreduce prescale/postscale", allreduce_scale_factors)
@@ -226,18 +275,41 @@ def allreduce_compression():
     problems = []
     x32 = data(RANK, (1000,), torch.float32)
     ref32 = all_inputs((1000,), torch.float32).mean(0)
-    for comp, rtol in ((hvd.Compression.fp16, 2e-3), (hvd.Compression.bf16, 2e-2),
-                       (cring.Compression.fp16, 2e-3)):
-        problems.append(close(hvd.allreduce(x32, compression=comp), ref32, torch.float32,
-                              rtol=rtol, what=f"float32 with {comp}"))
+    for comp, rtol in (
+        (hvd.Compression.fp16, 2e-3),
+        (hvd.Compression.bf16, 2e-2),
+        (cring.Compression.fp16, 2e-3),
+    ):
+        problems.append(
+            close(
+                hvd.allreduce(x32, compression=comp),
+                ref32,
+                torch.float32,
+                rtol=rtol,
+                what=f"float32 with {comp}",
+            )
+        )
     # float64 is cast in Python as in Horovod (cring's wire compression is float32-only)
     x64 = data(RANK, (1000,), torch.float64)
     out64 = hvd.allreduce(x64, op=hvd.Sum, compression=hvd.Compression.fp16)
-    problems.append(close(out64, all_inputs((1000,), torch.float64).sum(0), torch.float64,
-                          rtol=5e-3, what="float64 with fp16"))
+    problems.append(
+        close(
+            out64,
+            all_inputs((1000,), torch.float64).sum(0),
+            torch.float64,
+            rtol=5e-3,
+            what="float64 with fp16",
+        )
+    )
     xi = data(RANK, (50,), torch.int32)
-    problems.append(close(hvd.allreduce(xi, op=hvd.Sum, compression=hvd.Compression.fp16),
-                          all_inputs((50,), torch.int32).sum(0), torch.int32, what="int32 fp16"))
+    problems.append(
+        close(
+            hvd.allreduce(xi, op=hvd.Sum, compression=hvd.Compression.fp16),
+            all_inputs((50,), torch.int32).sum(0),
+            torch.int32,
+            what="int32 fp16",
+        )
+    )
     ScaleCompressor.calls.clear()
     out = hvd.allreduce(x64, op=hvd.Sum, compression=ScaleCompressor)
     problems.append(close(out, all_inputs((1000,), torch.float64).sum(0), what="custom"))
@@ -245,8 +317,15 @@ def allreduce_compression():
         problems.append(f"custom compressor calls {ScaleCompressor.calls}")
     grouped = hvd.grouped_allreduce([x32, x64], compression=hvd.Compression.fp16)
     problems.append(close(grouped[0], ref32, torch.float32, rtol=2e-3, what="grouped f32"))
-    problems.append(close(grouped[1], all_inputs((1000,), torch.float64).mean(0),
-                          torch.float64, rtol=2e-3, what="grouped f64"))
+    problems.append(
+        close(
+            grouped[1],
+            all_inputs((1000,), torch.float64).mean(0),
+            torch.float64,
+            rtol=2e-3,
+            what="grouped f64",
+        )
+    )
     return collect(*problems)
 
 
@@ -285,22 +364,28 @@ def grouped_allreduce_forms():
     refs_avg = [reference(all_inputs(s, d), hvd.Average, d) for s, d in specs]
     fresh = lambda: [data(RANK, s, d) for s, d in specs]  # noqa: E731
     out = hvd.grouped_allreduce(fresh(), op=hvd.Sum, name="grouped")
-    problems += [close(o, r, what=f"grouped_allreduce {i}") for i, (o, r) in
-                 enumerate(zip(out, refs_sum))]
+    problems += [
+        close(o, r, what=f"grouped_allreduce {i}") for i, (o, r) in enumerate(zip(out, refs_sum))
+    ]
     ts = fresh()
     res = hvd.grouped_allreduce_(ts)
     if any(a is not b for a, b in zip(res, ts)):
         problems.append("grouped_allreduce_ did not return the same tensors")
-    problems += [close(o, r, what=f"grouped_allreduce_ {i}") for i, (o, r) in
-                 enumerate(zip(ts, refs_avg))]
+    problems += [
+        close(o, r, what=f"grouped_allreduce_ {i}") for i, (o, r) in enumerate(zip(ts, refs_avg))
+    ]
     h = hvd.grouped_allreduce_async(fresh(), op=hvd.Sum, prescale_factor=2.0)
-    problems += [close(o, 2 * r, what=f"grouped_allreduce_async {i}")
-                 for i, (o, r) in enumerate(zip(hvd.synchronize(h), refs_sum))]
+    problems += [
+        close(o, 2 * r, what=f"grouped_allreduce_async {i}")
+        for i, (o, r) in enumerate(zip(hvd.synchronize(h), refs_sum))
+    ]
     ts = fresh()
     h = hvd.grouped_allreduce_async_(ts, average=False)
     res = hvd.synchronize(h)
-    problems += [close(o, r, what=f"grouped_allreduce_async_ {i}") for i, (o, r) in
-                 enumerate(zip(ts, refs_sum))]
+    problems += [
+        close(o, r, what=f"grouped_allreduce_async_ {i}")
+        for i, (o, r) in enumerate(zip(ts, refs_sum))
+    ]
     if any(a is not b for a, b in zip(res, ts)):
         problems.append("grouped_allreduce_async_ did not return the same tensors")
     return collect(*problems)
@@ -317,8 +402,9 @@ def grouped_allreduce_mixed_dtypes():
     tensor's dtype. Recorded, not failed: test_torch_api.py marks it xfail."""
     specs = [((4,), torch.int32), ((3,), torch.float64), ((2,), torch.float32)]
     out = hvd.grouped_allreduce([data(RANK, s, d) for s, d in specs], op=hvd.Sum)
-    return collect(*(close(o, all_inputs(s, d).sum(0), d, what=f"{d}")
-                     for o, (s, d) in zip(out, specs)))
+    return collect(
+        *(close(o, all_inputs(s, d).sum(0), d, what=f"{d}") for o, (s, d) in zip(out, specs))
+    )
 
 
 checks.info["mixed_dtype_group_problem"] = grouped_allreduce_mixed_dtypes()
@@ -335,11 +421,18 @@ def allgather_forms():
     ref = np.concatenate([rows_of(r) for r in range(SIZE)])
     x = torch.from_numpy(rows_of(RANK)).float()
     problems.append(close(hvd.allgather(x, name="ag"), ref, torch.float32, what="allgather"))
-    problems.append(close(hvd.synchronize(hvd.allgather_async(x.double())), ref, torch.float64,
-                          what="allgather_async"))
+    problems.append(
+        close(
+            hvd.synchronize(hvd.allgather_async(x.double())),
+            ref,
+            torch.float64,
+            what="allgather_async",
+        )
+    )
     scalar = torch.tensor(RANK * 10, dtype=torch.int64)
-    problems.append(close(hvd.allgather(scalar), np.arange(SIZE) * 10.0, torch.int64,
-                          what="0-d allgather"))
+    problems.append(
+        close(hvd.allgather(scalar), np.arange(SIZE) * 10.0, torch.int64, what="0-d allgather")
+    )
     mask = torch.tensor([RANK % 2 == 0, True])
     gathered = hvd.allgather(mask)
     if gathered.tolist() != [v for r in range(SIZE) for v in (r % 2 == 0, True)]:
@@ -376,8 +469,13 @@ def broadcast_forms():
     if hvd.broadcast_(y, root) is not y:
         problems.append("broadcast_ did not return its argument")
     problems.append(close(y, ref, what="broadcast_"))
-    problems.append(close(hvd.synchronize(hvd.broadcast_async(x, 0)),
-                          data(0, shape, torch.float32).double().numpy(), what="broadcast_async"))
+    problems.append(
+        close(
+            hvd.synchronize(hvd.broadcast_async(x, 0)),
+            data(0, shape, torch.float32).double().numpy(),
+            what="broadcast_async",
+        )
+    )
     z = data(RANK, shape, torch.float32)
     h = hvd.broadcast_async_(z, root_rank=root)
     if hvd.synchronize(h) is not z:
@@ -404,28 +502,55 @@ def reducescatter_forms():
     n = 2 * SIZE + 1
     stack = all_inputs((n, 2), torch.float64)
     x = data(RANK, (n, 2), torch.float64)
-    problems.append(close(hvd.reducescatter(x, op=hvd.Sum, name="rs"), stack.sum(0)[my_rows(n)],
-                          what="reducescatter Sum"))
-    problems.append(close(hvd.reducescatter(x), stack.mean(0)[my_rows(n)],
-                          what="reducescatter default Average"))
-    problems.append(close(hvd.reducescatter(x, op=hvd.Sum, prescale_factor=2.0,
-                                            postscale_factor=0.5),
-                          stack.sum(0)[my_rows(n)], what="reducescatter scaled"))
-    problems.append(close(hvd.reducescatter(x.float(), op=hvd.Sum,
-                                            compression=hvd.Compression.fp16),
-                          stack.sum(0)[my_rows(n)], torch.float32, rtol=5e-3,
-                          what="reducescatter fp16"))
-    problems.append(close(hvd.synchronize(hvd.reducescatter_async(x, op=hvd.Max)),
-                          stack.max(0)[my_rows(n)], what="reducescatter_async Max"))
+    problems.append(
+        close(
+            hvd.reducescatter(x, op=hvd.Sum, name="rs"),
+            stack.sum(0)[my_rows(n)],
+            what="reducescatter Sum",
+        )
+    )
+    problems.append(
+        close(hvd.reducescatter(x), stack.mean(0)[my_rows(n)], what="reducescatter default Average")
+    )
+    problems.append(
+        close(
+            hvd.reducescatter(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5),
+            stack.sum(0)[my_rows(n)],
+            what="reducescatter scaled",
+        )
+    )
+    problems.append(
+        close(
+            hvd.reducescatter(x.float(), op=hvd.Sum, compression=hvd.Compression.fp16),
+            stack.sum(0)[my_rows(n)],
+            torch.float32,
+            rtol=5e-3,
+            what="reducescatter fp16",
+        )
+    )
+    problems.append(
+        close(
+            hvd.synchronize(hvd.reducescatter_async(x, op=hvd.Max)),
+            stack.max(0)[my_rows(n)],
+            what="reducescatter_async Max",
+        )
+    )
     v = data(RANK, (SIZE + 2,), torch.int32)
     vstack = all_inputs((SIZE + 2,), torch.int32)
     out = hvd.grouped_reducescatter([x, v], op=hvd.Sum)
     problems.append(close(out[0], stack.sum(0)[my_rows(n)], what="grouped_reducescatter x"))
-    problems.append(close(out[1], vstack.sum(0)[my_rows(SIZE + 2)], torch.int32,
-                          what="grouped_reducescatter v"))
+    problems.append(
+        close(out[1], vstack.sum(0)[my_rows(SIZE + 2)], torch.int32, what="grouped_reducescatter v")
+    )
     out = hvd.synchronize(hvd.grouped_reducescatter_async([x, v], op=hvd.Sum))
-    problems.append(close(out[1], vstack.sum(0)[my_rows(SIZE + 2)], torch.int32,
-                          what="grouped_reducescatter_async v"))
+    problems.append(
+        close(
+            out[1],
+            vstack.sum(0)[my_rows(SIZE + 2)],
+            torch.int32,
+            what="grouped_reducescatter_async v",
+        )
+    )
     return collect(*problems)
 
 
@@ -436,11 +561,18 @@ def barrier_and_objects():
     problems = []
     hvd.barrier()
     root = SIZE - 1
-    obj = {"config": [1, 2.5, "three"], "from": RANK, "fn": lambda v: v + RANK} \
-        if RANK == root else None
+    obj = (
+        {"config": [1, 2.5, "three"], "from": RANK, "fn": lambda v: v + RANK}
+        if RANK == root
+        else None
+    )
     got = hvd.broadcast_object(obj, root_rank=root)
-    if not (isinstance(got, dict) and got["from"] == root and got["config"] == [1, 2.5, "three"]
-            and got["fn"](1) == 1 + root):
+    if not (
+        isinstance(got, dict)
+        and got["from"] == root
+        and got["config"] == [1, 2.5, "three"]
+        and got["fn"](1) == 1 + root
+    ):
         problems.append(f"broadcast_object gave {got!r}")
     big = bytes(range(256)) * 4096 if RANK == 0 else b""
     if hvd.broadcast_object(big, name="big") != bytes(range(256)) * 4096:
@@ -463,13 +595,14 @@ MEAN_W = (SIZE + 1) / 2  # the average of the per-rank weights r + 1
 
 def grad_allreduce():
     problems = []
-    for op, pre, post, comp in ((hvd.Average, 1.0, 1.0, hvd.Compression.none),
-                                (hvd.Sum, 2.0, 0.5, hvd.Compression.none),
-                                (hvd.Sum, 1.0, 3.0, hvd.Compression.none),
-                                (hvd.Average, 1.0, 1.0, hvd.Compression.fp16)):
+    for op, pre, post, comp in (
+        (hvd.Average, 1.0, 1.0, hvd.Compression.none),
+        (hvd.Sum, 2.0, 0.5, hvd.Compression.none),
+        (hvd.Sum, 1.0, 3.0, hvd.Compression.none),
+        (hvd.Average, 1.0, 1.0, hvd.Compression.fp16),
+    ):
         x = torch.full((6,), float(RANK + 1), requires_grad=True)
-        y = hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post,
-                          compression=comp)
+        y = hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post, compression=comp)
         if y.grad_fn is None:
             problems.append(f"{op.name}: allreduce output has no grad_fn")
             continue
@@ -477,9 +610,14 @@ def grad_allreduce():
         total = sum(range(1, SIZE + 1))
         value = total / SIZE if op == hvd.Average else total
         problems.append(close(y, np.full(6, value * pre * post), what=f"{op.name} forward"))
-        problems.append(close(x.grad, np.full(6, (MEAN_W if op == hvd.Average else total)
-                                              * pre * post), rtol=2e-3,
-                              what=f"{op.name} x{pre} x{post} {comp.__name__} grad"))
+        problems.append(
+            close(
+                x.grad,
+                np.full(6, (MEAN_W if op == hvd.Average else total) * pre * post),
+                rtol=2e-3,
+                what=f"{op.name} x{pre} x{post} {comp.__name__} grad",
+            )
+        )
     # an expanded incoming gradient (sum() of the output) is fine, and no_grad gives no graph
     x = torch.ones(3, 4, requires_grad=True)
     hvd.allreduce(x, op=hvd.Sum).sum().backward()
@@ -498,14 +636,17 @@ def grad_grouped_allreduce():
     b = torch.full((2, 2), -1.0, requires_grad=True)
     ya, yb = hvd.grouped_allreduce([a, b])  # Average
     ((ya * (RANK + 1)).sum() + (yb * 2 * (RANK + 1)).sum()).backward()
-    problems = [close(a.grad, np.full(3, MEAN_W), what="Average grad a"),
-                close(b.grad, np.full((2, 2), 2 * MEAN_W), what="Average grad b")]
+    problems = [
+        close(a.grad, np.full(3, MEAN_W), what="Average grad a"),
+        close(b.grad, np.full((2, 2), 2 * MEAN_W), what="Average grad b"),
+    ]
     a.grad = b.grad = None
     ya, yb = hvd.grouped_allreduce([a, b], op=hvd.Sum, name="gsum")
     (ya.sum() + yb.sum() * (RANK + 1)).backward()
-    problems += [close(a.grad, np.full(3, float(SIZE)), what="Sum grad a"),
-                 close(b.grad, np.full((2, 2), float(sum(range(1, SIZE + 1)))),
-                       what="Sum grad b")]
+    problems += [
+        close(a.grad, np.full(3, float(SIZE)), what="Sum grad a"),
+        close(b.grad, np.full((2, 2), float(sum(range(1, SIZE + 1)))), what="Sum grad b"),
+    ]
     return collect(*problems)
 
 
@@ -526,8 +667,9 @@ def grad_allgather():
     (y * weights(RANK, (total, 3))).sum().backward()
     # Horovod's gradient: the incoming gradient averaged over ranks, this rank's rows
     expected = (MEAN_W * (torch.arange(total * 3, dtype=torch.float64) + 1)).reshape(total, 3)
-    problems.append(close(x.grad, expected[offset:offset + rows[RANK]].numpy(),
-                          what="allgather grad"))
+    problems.append(
+        close(x.grad, expected[offset : offset + rows[RANK]].numpy(), what="allgather grad")
+    )
     s = torch.tensor(float(RANK), dtype=torch.float64, requires_grad=True)
     (hvd.allgather(s) * weights(RANK, (SIZE,))).sum().backward()
     problems.append(close(s.grad, np.array(MEAN_W * (RANK + 1)), what="0-d allgather grad"))
@@ -538,10 +680,14 @@ def grad_allgather():
     ((ga * weights(RANK, (total, 3))).sum() + (gb * weights(RANK, (n_b,))).sum()).backward()
     off_b = sum(2 * r for r in range(RANK))
     expected_b = MEAN_W * (torch.arange(n_b, dtype=torch.float64) + 1)
-    problems.append(close(a.grad, expected[offset:offset + rows[RANK]].numpy(),
-                          what="grouped_allgather grad a"))
-    problems.append(close(b.grad, expected_b[off_b:off_b + 2 * RANK].numpy(),
-                          what="grouped_allgather grad b"))
+    problems.append(
+        close(
+            a.grad, expected[offset : offset + rows[RANK]].numpy(), what="grouped_allgather grad a"
+        )
+    )
+    problems.append(
+        close(b.grad, expected_b[off_b : off_b + 2 * RANK].numpy(), what="grouped_allgather grad b")
+    )
     return collect(*problems)
 
 
@@ -556,8 +702,9 @@ def grad_broadcast():
         (y * (RANK + 1)).sum().backward()
         problems.append(close(y, np.full(5, float(root)), what=f"root {root} forward"))
         # Horovod's gradient: averaged over ranks on the root, zero elsewhere
-        problems.append(close(x.grad, np.full(5, MEAN_W if RANK == root else 0.0),
-                              what=f"root {root} grad"))
+        problems.append(
+            close(x.grad, np.full(5, MEAN_W if RANK == root else 0.0), what=f"root {root} grad")
+        )
     return collect(*problems)
 
 
@@ -567,8 +714,9 @@ checks.check("gradient of broadcast", grad_broadcast)
 def grad_reducescatter():
     problems = []
     n = 2 * SIZE + 1
-    owner = np.concatenate([np.full(n // SIZE + (1 if r < n % SIZE else 0), r)
-                            for r in range(SIZE)])
+    owner = np.concatenate(
+        [np.full(n // SIZE + (1 if r < n % SIZE else 0), r) for r in range(SIZE)]
+    )
     for op, pre, factor in ((hvd.Sum, 1.0, SIZE), (hvd.Average, 1.0, 1), (hvd.Sum, 0.5, SIZE)):
         x = torch.ones(n, 2, dtype=torch.float64, requires_grad=True)
         y = hvd.reducescatter(x, op=op, prescale_factor=pre)
@@ -613,15 +761,29 @@ def alltoall_forms():
         problems.append(f"alltoall_async received splits {rec2.tolist()} != {received}")
     y = torch.arange(2 * SIZE, dtype=torch.int32) + 1000 * RANK
     even = hvd.alltoall(y)  # no splits: the output only, two rows from each rank
-    problems.append(close(even, np.concatenate([np.arange(2 * RANK, 2 * RANK + 2) + 1000 * q
-                                                for q in range(SIZE)]), dtype=torch.int32,
-                          what="alltoall without splits"))
+    problems.append(
+        close(
+            even,
+            np.concatenate([np.arange(2 * RANK, 2 * RANK + 2) + 1000 * q for q in range(SIZE)]),
+            dtype=torch.int32,
+            what="alltoall without splits",
+        )
+    )
     if SIZE > 1:
-        problems.append(raises(cring.MismatchError,
-                               lambda: hvd.alltoall(torch.ones(SIZE, 2 + RANK), name="a2a.mm"),
-                               match="a2a.mm"))
-    problems.append(close(hvd.alltoall(x, splits=splits, name="a2a.splits")[0], expected,
-                          what="alltoall after a mismatch"))
+        problems.append(
+            raises(
+                cring.MismatchError,
+                lambda: hvd.alltoall(torch.ones(SIZE, 2 + RANK), name="a2a.mm"),
+                match="a2a.mm",
+            )
+        )
+    problems.append(
+        close(
+            hvd.alltoall(x, splits=splits, name="a2a.splits")[0],
+            expected,
+            what="alltoall after a mismatch",
+        )
+    )
     return collect(*problems)
 
 
@@ -633,12 +795,17 @@ def grad_alltoall():
     x = torch.arange(2.0 * sum(splits), dtype=torch.float64).reshape(-1, 2).requires_grad_()
     out, rec = hvd.alltoall(x, splits=splits, name="grad.a2a")
     # rows received from rank q weigh (q + 1) * (RANK + 1)
-    w = torch.cat([torch.full((int(rec[q]), 2), float((q + 1) * (RANK + 1)), dtype=torch.float64)
-                   for q in range(SIZE)])
+    w = torch.cat(
+        [
+            torch.full((int(rec[q]), 2), float((q + 1) * (RANK + 1)), dtype=torch.float64)
+            for q in range(SIZE)
+        ]
+    )
     (out * w).sum().backward()
     # so the rows this rank sent to rank j carry the weight (RANK + 1) * (j + 1)
-    expected = np.concatenate([np.full((splits[j], 2), float((RANK + 1) * (j + 1)))
-                               for j in range(SIZE)])
+    expected = np.concatenate(
+        [np.full((splits[j], 2), float((RANK + 1) * (j + 1))) for j in range(SIZE)]
+    )
     return close(x.grad, expected, what="alltoall gradient")
 
 
@@ -654,16 +821,18 @@ def join_uneven_batches():
 
     def batch(r, b):
         g = torch.Generator().manual_seed(1000 * r + b)
-        return torch.randn(4, 3, generator=g, dtype=torch.float64), \
-            torch.randn(4, 1, generator=g, dtype=torch.float64)
+        return torch.randn(4, 3, generator=g, dtype=torch.float64), torch.randn(
+            4, 1, generator=g, dtype=torch.float64
+        )
 
     def model():
         torch.manual_seed(7)
         return torch.nn.Linear(3, 1).double()
 
     m = model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                   named_parameters=m.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters()
+    )
     for b in range(RANK + 1):
         xb, yb = batch(RANK, b)
         opt.zero_grad()
@@ -700,15 +869,30 @@ checks.check("join with uneven batches", join_uneven_batches)
 
 def mismatch_raises_everywhere():
     problems = [
-        raises(cring.MismatchError, lambda: hvd.allreduce(torch.ones(3 + RANK), name="mm.shape"),
-               match="mm.shape", not_type=hvd.HorovodInternalError),
-        raises(cring.MismatchError,
-               lambda: hvd.allgather(torch.ones(2, 2 + RANK), name="mm.trailing"),
-               match="mm.trailing"),
-        raises(cring.MismatchError, lambda: hvd.broadcast(torch.ones(2), RANK, name="mm.root"),
-               match="mm.root") if SIZE > 1 else None,
-        raises(cring.MismatchError, lambda: hvd.allreduce(
-            torch.ones(4, dtype=torch.float64 if RANK else torch.float32), name="mm.dtype")),
+        raises(
+            cring.MismatchError,
+            lambda: hvd.allreduce(torch.ones(3 + RANK), name="mm.shape"),
+            match="mm.shape",
+            not_type=hvd.HorovodInternalError,
+        ),
+        raises(
+            cring.MismatchError,
+            lambda: hvd.allgather(torch.ones(2, 2 + RANK), name="mm.trailing"),
+            match="mm.trailing",
+        ),
+        raises(
+            cring.MismatchError,
+            lambda: hvd.broadcast(torch.ones(2), RANK, name="mm.root"),
+            match="mm.root",
+        )
+        if SIZE > 1
+        else None,
+        raises(
+            cring.MismatchError,
+            lambda: hvd.allreduce(
+                torch.ones(4, dtype=torch.float64 if RANK else torch.float32), name="mm.dtype"
+            ),
+        ),
     ]
     after = hvd.allreduce(torch.full((3,), float(RANK)), op=hvd.Sum, name="mm.shape")
     problems.append(close(after, np.full(3, float(sum(range(SIZE)))), what="op after mismatch"))
@@ -728,16 +912,23 @@ def duplicate_in_flight_names():
         x = torch.full((4,), float(RANK + 1))
         if RANK == owner:
             h = hvd.allreduce_async(x, op=hvd.Sum, name=name)
-            problems.append(raises(ValueError, lambda: hvd.allreduce_async_(
-                torch.zeros(4), op=hvd.Sum, name=name), match=name))
-            problems.append(raises(ValueError, lambda: hvd.broadcast_async(torch.zeros(4), 0,
-                                                                           name=name)))
+            problems.append(
+                raises(
+                    ValueError,
+                    lambda: hvd.allreduce_async_(torch.zeros(4), op=hvd.Sum, name=name),
+                    match=name,
+                )
+            )
+            problems.append(
+                raises(ValueError, lambda: hvd.broadcast_async(torch.zeros(4), 0, name=name))
+            )
             hvd.allreduce(torch.zeros(1), name=f"go.{owner}")
         else:
             hvd.allreduce(torch.zeros(1), name=f"go.{owner}")
             h = hvd.allreduce_async(x, op=hvd.Sum, name=name)
-        problems.append(close(hvd.synchronize(h), np.full(4, float(sum(range(1, SIZE + 1)))),
-                              what=name))
+        problems.append(
+            close(hvd.synchronize(h), np.full(4, float(sum(range(1, SIZE + 1)))), what=name)
+        )
     return collect(*problems)
 
 
@@ -754,46 +945,60 @@ def argument_errors():
         raises(ValueError, lambda: hvd.broadcast_object({"a": 1}, root_rank=SIZE)),
         raises(ValueError, lambda: hvd.allreduce(torch.ones(4, 4).t()), match="contiguous"),
     ]
-    for label, fn in (("allreduce", lambda: hvd.allreduce(cx)),
-                      ("allreduce_", lambda: hvd.allreduce_(cx)),
-                      ("allgather", lambda: hvd.allgather(cx)),
-                      ("broadcast", lambda: hvd.broadcast(cx, 0)),
-                      ("reducescatter", lambda: hvd.reducescatter(cx)),
-                      ("int16", lambda: hvd.allreduce(torch.ones(2, dtype=torch.int16)))):
+    for label, fn in (
+        ("allreduce", lambda: hvd.allreduce(cx)),
+        ("allreduce_", lambda: hvd.allreduce_(cx)),
+        ("allgather", lambda: hvd.allgather(cx)),
+        ("broadcast", lambda: hvd.broadcast(cx, 0)),
+        ("reducescatter", lambda: hvd.reducescatter(cx)),
+        ("int16", lambda: hvd.allreduce(torch.ones(2, dtype=torch.int16))),
+    ):
         problem = raises(TypeError, fn, match="dtype")
         problems.append(problem and f"{label}: {problem}")
-    problems.append(raises(NotImplementedError, lambda: hvd.allreduce(x, op=hvd.Adasum),
-                           match="Adasum"))
+    problems.append(
+        raises(NotImplementedError, lambda: hvd.allreduce(x, op=hvd.Adasum), match="Adasum")
+    )
     other = hvd.ProcessSet([0])
-    for label, fn in (("allreduce", lambda: hvd.allreduce(x, process_set=other)),
-                      ("allreduce_", lambda: hvd.allreduce_(x, process_set=other)),
-                      ("allreduce_async", lambda: hvd.allreduce_async(x, process_set=other)),
-                      ("grouped_allreduce", lambda: hvd.grouped_allreduce([x],
-                                                                          process_set=other)),
-                      ("allgather", lambda: hvd.allgather(x, process_set=other)),
-                      ("grouped_allgather", lambda: hvd.grouped_allgather([x],
-                                                                          process_set=other)),
-                      ("broadcast", lambda: hvd.broadcast(x, 0, process_set=other)),
-                      ("broadcast_", lambda: hvd.broadcast_(x, 0, process_set=other)),
-                      ("reducescatter", lambda: hvd.reducescatter(x, process_set=other)),
-                      ("barrier", lambda: hvd.barrier(process_set=other)),
-                      ("broadcast_object", lambda: hvd.broadcast_object(1, process_set=other)),
-                      ("allgather_object", lambda: hvd.allgather_object(1, process_set=other)),
-                      ("add_process_set", lambda: hvd.add_process_set(other)),
-                      ("init process_sets", lambda: hvd.init(process_sets=[other])),
-                      ("init comm", lambda: hvd.init(comm=[0]))):
+    for label, fn in (
+        ("allreduce", lambda: hvd.allreduce(x, process_set=other)),
+        ("allreduce_", lambda: hvd.allreduce_(x, process_set=other)),
+        ("allreduce_async", lambda: hvd.allreduce_async(x, process_set=other)),
+        ("grouped_allreduce", lambda: hvd.grouped_allreduce([x], process_set=other)),
+        ("allgather", lambda: hvd.allgather(x, process_set=other)),
+        ("grouped_allgather", lambda: hvd.grouped_allgather([x], process_set=other)),
+        ("broadcast", lambda: hvd.broadcast(x, 0, process_set=other)),
+        ("broadcast_", lambda: hvd.broadcast_(x, 0, process_set=other)),
+        ("reducescatter", lambda: hvd.reducescatter(x, process_set=other)),
+        ("barrier", lambda: hvd.barrier(process_set=other)),
+        ("broadcast_object", lambda: hvd.broadcast_object(1, process_set=other)),
+        ("allgather_object", lambda: hvd.allgather_object(1, process_set=other)),
+        ("add_process_set", lambda: hvd.add_process_set(other)),
+        ("init process_sets", lambda: hvd.init(process_sets=[other])),
+        ("init comm", lambda: hvd.init(comm=[0])),
+    ):
         problem = raises(NotImplementedError, fn, match="not supported")
         problems.append(problem and f"{label}: {problem}")
     for label, fn, match in (
-            ("alltoall splits length", lambda: hvd.alltoall(x, splits=[1] * (SIZE + 1)),
-             "one per rank"),
-            ("alltoall splits sum", lambda: hvd.alltoall(x, splits=[5] + [0] * (SIZE - 1)),
-             "add up"),
-            ("alltoall negative split", lambda: hvd.alltoall(x, splits=[-1, 5] + [0] * (SIZE - 2)),
-             "negative"),
-            ("alltoall uneven", lambda: hvd.alltoall(torch.ones(SIZE + 1)) if SIZE > 1
-             else hvd.alltoall(torch.ones(())), "alltoall"),
-            ("alltoall 0-d", lambda: hvd.alltoall(torch.ones(())), "dimension")):
+        (
+            "alltoall splits length",
+            lambda: hvd.alltoall(x, splits=[1] * (SIZE + 1)),
+            "one per rank",
+        ),
+        ("alltoall splits sum", lambda: hvd.alltoall(x, splits=[5] + [0] * (SIZE - 1)), "add up"),
+        (
+            "alltoall negative split",
+            lambda: hvd.alltoall(x, splits=[-1, 5] + [0] * (SIZE - 2)),
+            "negative",
+        ),
+        (
+            "alltoall uneven",
+            lambda: (
+                hvd.alltoall(torch.ones(SIZE + 1)) if SIZE > 1 else hvd.alltoall(torch.ones(()))
+            ),
+            "alltoall",
+        ),
+        ("alltoall 0-d", lambda: hvd.alltoall(torch.ones(())), "dimension"),
+    ):
         problem = raises(ValueError, fn, match=match)
         problems.append(problem and f"{label}: {problem}")
     # nothing above reached the engine: the next collective lines up on every rank

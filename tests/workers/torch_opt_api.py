@@ -10,8 +10,12 @@ import torch
 import torch.nn.functional as F
 
 import cring
-from cring.torch.optimizer import (DistributedOptimizer, broadcast_optimizer_state,
-                                   broadcast_parameters)
+from cring.torch.optimizer import (
+    DistributedOptimizer,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+
 from engine_common import Checks
 from torch_opt_common import Net, batch, jsonable, vector
 
@@ -39,18 +43,35 @@ def arguments():
     m = Net(seed=1)
     named = list(m.named_parameters())
     problems = [
-        raises(ValueError, lambda: DistributedOptimizer(
-            plain_sgd(m), named_parameters=named + [(named[0][0], named[1][1])]), "duplicates"),
-        raises(ValueError, lambda: DistributedOptimizer(
-            plain_sgd(m), named_parameters=[p for _, p in named]), "tuples"),
-        raises(ValueError, lambda: DistributedOptimizer(
-            plain_sgd(m), named_parameters=named[1:]), "not named"),
-        raises(ValueError, lambda: DistributedOptimizer(
-            plain_sgd(m), op=cring.Sum, gradient_predivide_factor=2.0), "predivide"),
+        raises(
+            ValueError,
+            lambda: DistributedOptimizer(
+                plain_sgd(m), named_parameters=named + [(named[0][0], named[1][1])]
+            ),
+            "duplicates",
+        ),
+        raises(
+            ValueError,
+            lambda: DistributedOptimizer(plain_sgd(m), named_parameters=[p for _, p in named]),
+            "tuples",
+        ),
+        raises(
+            ValueError,
+            lambda: DistributedOptimizer(plain_sgd(m), named_parameters=named[1:]),
+            "not named",
+        ),
+        raises(
+            ValueError,
+            lambda: DistributedOptimizer(plain_sgd(m), op=cring.Sum, gradient_predivide_factor=2.0),
+            "predivide",
+        ),
         raises(NotImplementedError, lambda: DistributedOptimizer(plain_sgd(m), op=cring.Adasum)),
         raises(ValueError, lambda: DistributedOptimizer(plain_sgd(m), groups=-1)),
-        raises(ValueError, lambda: DistributedOptimizer(
-            plain_sgd(m), groups=[[m.extra], [m.extra]]), "once"),
+        raises(
+            ValueError,
+            lambda: DistributedOptimizer(plain_sgd(m), groups=[[m.extra], [m.extra]]),
+            "once",
+        ),
         raises(ValueError, lambda: DistributedOptimizer(plain_sgd(m), backward_passes_per_step=0)),
         raises(TypeError, lambda: DistributedOptimizer(object())),
     ]
@@ -92,8 +113,9 @@ def zero_grad_while_in_flight():
     del opt
     gc.collect()
     # with two backward passes per step, zeroing between them is refused too
-    opt2 = DistributedOptimizer(plain_sgd(m), named_parameters=m.named_parameters(),
-                                backward_passes_per_step=2)
+    opt2 = DistributedOptimizer(
+        plain_sgd(m), named_parameters=m.named_parameters(), backward_passes_per_step=2
+    )
     F.mse_loss(m(x, torch.full((4,), rank)), y).backward()
     problem2 = raises(AssertionError, opt2.zero_grad)
     F.mse_loss(m(x, torch.full((4,), rank)), y).backward()
@@ -107,8 +129,9 @@ def too_many_backwards():
     opt = DistributedOptimizer(plain_sgd(m), named_parameters=m.named_parameters())
     x, y = batch(0, 0, rank)
     F.mse_loss(m(x, torch.full((4,), rank)), y).backward()
-    problem = raises(AssertionError, lambda: F.mse_loss(m(x, torch.full((4,), rank)),
-                                                        y).backward(), "more than")
+    problem = raises(
+        AssertionError, lambda: F.mse_loss(m(x, torch.full((4,), rank)), y).backward(), "more than"
+    )
     opt.synchronize()  # what the first backward started still completes
     return problem
 
@@ -125,13 +148,20 @@ def skip_synchronize():
         ref.zero_grad()
         x, y = batch(0, 0, r)
         F.mse_loss(ref(x, torch.full((4,), r)), y).backward()
-        grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
-                      for p in ref.parameters() if p.requires_grad])
+        grads.append(
+            [
+                torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                for p in ref.parameters()
+                if p.requires_grad
+            ]
+        )
     avg = [sum(g) / size for g in zip(*grads)]
     norm = torch.sqrt(sum((g * g).sum() for g in avg))
     clip = 0.01 / (float(norm) + 1e-6)  # as clip_grad_norm_ computes it
-    expected = [p.detach() - 0.5 * g * clip
-                for p, g in zip([p for p in ref.parameters() if p.requires_grad], avg)]
+    expected = [
+        p.detach() - 0.5 * g * clip
+        for p, g in zip([p for p in ref.parameters() if p.requires_grad], avg)
+    ]
 
     x, y = batch(0, 0, rank)
     F.mse_loss(m(x, torch.full((4,), rank)), y).backward()
@@ -173,14 +203,18 @@ def sparse_gradients():
     from backward; with it, the step equals dense SGD on every rank's data."""
     idx = torch.tensor([rank, rank + 1, 7])
     m = Bag(sparse=True)
-    opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                               named_parameters=m.named_parameters())
+    opt = DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters()
+    )
     problem = raises(NotImplementedError, lambda: m(idx).backward(), "sparse_as_dense")
     if problem:
         return problem
     m = Bag(sparse=True)
-    opt = DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                               named_parameters=m.named_parameters(), sparse_as_dense=True)
+    opt = DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.1),
+        named_parameters=m.named_parameters(),
+        sparse_as_dense=True,
+    )
     m(idx).backward()
     opt.synchronize()
     if not m.emb.weight.grad.is_sparse:
@@ -224,32 +258,49 @@ def compression():
         ref.zero_grad()
         x, y = batch(0, 0, r)
         F.mse_loss(ref(x.float(), torch.full((4,), r)), y.float()).backward()
-        grads.append([torch.zeros_like(p) if p.grad is None else p.grad.clone()
-                      for p in ref.parameters() if p.requires_grad])
+        grads.append(
+            [
+                torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                for p in ref.parameters()
+                if p.requires_grad
+            ]
+        )
     exact = torch.cat([(sum(g) / size).reshape(-1) for g in zip(*grads)])
     problems = []
-    for comp, tol in ((cring.Compression.fp16, 2e-3), (cring.Compression.bf16, 1.6e-2),
-                      (HalfCompressor(), 2e-3), (WireHalfCompressor, 2e-3)):
+    for comp, tol in (
+        (cring.Compression.fp16, 2e-3),
+        (cring.Compression.bf16, 1.6e-2),
+        (HalfCompressor(), 2e-3),
+        (WireHalfCompressor, 2e-3),
+    ):
         m = Net(seed=9).float()
-        opt = DistributedOptimizer(plain_sgd(m), named_parameters=m.named_parameters(),
-                                   compression=comp)
+        opt = DistributedOptimizer(
+            plain_sgd(m), named_parameters=m.named_parameters(), compression=comp
+        )
         x, y = batch(0, 0, rank)
         F.mse_loss(m(x.float(), torch.full((4,), rank)), y.float()).backward()
         opt.synchronize()
         got = torch.cat([p.grad.reshape(-1) for p in m.parameters() if p.requires_grad])
         every = cring.allgather(got[None])
         err = float((got - exact).abs().max() / exact.abs().max())
-        if got.dtype != torch.float32 or err > tol or not all(torch.equal(e, every[0])
-                                                              for e in every):
+        if (
+            got.dtype != torch.float32
+            or err > tol
+            or not all(torch.equal(e, every[0]) for e in every)
+        ):
             problems.append(f"{comp!r}: dtype {got.dtype}, relative error {err:.2g}")
     return "; ".join(problems) or None
 
 
 def snapshot(model, opt):
     sd = opt.state_dict()
-    return {"params": vector(model).tolist(), "state": jsonable(sd["state"]),
-            "groups": jsonable([{k: v for k, v in g.items() if k != "params"}
-                                for g in sd["param_groups"]])}
+    return {
+        "params": vector(model).tolist(),
+        "state": jsonable(sd["state"]),
+        "groups": jsonable(
+            [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
+        ),
+    }
 
 
 states = {}

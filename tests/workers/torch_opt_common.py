@@ -52,8 +52,15 @@ def vector(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def train_distributed(rank: int, make_opt: Callable, steps: int, bpps: int = 1,
-                      net_kwargs: Any = None, on_backward: Any = None, **dist_kwargs: Any):
+def train_distributed(
+    rank: int,
+    make_opt: Callable,
+    steps: int,
+    bpps: int = 1,
+    net_kwargs: Any = None,
+    on_backward: Any = None,
+    **dist_kwargs: Any,
+):
     """Every rank starts from its own random model, takes rank 0's through
     broadcast_parameters, then trains on its own data."""
     model = Net(seed=100 + rank, **(net_kwargs or {}))
@@ -61,9 +68,13 @@ def train_distributed(rank: int, make_opt: Callable, steps: int, bpps: int = 1,
     groups = dist_kwargs.pop("groups", None)
     if callable(groups):
         groups = groups(model)
-    opt = DistributedOptimizer(make_opt(model.parameters()),
-                               named_parameters=model.named_parameters(),
-                               backward_passes_per_step=bpps, groups=groups, **dist_kwargs)
+    opt = DistributedOptimizer(
+        make_opt(model.parameters()),
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=bpps,
+        groups=groups,
+        **dist_kwargs,
+    )
     for step in range(steps):
         opt.zero_grad()
         for micro in range(bpps):
@@ -75,8 +86,9 @@ def train_distributed(rank: int, make_opt: Callable, steps: int, bpps: int = 1,
     return model, opt
 
 
-def train_reference(size: int, make_opt: Callable, steps: int, bpps: int = 1,
-                    net_kwargs: Any = None):
+def train_reference(
+    size: int, make_opt: Callable, steps: int, bpps: int = 1, net_kwargs: Any = None
+):
     """One process, rank 0's initial model, every rank's micro-batch `m`
     concatenated into one batch; the bpps micro-batches accumulate."""
     model = Net(seed=100, **(net_kwargs or {}))

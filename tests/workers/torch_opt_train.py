@@ -10,6 +10,7 @@ import sys
 import torch
 
 import cring
+
 from engine_common import Checks
 from torch_opt_common import rel_err, train_distributed, train_reference, vector
 
@@ -35,23 +36,36 @@ SCENARIOS = {
     "sgd_bpps2": (sgd, 2, {}),
     "adam_bpps2": (adam, 2, {}),
     "sgd_groups2": (sgd, 1, {"groups": 2}),
-    "sgd_groups_list": (sgd, 1, {"groups": lambda m: [[m.layers[0].weight, m.layers[2].bias],
-                                                       [m.layers[1].weight, m.extra]]}),
+    "sgd_groups_list": (
+        sgd,
+        1,
+        {
+            "groups": lambda m: [
+                [m.layers[0].weight, m.layers[2].bias],
+                [m.layers[1].weight, m.extra],
+            ]
+        },
+    ),
     "adam_groups_list": (adam, 1, {"groups": lambda m: [list(m.parameters())]}),
     "sgd_predivide": (sgd, 1, {"gradient_predivide_factor": float(size)}),
 }
 results = {}
 for name, (make_opt, bpps, kwargs) in SCENARIOS.items():
+
     def run(name=name, make_opt=make_opt, bpps=bpps, kwargs=kwargs):
         model, _ = train_distributed(rank, make_opt, STEPS, bpps=bpps, **dict(kwargs))
         ref = train_reference(size, make_opt, STEPS, bpps=bpps)
         got, want = vector(model), vector(ref)
         start = vector(train_reference(size, make_opt, 0))
-        results[name] = {"params": got.tolist(), "rel_err": rel_err(got, want),
-                         "moved": rel_err(want, start)}
+        results[name] = {
+            "params": got.tolist(),
+            "rel_err": rel_err(got, want),
+            "moved": rel_err(want, start),
+        }
         if results[name]["rel_err"] > 1e-5:
             return f"relative error {results[name]['rel_err']:.3g} against one process"
         return None
+
     checks.check(name, run)
 
 
@@ -76,10 +90,13 @@ def many_small():
     n_params = sum(1 for p in model.parameters() if p.requires_grad)
     # the broadcast of the initial parameters is fused too: count it as one collective
     collectives = after["collectives"] - before["collectives"] - 1
-    results["many"] = {"params": vector(model).tolist(), "rel_err": rel_err(vector(model),
-                                                                            vector(ref)),
-                       "trainable": n_params, "collectives_per_step": collectives / steps,
-                       "submitted_before_step": min(submitted)}
+    results["many"] = {
+        "params": vector(model).tolist(),
+        "rel_err": rel_err(vector(model), vector(ref)),
+        "trainable": n_params,
+        "collectives_per_step": collectives / steps,
+        "submitted_before_step": min(submitted),
+    }
     if results["many"]["rel_err"] > 1e-5:
         return f"relative error {results['many']['rel_err']:.3g} against one process"
     return None

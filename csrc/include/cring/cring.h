@@ -20,18 +20,18 @@ extern "C" {
 /* ---- Status codes ------------------------------------------------------- */
 /* One X-macro so the enum, its name and its message never drift apart.
  * X(suffix, value, message) */
-#define CRING_STATUS_MAP(X)                                                     \
-    X(OK, 0, "success")                                                         \
-    X(ERR_INVALID_ARGUMENT, -1, "invalid argument")                             \
-    X(ERR_NO_MEMORY, -2, "out of memory")                                       \
-    X(ERR_SYSTEM, -3, "a system call failed")                                   \
-    X(ERR_TIMEOUT, -4, "operation timed out")                                   \
-    X(ERR_PEER_FAILURE, -5, "a peer process died or closed its connection")     \
-    X(ERR_MISMATCH, -6, "ranks disagree on the operation")                      \
-    X(ERR_NOT_SUPPORTED, -7, "not supported")                                   \
-    X(ERR_PROTOCOL, -8, "malformed or unexpected message")                      \
-    X(ERR_AUTH, -9, "authentication failed")                                    \
-    X(ERR_BROKEN, -10, "communicator is unusable after an earlier failure")     \
+#define CRING_STATUS_MAP(X)                                                                        \
+    X(OK, 0, "success")                                                                            \
+    X(ERR_INVALID_ARGUMENT, -1, "invalid argument")                                                \
+    X(ERR_NO_MEMORY, -2, "out of memory")                                                          \
+    X(ERR_SYSTEM, -3, "a system call failed")                                                      \
+    X(ERR_TIMEOUT, -4, "operation timed out")                                                      \
+    X(ERR_PEER_FAILURE, -5, "a peer process died or closed its connection")                        \
+    X(ERR_MISMATCH, -6, "ranks disagree on the operation")                                         \
+    X(ERR_NOT_SUPPORTED, -7, "not supported")                                                      \
+    X(ERR_PROTOCOL, -8, "malformed or unexpected message")                                         \
+    X(ERR_AUTH, -9, "authentication failed")                                                       \
+    X(ERR_BROKEN, -10, "communicator is unusable after an earlier failure")                        \
     X(ERR_CLOSED, -11, "object is closed")
 
 typedef enum cring_status {
@@ -108,17 +108,17 @@ CRING_API void cring_store_close(cring_store_t *client);
  * another on the same client; not after cring_store_close. */
 CRING_API void cring_store_interrupt(cring_store_t *client);
 /* Set key to a copy of value (len bytes, may be 0). Overwrites. */
-CRING_API cring_status_t cring_store_set(cring_store_t *client, const char *key,
-                                         const void *value, size_t len);
+CRING_API cring_status_t cring_store_set(cring_store_t *client, const char *key, const void *value,
+                                         size_t len);
 /* Wait until key exists (up to timeout_s), then return a malloc'd copy of its
  * value in *value_out (caller frees with free()) and its length in *len_out.
  * Errors: ERR_TIMEOUT when the key did not appear in time. */
-CRING_API cring_status_t cring_store_get(cring_store_t *client, const char *key,
-                                         double timeout_s, void **value_out, size_t *len_out);
+CRING_API cring_status_t cring_store_get(cring_store_t *client, const char *key, double timeout_s,
+                                         void **value_out, size_t *len_out);
 /* Atomically add delta to the 64-bit integer at key (a missing key counts as
  * 0) and return the new value. */
-CRING_API cring_status_t cring_store_add(cring_store_t *client, const char *key,
-                                         int64_t delta, int64_t *new_value_out);
+CRING_API cring_status_t cring_store_add(cring_store_t *client, const char *key, int64_t delta,
+                                         int64_t *new_value_out);
 /* Wait until every key in keys[0..nkeys) exists, up to timeout_s. */
 CRING_API cring_status_t cring_store_wait(cring_store_t *client, const char *const *keys,
                                           size_t nkeys, double timeout_s);
@@ -133,16 +133,16 @@ typedef enum cring_transport_kind {
 } cring_transport_kind_t;
 
 typedef struct cring_config {
-    int rank;                       /* 0 <= rank < size */
-    int size;                       /* >= 1 */
-    const char *store_addr;         /* rendezvous store address */
-    int store_port;                 /* rendezvous store port */
-    int serve_store;                /* nonzero: this process starts the store (rank 0) */
-    const char *secret;             /* job secret, NULL or "" for none */
-    const char *job_key;            /* prefix for store keys; distinct per init (may be NULL) */
-    const char *listen_addr;        /* address peers reach this rank on over TCP (NULL: auto) */
+    int rank;                /* 0 <= rank < size */
+    int size;                /* >= 1 */
+    const char *store_addr;  /* rendezvous store address */
+    int store_port;          /* rendezvous store port */
+    int serve_store;         /* nonzero: this process starts the store (rank 0) */
+    const char *secret;      /* job secret, NULL or "" for none */
+    const char *job_key;     /* prefix for store keys; distinct per init (may be NULL) */
+    const char *listen_addr; /* address peers reach this rank on over TCP (NULL: auto) */
     cring_transport_kind_t transport;
-    double timeout_s;               /* bound on every wait, default 600 when <= 0 */
+    double timeout_s; /* bound on every wait, default 600 when <= 0 */
 } cring_config_t;
 
 /* Fill cfg with defaults (rank 0 of 1, AUTO transport, 600 s timeout). */
@@ -190,20 +190,18 @@ CRING_API cring_store_t *cring_comm_store(cring_comm_t *comm);
 CRING_API cring_status_t cring_allreduce(cring_comm_t *comm, const void *send, void *recv,
                                          size_t count, cring_dtype_t dtype, cring_op_t op);
 /* Copy nbytes of root's buf into every rank's buf. */
-CRING_API cring_status_t cring_broadcast(cring_comm_t *comm, void *buf, size_t nbytes,
-                                         int root);
+CRING_API cring_status_t cring_broadcast(cring_comm_t *comm, void *buf, size_t nbytes, int root);
 /* Concatenate every rank's send (recv_bytes[r] bytes from rank r, which must
  * equal that rank's send_bytes) into recv, rank order. recv_bytes has size
  * entries, identical on every rank. */
-CRING_API cring_status_t cring_allgatherv(cring_comm_t *comm, const void *send,
-                                          size_t send_bytes, void *recv,
-                                          const size_t *recv_bytes);
+CRING_API cring_status_t cring_allgatherv(cring_comm_t *comm, const void *send, size_t send_bytes,
+                                          void *recv, const size_t *recv_bytes);
 /* Reduce send (sum of counts[] elements) over ranks; rank r receives the
  * counts[r] elements that start at sum(counts[0..r)). counts has size
  * entries, identical on every rank. recv may not alias send. */
-CRING_API cring_status_t cring_reducescatter(cring_comm_t *comm, const void *send,
-                                             void *recv, const size_t *counts,
-                                             cring_dtype_t dtype, cring_op_t op);
+CRING_API cring_status_t cring_reducescatter(cring_comm_t *comm, const void *send, void *recv,
+                                             const size_t *counts, cring_dtype_t dtype,
+                                             cring_op_t op);
 /* Rank r sends send_bytes[j] bytes to rank j (its blocks lie in send in
  * rank order) and receives recv_bytes[j] bytes from rank j (stored in recv in
  * rank order). Every pair must agree (rank i's send_bytes[j] == rank j's
@@ -214,7 +212,6 @@ CRING_API cring_status_t cring_alltoallv(cring_comm_t *comm, const void *send,
                                          const size_t *recv_bytes);
 /* Return once every rank has entered. */
 CRING_API cring_status_t cring_barrier(cring_comm_t *comm);
-
 
 /* ---- Engine: asynchronous, negotiated, fused collectives --------------------
  * A background thread owns the communicator. Ranks submit named requests in
@@ -228,13 +225,13 @@ typedef struct cring_handle cring_handle_t;
 
 /* One X-macro for the collectives, so the enum and the names never drift
  * apart. X(SUFFIX, value, "name") */
-#define CRING_COLLECTIVE_MAP(X)              \
-    X(ALLREDUCE, 1, "allreduce")             \
-    X(BROADCAST, 2, "broadcast")             \
-    X(ALLGATHER, 3, "allgather")             \
-    X(REDUCESCATTER, 4, "reducescatter")     \
-    X(BARRIER, 5, "barrier")                 \
-    X(ALLTOALL, 6, "alltoall")               \
+#define CRING_COLLECTIVE_MAP(X)                                                                    \
+    X(ALLREDUCE, 1, "allreduce")                                                                   \
+    X(BROADCAST, 2, "broadcast")                                                                   \
+    X(ALLGATHER, 3, "allgather")                                                                   \
+    X(REDUCESCATTER, 4, "reducescatter")                                                           \
+    X(BARRIER, 5, "barrier")                                                                       \
+    X(ALLTOALL, 6, "alltoall")                                                                     \
     X(JOIN, 7, "join")
 
 typedef enum cring_collective {
@@ -252,18 +249,15 @@ CRING_API const char *cring_collective_name(cring_collective_t collective);
  * recv holds this rank's rows (shape[0] split as n/P, +1 for ranks < n%P). */
 typedef struct cring_tensor {
     const void *send;
-    void *recv;            /* may equal send (in place) */
+    void *recv; /* may equal send (in place) */
     cring_dtype_t dtype;
     int ndim;
-    const int64_t *shape;  /* ndim entries; copied at submission */
+    const int64_t *shape; /* ndim entries; copied at submission */
 } cring_tensor_t;
 
 /* Where a request's tensors live. Every tensor of a request is on the same
  * device. CPU is the zero value, so a zero-initialised request is a CPU one. */
-typedef enum cring_device_type {
-    CRING_DEVICE_CPU = 0,
-    CRING_DEVICE_CUDA = 1
-} cring_device_type_t;
+typedef enum cring_device_type { CRING_DEVICE_CPU = 0, CRING_DEVICE_CUDA = 1 } cring_device_type_t;
 
 typedef struct cring_device {
     cring_device_type_t type;
@@ -273,6 +267,8 @@ typedef struct cring_device {
                      stream). Unused for the CPU. */
 } cring_device_t;
 
+/* Hand-aligned: one column of field comments, some over several lines. */
+/* clang-format off */
 typedef struct cring_request {
     const char *name;               /* unique among this rank's requests in flight */
     cring_collective_t collective;
@@ -291,6 +287,7 @@ typedef struct cring_request {
     cring_device_t device;          /* where send/recv live; every rank must agree on
                                        the type (ERR_MISMATCH otherwise) */
 } cring_request_t;
+/* clang-format on */
 
 /* JOIN (no tensors): this rank has no more work. Until every rank has joined,
  * the other ranks' allreduces (Sum and Average) complete with zeros as this
@@ -306,12 +303,12 @@ typedef struct cring_request {
 #define CRING_REQUEST_CALLER_WAITS 1
 
 typedef struct cring_engine_stats {
-    uint64_t cycles;          /* negotiation rounds */
-    uint64_t collectives;     /* data collectives run (a fused batch counts once) */
-    uint64_t tensors;         /* tensors completed */
-    uint64_t fused_tensors;   /* tensors that went through the fusion buffer */
-    uint64_t cache_hits;      /* requests negotiated from the response cache */
-    uint64_t errors;          /* requests that completed with an error */
+    uint64_t cycles;        /* negotiation rounds */
+    uint64_t collectives;   /* data collectives run (a fused batch counts once) */
+    uint64_t tensors;       /* tensors completed */
+    uint64_t fused_tensors; /* tensors that went through the fusion buffer */
+    uint64_t cache_hits;    /* requests negotiated from the response cache */
+    uint64_t errors;        /* requests that completed with an error */
 } cring_engine_stats_t;
 
 /* Start the engine thread; it takes ownership of comm (destroyed by

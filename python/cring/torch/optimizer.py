@@ -29,14 +29,17 @@ __all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_
 
 _ZERO_GRAD_IN_FLIGHT = (
     "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
-    "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+    "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+)
 _TOO_MANY_BACKWARDS = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
-    "Increase backward_passes_per_step to accumulate gradients locally.")
+    "Increase backward_passes_per_step to accumulate gradients locally."
+)
 _STEP_AFTER_SYNCHRONIZE = (
     "optimizer.step() called without optimizer.skip_synchronize() context after "
     "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
-    "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code.")
+    "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code."
+)
 
 
 class _Unit:
@@ -59,8 +62,16 @@ class _Entry:
 
     __slots__ = ("param", "grad", "buffer", "wire", "compressed", "ctx", "sparse")
 
-    def __init__(self, param: torch.Tensor, grad: torch.Tensor, buffer: torch.Tensor,
-                 wire: torch.Tensor, compressed: bool, ctx: Any, sparse: bool) -> None:
+    def __init__(
+        self,
+        param: torch.Tensor,
+        grad: torch.Tensor,
+        buffer: torch.Tensor,
+        wire: torch.Tensor,
+        compressed: bool,
+        ctx: Any,
+        sparse: bool,
+    ) -> None:
         self.param, self.grad, self.buffer, self.wire = param, grad, buffer, wire
         self.compressed, self.ctx, self.sparse = compressed, ctx, sparse
 
@@ -68,7 +79,7 @@ class _Entry:
 def _split_list(items: list, n: int) -> list:
     """`items` cut into n contiguous parts whose lengths differ by at most one."""
     d, r = divmod(len(items), n)
-    return [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
+    return [items[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)] for i in range(n)]
 
 
 class _DistributedOptimizer:
@@ -78,9 +89,16 @@ class _DistributedOptimizer:
 
     # ---- construction ------------------------------------------------------------------------
 
-    def _cring_setup(self, named_parameters: Any, compression: Any,
-                     backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
-                     groups: Any, sparse_as_dense: bool) -> None:
+    def _cring_setup(
+        self,
+        named_parameters: Any,
+        compression: Any,
+        backward_passes_per_step: int,
+        op: Any,
+        gradient_predivide_factor: float,
+        groups: Any,
+        sparse_as_dense: bool,
+    ) -> None:
         if isinstance(compression, cring.Compressor) or compression is None:
             self._cring_engine_compression, self._cring_torch_compression = compression, None
         elif hasattr(compression, "compress") and hasattr(compression, "decompress"):
@@ -91,8 +109,10 @@ class _DistributedOptimizer:
             self._cring_engine_compression = wire if isinstance(wire, cring.Compressor) else None
             self._cring_torch_compression = compression
         else:
-            raise ValueError(f"compression must be cring.Compression.none, fp16 or bf16 (or an "
-                             f"object with compress/decompress), got {compression!r}")
+            raise ValueError(
+                f"compression must be cring.Compression.none, fp16 or bf16 (or an "
+                f"object with compress/decompress), got {compression!r}"
+            )
         self._compression = compression
         self.op = op
         self.gradient_predivide_factor = float(gradient_predivide_factor)
@@ -140,6 +160,7 @@ class _DistributedOptimizer:
         handles = self._cring_hook_handles
         for p in trainable:
             if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+
                 def hook(param: torch.Tensor) -> None:
                     opt = me()
                     if opt is not None:
@@ -192,25 +213,31 @@ class _DistributedOptimizer:
                     raise NotImplementedError(
                         f"parameter '{self._cring_names[p]}' has a sparse gradient: cring has "
                         "no sparse allreduce; pass sparse_as_dense=True to DistributedOptimizer "
-                        "to allreduce it as a dense tensor")
+                        "to allreduce it as a dense tensor"
+                    )
                 buffer = grad.to_dense()
             else:
                 buffer = grad if grad.is_contiguous() else grad.contiguous()
             ctx, wire = None, buffer
             compressed = compressor is not None and not (
-                buffer.dtype == torch.float32 and self._cring_engine_compression is not None)
+                buffer.dtype == torch.float32 and self._cring_engine_compression is not None
+            )
             if compressed:
                 wire, ctx = compressor.compress(buffer)
                 if not wire.is_contiguous():
                     wire = wire.contiguous()
             entries.append(_Entry(p, grad, buffer, wire, compressed, ctx, sparse))
-        kwargs = dict(op=self.op, compression=self._cring_engine_compression,
-                      prescale_factor=self._cring_prescale,
-                      postscale_factor=self._cring_postscale)
+        kwargs = dict(
+            op=self.op,
+            compression=self._cring_engine_compression,
+            prescale_factor=self._cring_prescale,
+            postscale_factor=self._cring_postscale,
+        )
         submitted = self._cring_handles[unit] = []
         if len(entries) == 1:
-            submitted.append((cring.allreduce_async_(entries[0].wire, name=unit.name, **kwargs),
-                              entries))
+            submitted.append(
+                (cring.allreduce_async_(entries[0].wire, name=unit.name, **kwargs), entries)
+            )
         else:
             # one grouped allreduce per dtype: the engine reduces a group in one dtype
             by_dtype: dict = {}
@@ -218,8 +245,7 @@ class _DistributedOptimizer:
                 by_dtype.setdefault(e.wire.dtype, []).append(e)
             for dtype, part in by_dtype.items():
                 name = unit.name if len(by_dtype) == 1 else f"{unit.name}.{str(dtype)[6:]}"
-                handle = cring.grouped_allreduce_async_([e.wire for e in part], name=name,
-                                                        **kwargs)
+                handle = cring.grouped_allreduce_async_([e.wire for e in part], name=name, **kwargs)
                 submitted.append((handle, part))
 
     def _cring_finish(self, handle: Any, entries: list) -> None:
@@ -356,36 +382,50 @@ def _remove_hooks(handles: list) -> None:
 def _parameter_names(param_groups: list, named_parameters: Any) -> dict:
     """Parameter -> the name its allreduce is known by (without the prefix)."""
     if named_parameters is None:
-        return {p: f"noname.{i}.{j}" for i, group in enumerate(param_groups)
-                for j, p in enumerate(group["params"])}
+        return {
+            p: f"noname.{i}.{j}"
+            for i, group in enumerate(param_groups)
+            for j, p in enumerate(group["params"])
+        }
     named = list(named_parameters)
     if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
-        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                         "usually produced by model.named_parameters().")
+        raise ValueError(
+            "named_parameters should be a sequence of tuples (name, parameter), "
+            "usually produced by model.named_parameters()."
+        )
     seen, dups = set(), set()
     for name, _ in named:
         (dups if name in seen else seen).add(name)
     if dups:
-        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
-                         + ", ".join(sorted(str(d) for d in dups)))
+        raise ValueError(
+            "Parameter names in named_parameters must be unique. Found duplicates: "
+            + ", ".join(sorted(str(d) for d in dups))
+        )
     names = {p: str(name) for name, p in sorted(named, key=lambda x: str(x[0]))}
-    unnamed = [f"{i}.{j} {tuple(p.shape)}" for i, group in enumerate(param_groups)
-               for j, p in enumerate(group["params"]) if p not in names]
+    unnamed = [
+        f"{i}.{j} {tuple(p.shape)}"
+        for i, group in enumerate(param_groups)
+        for j, p in enumerate(group["params"])
+        if p not in names
+    ]
     if unnamed:
-        raise ValueError("named_parameters was specified, but one or more model parameters were "
-                         "not named (param_group.index shape): " + ", ".join(unnamed))
+        raise ValueError(
+            "named_parameters was specified, but one or more model parameters were "
+            "not named (param_group.index shape): " + ", ".join(unnamed)
+        )
     return names
 
 
 def _make_units(trainable: list, names: dict, groups: Any) -> list:
     """One _Unit per allreduce: per parameter, or per group of parameters."""
-    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool)
-                          and groups == 0):
+    if groups is None or (isinstance(groups, int) and not isinstance(groups, bool) and groups == 0):
         parts = [[p] for p in trainable]
     elif isinstance(groups, int) and not isinstance(groups, bool):
         if groups < 0:
-            raise ValueError(f"groups should be a non-negative integer or a list of lists of "
-                             f"torch.Tensor, got {groups}")
+            raise ValueError(
+                f"groups should be a non-negative integer or a list of lists of "
+                f"torch.Tensor, got {groups}"
+            )
         parts = [part for part in _split_list(trainable, groups) if part]
     elif isinstance(groups, (list, tuple)):
         in_optimizer = {id(p) for p in trainable}
@@ -406,16 +446,19 @@ def _make_units(trainable: list, names: dict, groups: Any) -> list:
                 elif not p.requires_grad:
                     continue
                 else:
-                    raise ValueError("groups holds a tensor that is not a parameter of the "
-                                     "optimizer")
+                    raise ValueError(
+                        "groups holds a tensor that is not a parameter of the optimizer"
+                    )
             if part:
                 parts.append(part)
         parts += [[p] for p in trainable if id(p) not in grouped]
         order = {id(p): i for i, p in enumerate(trainable)}
         parts.sort(key=lambda part: min(order[id(p)] for p in part))
     else:
-        raise ValueError("groups should be a non-negative integer or a list of lists of "
-                         f"torch.Tensor, got {type(groups).__name__}")
+        raise ValueError(
+            "groups should be a non-negative integer or a list of lists of "
+            f"torch.Tensor, got {type(groups).__name__}"
+        )
     units = []
     for part in parts:
         prefix = "allreduce." if len(part) == 1 else "grouped_allreduce."
@@ -500,8 +543,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     With one rank the wrapped optimizer runs unchanged.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
-                        f"{type(optimizer).__name__}")
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("optimizer is already a cring DistributedOptimizer")
     if op == cring.Adasum:
@@ -513,8 +557,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if gradient_predivide_factor != 1.0 and op != cring.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if not gradient_predivide_factor > 0:
-        raise ValueError(f"gradient_predivide_factor must be > 0, got "
-                         f"{gradient_predivide_factor}")
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got "
                          f"{backward_passes_per_step}")
@@ -585,8 +628,9 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
         name, t = item
         label = f"broadcast.{name}" if name is not None else f"broadcast_parameters.{i}"
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"broadcast_parameters: {label!r} is a {type(t).__name__}, not a "
-                             "tensor")
+            raise ValueError(
+                f"broadcast_parameters: {label!r} is a {type(t).__name__}, not a tensor"
+            )
         if id(t) in seen:  # a tensor listed twice (tied weights)
             continue
         seen.add(id(t))
@@ -607,9 +651,12 @@ def _describe_state(state: Any) -> Optional[dict]:
     place), everything else by value."""
     if not state:
         return None
-    return {key: ("tensor", tuple(v.shape), v.dtype, v.device.type)
-            if isinstance(v, torch.Tensor) and v.layout == torch.strided else ("value", v)
-            for key, v in state.items()}
+    return {
+        key: ("tensor", tuple(v.shape), v.dtype, v.device.type)
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided
+        else ("value", v)
+        for key, v in state.items()
+    }
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
@@ -627,25 +674,30 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
     otherwise). Works on a DistributedOptimizer or a plain optimizer.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
-                        f"{type(optimizer).__name__}")
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
     is_root = cring.rank() == int(root_rank)
     groups = optimizer.param_groups
     params = [p for group in groups for p in group["params"]]
     layout = [len(group["params"]) for group in groups]
     meta = None
     if is_root:
-        meta = {"layout": layout,
-                "groups": [{k: v for k, v in g.items() if k != "params"} for g in groups],
-                "state": [_describe_state(optimizer.state.get(p)) for p in params]}
+        meta = {
+            "layout": layout,
+            "groups": [{k: v for k, v in g.items() if k != "params"} for g in groups],
+            "state": [_describe_state(optimizer.state.get(p)) for p in params],
+        }
     meta = _broadcast_object(meta, root_rank, "broadcast_optimizer_state.meta")
     # agree on every rank whether the layouts match, so that all raise or none does
     agree = np.array([1 if meta["layout"] == layout else 0], np.int32)
     cring.allreduce_(agree, op=cring.Min, name="broadcast_optimizer_state.layout")
     if not agree[0]:
-        raise ValueError(f"broadcast_optimizer_state: param groups differ between ranks (rank "
-                         f"{cring.rank()} has parameters per group {layout}, root rank "
-                         f"{root_rank} has {meta['layout']})")
+        raise ValueError(
+            f"broadcast_optimizer_state: param groups differ between ranks (rank "
+            f"{cring.rank()} has parameters per group {layout}, root rank "
+            f"{root_rank} has {meta['layout']})"
+        )
 
     if not is_root:
         for group, root_group in zip(groups, meta["groups"]):
@@ -653,8 +705,12 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
                 del group[key]
             for key, value in root_group.items():
                 mine = group.get(key)
-                if (isinstance(mine, torch.Tensor) and isinstance(value, torch.Tensor)
-                        and mine.shape == value.shape and mine.dtype == value.dtype):
+                if (
+                    isinstance(mine, torch.Tensor)
+                    and isinstance(value, torch.Tensor)
+                    and mine.shape == value.shape
+                    and mine.dtype == value.dtype
+                ):
                     mine.copy_(value)
                 else:
                     group[key] = value
@@ -673,8 +729,12 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
                 continue
             shape, dtype, device_type = rest
             t = mine.get(key)
-            if not (isinstance(t, torch.Tensor) and t.layout == torch.strided
-                    and tuple(t.shape) == shape and t.dtype == dtype):
+            if not (
+                isinstance(t, torch.Tensor)
+                and t.layout == torch.strided
+                and tuple(t.shape) == shape
+                and t.dtype == dtype
+            ):
                 device = p.device if p.device.type == device_type else torch.device(device_type)
                 t = torch.empty(shape, dtype=dtype, device=device)
             new_state[key] = t
@@ -683,8 +743,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
                 staged = target.contiguous()
                 copies.append((target, staged))
                 target = staged
-            handles.append(cring.broadcast_async_(target, root_rank,
-                                                  name=f"broadcast_optimizer_state.{i}.{key}"))
+            handles.append(
+                cring.broadcast_async_(
+                    target, root_rank, name=f"broadcast_optimizer_state.{i}.{key}"
+                )
+            )
         if not is_root:
             optimizer.state[p] = new_state
     _synchronize_all(handles)

@@ -1,0 +1,230 @@
+"""cring.torch's basics: Horovod's reduction ops, its error classes and the
+wrapper (_run) that turns cring's communication failures into them, process
+sets (only the global one), init/rank/size and what this build has. The
+bottom of cring.torch.mpi_ops: it imports no sibling, and runs no collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import cring
+from cring import elastic as _elastic
+
+# ---- reduction ops (Horovod's numbering; cring uses the same values) -----------------------------
+
+ReduceOp = cring.ReduceOp
+Average = cring.Average
+Sum = cring.Sum
+Adasum = cring.Adasum
+Min = cring.Min
+Max = cring.Max
+Product = cring.Product
+
+# ---- errors --------------------------------------------------------------------------------------
+
+
+class HorovodInternalError(cring.CRingError):
+    """A collective failed because of the communicator (a peer died or timed
+    out, a stall was shut down): as in Horovod, shutdown() and init() again
+    (elastic training catches this and restores its state). The cring error
+    it replaces is its __cause__. Ranks that disagree (cring.MismatchError)
+    and bad arguments (TypeError, ValueError) are raised unchanged."""
+
+
+class PeerFailureInternalError(HorovodInternalError, cring.PeerFailureError):
+    """A peer died or closed its connection: both a HorovodInternalError and a
+    cring.PeerFailureError."""
+
+
+class TimeoutInternalError(HorovodInternalError, cring.TimeoutError):
+    """A peer did not arrive in time (or a stall was shut down): both a
+    HorovodInternalError and a cring.TimeoutError."""
+
+
+# Horovod's elastic signal that the set of workers changed (cring.elastic raises it).
+HostsUpdatedInterrupt = _elastic.HostsUpdatedInterrupt
+
+
+_PASS_THROUGH = (cring.MismatchError, cring.NotInitializedError, HorovodInternalError)
+
+
+def _internal_error(error: BaseException) -> Optional[BaseException]:
+    """The HorovodInternalError that replaces a cring error, or None when the
+    error is raised unchanged (mismatches, not initialised, argument errors)."""
+    if not isinstance(error, cring.CRingError) or isinstance(error, _PASS_THROUGH):
+        return None
+    if isinstance(error, cring.PeerFailureError):
+        return PeerFailureInternalError(str(error))
+    if isinstance(error, cring.TimeoutError):
+        return TimeoutInternalError(str(error))
+    return HorovodInternalError(str(error))
+
+
+def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call a cring function, raising communication failures as HorovodInternalError."""
+    try:
+        return fn(*args, **kwargs)
+    except cring.CRingError as error:
+        wrapped = _internal_error(error)
+        if wrapped is None:
+            raise
+        raise wrapped from error
+
+
+# ---- basics --------------------------------------------------------------------------------------
+
+
+class ProcessSet:
+    """Horovod's handle for a subset of ranks. cring runs every collective on
+    all ranks, so the only usable set is `global_process_set`; passing any
+    other raises NotImplementedError."""
+
+    def __init__(self, ranks_or_comm: Any = None):
+        self._ranks = None if ranks_or_comm is None else list(ranks_or_comm)
+        self.process_set_id = 0 if ranks_or_comm is None else None
+
+    @property
+    def ranks(self) -> list:
+        return list(range(cring.size())) if self._ranks is None else list(self._ranks)
+
+    def size(self) -> int:
+        return cring.size() if self._ranks is None else len(self._ranks)
+
+    def rank(self) -> int:
+        return cring.rank() if self._ranks is None else self._ranks.index(cring.rank())
+
+    def included(self) -> bool:
+        return True if self._ranks is None else cring.rank() in self._ranks
+
+    def __repr__(self) -> str:
+        return "ProcessSet(global)" if self is global_process_set else f"ProcessSet({self._ranks})"
+
+
+global_process_set = ProcessSet()
+
+_NO_PROCESS_SETS = (
+    "process sets are not supported yet: cring runs every collective on all "
+    "ranks; use process_set=global_process_set (the default)"
+)
+
+
+def _check_process_set(process_set: Any) -> None:
+    if process_set is not global_process_set:
+        raise NotImplementedError(f"{_NO_PROCESS_SETS} (got {process_set!r})")
+
+
+def add_process_set(process_set: Any) -> ProcessSet:
+    """Not supported: cring has no process sets yet."""
+    raise NotImplementedError(_NO_PROCESS_SETS)
+
+
+def remove_process_set(process_set: Any) -> bool:
+    """Not supported: cring has no process sets yet."""
+    raise NotImplementedError(_NO_PROCESS_SETS)
+
+
+def init(
+    comm: Any = None,
+    process_sets: Any = None,
+    *,
+    rank: Optional[int] = None,
+    size: Optional[int] = None,
+    addr: Optional[str] = None,
+    port: Optional[int] = None,
+    secret: Optional[str] = None,
+    transport: Optional[str] = None,
+    timeout_s: Optional[float] = None,
+) -> None:
+    """Join the job (Horovod's hvd.init()). Rank, size and the rendezvous come
+    from the environment (HOROVOD_RANK/HOROVOD_SIZE, torchrun, mpirun, SLURM,
+    cringrun) or from cring.init()'s keyword arguments. A second call while
+    initialised does nothing. `comm` (an MPI communicator or a list of ranks)
+    and `process_sets` are not supported: cring always uses every rank."""
+    if comm is not None:
+        raise NotImplementedError(
+            "init(comm=...) is not supported: cring does not run on MPI "
+            "communicators or subsets of ranks; every process of the job "
+            "takes part"
+        )
+    if process_sets:
+        raise NotImplementedError(f"init(process_sets=...): {_NO_PROCESS_SETS}")
+    cring.init(
+        rank=rank,
+        size=size,
+        addr=addr,
+        port=port,
+        secret=secret,
+        transport=transport,
+        timeout_s=timeout_s,
+    )
+
+
+shutdown = cring.shutdown
+is_initialized = cring.is_initialized
+rank = cring.rank
+size = cring.size
+local_rank = cring.local_rank
+local_size = cring.local_size
+cross_rank = cring.cross_rank
+cross_size = cring.cross_size
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Write a Chrome-trace timeline from now on (cring writes one file per
+    rank: trace.json becomes trace.<rank>.json). `mark_cycles` is accepted and
+    ignored."""
+    cring.start_timeline(file_path)
+
+
+def stop_timeline() -> None:
+    """Stop writing the timeline."""
+    cring.stop_timeline()
+
+
+# What this build has, answered truthfully: cring talks over its own shared
+# memory and TCP transports, with no MPI, Gloo, NCCL, DDL, oneCCL, CUDA or ROCm.
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    """True when NCCL can be loaded at run time (cring never links it)."""
+    return cring.nccl_available()
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    """True when the CUDA runtime loads and a device is usable."""
+    return cring.cuda_available()
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def cring_built() -> bool:
+    return True

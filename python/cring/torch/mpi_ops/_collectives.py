@@ -1,0 +1,647 @@
+"""cring.torch's collectives, as horovod.torch names them: allreduce,
+allgather, broadcast, reducescatter, alltoall (plain, async, in-place,
+grouped), join, barrier, poll/synchronize and the object collectives. Each
+translates Horovod's arguments (`average=`, `process_set=`, compressors),
+picks the autograd Function when a gradient is wanted and calls cring's
+engine through _run; nothing here communicates on its own.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import torch
+
+import cring
+from cring import _core
+
+from ._autograd import (
+    _AllgatherFunction,
+    _AllreduceFunction,
+    _alltoall_result,
+    _AlltoallFunction,
+    _BroadcastFunction,
+    _GroupedAllgatherFunction,
+    _GroupedAllreduceFunction,
+    _GroupedReducescatterFunction,
+    _ReducescatterFunction,
+)
+from ._basics import (
+    Average,
+    ProcessSet,
+    Sum,
+    _check_process_set,
+    _run,
+    global_process_set,
+    rank,
+)
+from ._compression import Compression, _compress_all, _plan_compression, _python_compressor
+
+# ---- arguments -----------------------------------------------------------------------------------
+
+
+def _resolve_op(op: Any, average: Optional[bool]) -> Any:
+    """Horovod's handling of the deprecated `average=` next to `op=`."""
+    if op is not None:
+        if average is not None:
+            raise ValueError(
+                "The op parameter supersedes average. Please provide only one of them."
+            )
+        return op
+    if average is None:
+        return Average
+    warnings.warn(
+        "Parameter `average` has been replaced with `op` and will be removed; use "
+        "op=Average or op=Sum",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return Average if average else Sum
+
+
+def _check_op(op: Any) -> Any:
+    # cring checks the op itself (unknown ops, Adasum) where it submits
+    return Average if op is None else op
+
+
+def _wants_grad(tensors: Sequence[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+# ---- allreduce -----------------------------------------------------------------------------------
+
+
+def _allreduce(
+    tensor: torch.Tensor, name: Optional[str], op: Any, prescale: float, postscale: float, wire: Any
+) -> torch.Tensor:
+    if _wants_grad((tensor,)):
+        return _AllreduceFunction.apply(tensor, name, op, prescale, postscale, wire)
+    return _run(
+        cring.allreduce,
+        tensor,
+        op=op,
+        name=name,
+        compression=wire,
+        prescale_factor=prescale,
+        postscale_factor=postscale,
+    )
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Return a new tensor: `tensor` reduced over all ranks with `op`
+    (Average by default; Sum, Min, Max, Product), after multiplying by
+    prescale_factor and before multiplying by postscale_factor. The input is
+    unchanged. Differentiable: the gradient is the allreduce of the incoming
+    gradient with the same op and factors. `average=` is deprecated (True is
+    Average, False is Sum); giving both `average` and `op` is a ValueError."""
+    op = _check_op(_resolve_op(op, average))
+    _check_process_set(process_set)
+    python_compressor, wire = _plan_compression(compression, (tensor,))
+    if python_compressor is None:
+        return _allreduce(tensor, name, op, prescale_factor, postscale_factor, wire)
+    compressed, ctx = python_compressor.compress(tensor)
+    reduced = _allreduce(compressed, name, op, prescale_factor, postscale_factor, None)
+    return python_compressor.decompress(reduced, ctx)
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> cring.Handle:
+    """Start an allreduce into a new tensor; synchronize(handle) returns it.
+    Not differentiable (as in Horovod)."""
+    op = _check_op(_resolve_op(op, average))
+    _check_process_set(process_set)
+    return _run(
+        cring.allreduce_async,
+        tensor,
+        op=op,
+        name=name,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Reduce `tensor` over all ranks in place and return it (same storage).
+    Not differentiable (as in Horovod)."""
+    op = _check_op(_resolve_op(op, average))
+    _check_process_set(process_set)
+    return _run(
+        cring.allreduce_,
+        tensor,
+        op=op,
+        name=name,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> cring.Handle:
+    """Start an in-place allreduce; synchronize(handle) returns `tensor`."""
+    op = _check_op(_resolve_op(op, average))
+    _check_process_set(process_set)
+    return _run(
+        cring.allreduce_async_,
+        tensor,
+        op=op,
+        name=name,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list:
+    """Allreduce a list of tensors as one unit (negotiated and run together);
+    returns a list of new tensors. Differentiable, like allreduce."""
+    op = _check_op(_resolve_op(op, average))
+    _check_process_set(process_set)
+    tensors = list(tensors)
+    python_compressor, wire = _plan_compression(compression, tensors)
+    ctxs = None
+    if python_compressor is not None:
+        tensors, ctxs = _compress_all(python_compressor, tensors)
+    if _wants_grad(tensors):
+        reduced = list(
+            _GroupedAllreduceFunction.apply(
+                name, op, prescale_factor, postscale_factor, wire, *tensors
+            )
+        )
+    else:
+        reduced = _run(
+            cring.grouped_allreduce,
+            tensors,
+            op=op,
+            name=name,
+            compression=wire,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+        )
+    if python_compressor is None:
+        return reduced
+    return [python_compressor.decompress(t, c) for t, c in zip(reduced, ctxs)]
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> cring.Handle:
+    """Start a grouped allreduce into new tensors; synchronize() returns the list."""
+    op = _check_op(_resolve_op(op, average))
+    _check_process_set(process_set)
+    return _run(
+        cring.grouped_allreduce_async,
+        list(tensors),
+        op=op,
+        name=name,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list:
+    """Allreduce a list of tensors as one unit, in place; returns the list."""
+    op = _check_op(_resolve_op(op, average))
+    _check_process_set(process_set)
+    return _run(
+        cring.grouped_allreduce_,
+        list(tensors),
+        op=op,
+        name=name,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> cring.Handle:
+    """Start an in-place grouped allreduce; synchronize() returns the list."""
+    op = _check_op(_resolve_op(op, average))
+    _check_process_set(process_set)
+    return _run(
+        cring.grouped_allreduce_async_,
+        list(tensors),
+        op=op,
+        name=name,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )
+
+
+# ---- allgather -----------------------------------------------------------------------------------
+
+
+def allgather(
+    tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
+    """Concatenate every rank's `tensor` along the first dimension, in rank
+    order (first dimensions may differ; the rest and the dtype must match).
+    Differentiable: the gradient is the incoming gradient averaged over ranks,
+    then this rank's rows (Horovod's)."""
+    _check_process_set(process_set)
+    if _wants_grad((tensor,)):
+        return _AllgatherFunction.apply(tensor, name)
+    return _run(cring.allgather, tensor, name=name)
+
+
+def allgather_async(
+    tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> cring.Handle:
+    """Start an allgather; synchronize(handle) returns the concatenation."""
+    _check_process_set(process_set)
+    return _run(cring.allgather_async, tensor, name=name)
+
+
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> list:
+    """Allgather a list of tensors as one unit; returns a list. Differentiable."""
+    _check_process_set(process_set)
+    tensors = list(tensors)
+    if _wants_grad(tensors):
+        return list(_GroupedAllgatherFunction.apply(name, *tensors))
+    return _run(cring.grouped_allgather, tensors, name=name)
+
+
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> cring.Handle:
+    """Start a grouped allgather; synchronize() returns the list."""
+    _check_process_set(process_set)
+    return _run(cring.grouped_allgather_async, list(tensors), name=name)
+
+
+# ---- broadcast -----------------------------------------------------------------------------------
+
+
+def broadcast(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Return a new tensor holding root_rank's `tensor`; the input is
+    unchanged. Differentiable: the root's gradient is the incoming gradient
+    averaged over ranks; the other ranks' gradient is zero (Horovod's)."""
+    _check_process_set(process_set)
+    if _wants_grad((tensor,)):
+        return _BroadcastFunction.apply(tensor, root_rank, name)
+    return _run(cring.broadcast, tensor, root_rank, name=name)
+
+
+def broadcast_async(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> cring.Handle:
+    """Start a broadcast into a new tensor."""
+    _check_process_set(process_set)
+    return _run(cring.broadcast_async, tensor, root_rank, name=name)
+
+
+def broadcast_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Overwrite `tensor` with root_rank's values in place and return it."""
+    _check_process_set(process_set)
+    return _run(cring.broadcast_, tensor, root_rank, name=name)
+
+
+def broadcast_async_(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> cring.Handle:
+    """Start an in-place broadcast; synchronize(handle) returns `tensor`."""
+    _check_process_set(process_set)
+    return _run(cring.broadcast_async_, tensor, root_rank, name=name)
+
+
+# ---- reducescatter -------------------------------------------------------------------------------
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Reduce `tensor` over all ranks and return this rank's rows: with n
+    rows and P ranks, rank r gets n // P rows, plus one if r < n % P.
+    Differentiable, with Horovod's gradient (see _ReducescatterFunction)."""
+    op = _check_op(op)
+    _check_process_set(process_set)
+    python_compressor = _python_compressor(compression)
+    ctx = None
+    if python_compressor is not None:  # cring has no wire compression for reducescatter
+        tensor, ctx = python_compressor.compress(tensor)
+    if _wants_grad((tensor,)):
+        out = _ReducescatterFunction.apply(tensor, name, op, prescale_factor, postscale_factor)
+    else:
+        out = _run(
+            cring.reducescatter,
+            tensor,
+            op=op,
+            name=name,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+        )
+    return out if python_compressor is None else python_compressor.decompress(out, ctx)
+
+
+def reducescatter_async(
+    tensor: torch.Tensor,
+    name: Optional[str] = None,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> cring.Handle:
+    """Start a reducescatter; synchronize(handle) returns this rank's rows."""
+    op = _check_op(op)
+    _check_process_set(process_set)
+    return _run(
+        cring.reducescatter_async,
+        tensor,
+        op=op,
+        name=name,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    compression: Any = Compression.none,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list:
+    """Reducescatter a list of tensors as one unit; returns a list. Differentiable."""
+    op = _check_op(op)
+    _check_process_set(process_set)
+    tensors = list(tensors)
+    python_compressor = _python_compressor(compression)
+    ctxs = None
+    if python_compressor is not None:
+        tensors, ctxs = _compress_all(python_compressor, tensors)
+    if _wants_grad(tensors):
+        outs = list(
+            _GroupedReducescatterFunction.apply(
+                name, op, prescale_factor, postscale_factor, *tensors
+            )
+        )
+    else:
+        outs = _run(
+            cring.grouped_reducescatter,
+            tensors,
+            op=op,
+            name=name,
+            prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor,
+        )
+    if python_compressor is None:
+        return outs
+    return [python_compressor.decompress(t, c) for t, c in zip(outs, ctxs)]
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: Optional[str] = None,
+    op: Any = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> cring.Handle:
+    """Start a grouped reducescatter; synchronize() returns the list."""
+    op = _check_op(op)
+    _check_process_set(process_set)
+    return _run(
+        cring.grouped_reducescatter_async,
+        list(tensors),
+        op=op,
+        name=name,
+        prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor,
+    )
+
+
+# ---- alltoall and join ---------------------------------------------------------------------------
+
+
+def _splits_list(splits: Any) -> Optional[list]:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() != 1 or splits.dtype.is_floating_point:
+            raise ValueError(
+                f"splits must be a 1-d integer tensor, got {splits.dtype} "
+                f"with shape {tuple(splits.shape)}"
+            )
+        return [int(v) for v in splits.tolist()]
+    return [int(v) for v in splits]
+
+
+def alltoall(
+    tensor: torch.Tensor,
+    splits: Any = None,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """Send `splits[j]` rows of `tensor` (along the first dimension, in
+    order) to rank j and receive every rank's rows for this one, in rank
+    order. Without splits the first dimension is divided evenly by size()
+    (it must divide). Returns the output tensor, and with `splits` also an
+    int32 tensor of how many rows came from each rank (Horovod's).
+    Differentiable: the gradient goes back the way the rows came."""
+    _check_process_set(process_set)
+    split_list = _splits_list(splits)
+    if _wants_grad((tensor,)):
+        output, received = _AlltoallFunction.apply(tensor, split_list, name)
+    else:
+        output, received = _alltoall_result(
+            _run(cring.alltoall, tensor, splits=split_list, name=name)
+        )
+    return output if splits is None else (output, received)
+
+
+def alltoall_async(
+    tensor: torch.Tensor,
+    splits: Any = None,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> cring.Handle:
+    """Start an alltoall; synchronize(handle) returns (output, received_splits),
+    the latter an int32 tensor."""
+    _check_process_set(process_set)
+    handle = _run(cring.alltoall_async, tensor, splits=_splits_list(splits), name=name)
+    finish = handle._finish
+    handle._finish = lambda h: _alltoall_result(finish(h))
+    return handle
+
+
+def join(device: int = -1) -> int:
+    """This rank has run out of data (Horovod's join): until every rank has
+    joined, the other ranks' allreduces (Sum, Average; DistributedOptimizer's
+    gradients) complete with zeros for this rank's part. Returns the rank
+    that joined last, the same on every rank. `device` is accepted for
+    Horovod compatibility (CPU only)."""
+    return _run(cring.join)
+
+
+# ---- the rest ------------------------------------------------------------------------------------
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Return once every rank has called barrier()."""
+    _check_process_set(process_set)
+    _run(cring.barrier)
+
+
+def poll(handle: cring.Handle) -> bool:
+    """True once the asynchronous collective has completed; never blocks."""
+    return cring.poll(handle)
+
+
+def synchronize(handle: cring.Handle) -> Any:
+    """Wait for an asynchronous collective and return its result (a tensor,
+    or a list for grouped ones); raise its error."""
+    return _run(cring.synchronize, handle)
+
+
+def _pickler() -> Any:
+    try:
+        import cloudpickle
+
+        return cloudpickle
+    except ImportError:
+        return pickle
+
+
+def broadcast_object(
+    obj: Any,
+    root_rank: int = 0,
+    name: Optional[str] = None,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """Return root_rank's `obj` on every rank: pickled (with cloudpickle when
+    installed), its size broadcast, then its bytes. Unnamed calls get
+    deterministic names, so every rank must make them in the same order (any
+    `obj` is fine on the other ranks, e.g. None)."""
+    _check_process_set(process_set)
+    base = _core._name("broadcast_object", name)
+    is_root = rank() == int(root_rank)
+    if is_root:
+        buffer = io.BytesIO()
+        _pickler().dump(obj, buffer)
+        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    _run(cring.broadcast_, length, root_rank, name=f"{base}.sz")
+    if not is_root:
+        payload = torch.empty(int(length[0]), dtype=torch.uint8)
+    _run(cring.broadcast_, payload, root_rank, name=f"{base}.t")
+    if is_root:
+        return obj
+    return _pickler().load(io.BytesIO(payload.numpy().tobytes()))
+
+
+def allgather_object(
+    obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set
+) -> list:
+    """Return the list of every rank's `obj`, in rank order (pickled with
+    cloudpickle when installed; sizes and bytes gathered together)."""
+    _check_process_set(process_set)
+    base = _core._name("allgather_object", name)
+    buffer = io.BytesIO()
+    _pickler().dump(obj, buffer)
+    payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    sizes_handle = _run(
+        cring.allgather_async, torch.tensor([payload.numel()], dtype=torch.int64), name=f"{base}.sz"
+    )
+    bytes_handle = _run(cring.allgather_async, payload, name=f"{base}.t")
+    sizes = [int(n) for n in _run(cring.synchronize, sizes_handle)]
+    gathered = _run(cring.synchronize, bytes_handle).numpy()
+    objects, start = [], 0
+    for n in sizes:
+        objects.append(_pickler().load(io.BytesIO(gathered[start : start + n].tobytes())))
+        start += n
+    return objects
