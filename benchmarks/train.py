@@ -55,8 +55,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 COMM_TARGET = 1.3  # cring DistributedOptimizer steps/s over DDP-gloo's, at least
 SCALING_TARGET = 1.8  # 2 ranks x 1 thread over 1 rank x 1 thread throughput, at least
 ZERO_TARGET = 1.15  # cring shard_state=1 step time over the unsharded one's, at most
-LAUNCHER_VARS = ("CRING_RANK", "CRING_SIZE", "CRING_LOCAL_RANK", "CRING_LOCAL_SIZE", "CRING_ADDR",
-                 "CRING_PORT", "CRING_SECRET", "CRING_JOB_ID", "CRING_STORE_EXTERNAL")
+LAUNCHER_VARS = (
+    "CRING_RANK",
+    "CRING_SIZE",
+    "CRING_LOCAL_RANK",
+    "CRING_LOCAL_SIZE",
+    "CRING_ADDR",
+    "CRING_PORT",
+    "CRING_SECRET",
+    "CRING_JOB_ID",
+    "CRING_STORE_EXTERNAL",
+)
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -136,8 +145,12 @@ def init_gloo() -> None:
             s.bind(("127.0.0.1", 0))
             port[0] = s.getsockname()[1]
     cring.broadcast_(port, 0, name="gloo.port")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}",
-                            rank=cring.rank(), world_size=cring.size())
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{int(port[0])}",
+        rank=cring.rank(),
+        world_size=cring.size(),
+    )
 
 
 def make_mlp(args: argparse.Namespace) -> torch.nn.Module:  # noqa: F821
@@ -315,26 +328,37 @@ def sharded(args: argparse.Namespace) -> list:
         return {"lr": 1e-3, "momentum": 0.9}
 
     g = torch.Generator().manual_seed(1 + rank)  # each rank its own data
-    batches = [(torch.randn(args.batch, DIM_IN, generator=g),
-                torch.randint(0, CLASSES, (args.batch,), generator=g)) for _ in range(4)]
+    batches = [
+        (
+            torch.randn(args.batch, DIM_IN, generator=g),
+            torch.randint(0, CLASSES, (args.batch,), generator=g),
+        )
+        for _ in range(4)
+    ]
 
     def ours(stage: int, prefix: str) -> tuple:
         model = make_mlp(args)
         broadcast_parameters(model.state_dict(), root_rank=0)
-        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), **sgd_args()),
-                                   named_parameters=[(f"{prefix}.{n}", p)
-                                                     for n, p in model.named_parameters()],
-                                   shard_state=stage)
+        opt = DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), **sgd_args()),
+            named_parameters=[(f"{prefix}.{n}", p) for n, p in model.named_parameters()],
+            shard_state=stage,
+        )
         return model, opt
 
     def torch_zero() -> tuple:
         model = DistributedDataParallel(make_mlp(args))
-        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
-                                      **sgd_args())
+        opt = ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.SGD, **sgd_args()
+        )
         return model, opt
 
-    setups = {"cring": ours(0, "z0"), "stage1": ours(1, "z1"), "stage2": ours(2, "z2"),
-              "torch_zero": torch_zero()}
+    setups = {
+        "cring": ours(0, "z0"),
+        "stage1": ours(1, "z1"),
+        "stage2": ours(2, "z2"),
+        "torch_zero": torch_zero(),
+    }
     counter = dict.fromkeys(setups, 0)
 
     def step(name: str) -> None:
@@ -369,31 +393,47 @@ def sharded(args: argparse.Namespace) -> list:
         agree[name] = float((got - ref).abs().max() / ref.abs().max())
     dist.destroy_process_group()
 
-    labels = [("cring DistributedOptimizer (unsharded)", "cring"),
-              ("cring shard_state=1 (ZeRO stage 1)", "stage1"),
-              ("cring shard_state=2 (ZeRO stage 2)", "stage2"),
-              ("torch ZeroRedundancyOptimizer + DDP, gloo", "torch_zero")]
+    labels = [
+        ("cring DistributedOptimizer (unsharded)", "cring"),
+        ("cring shard_state=1 (ZeRO stage 1)", "stage1"),
+        ("cring shard_state=2 (ZeRO stage 2)", "stage2"),
+        ("torch ZeroRedundancyOptimizer + DDP, gloo", "torch_zero"),
+    ]
     ratio1, ratio2 = t["stage1"] / t["cring"], t["stage2"] / t["cring"]
     rows = [(f"zero: {label}", f"{t[name]:.6g}", f"{1 / t[name]:.4g}") for label, name in labels]
-    rows += [("zero: stage 1 / unsharded step time", "", f"{ratio1:.4g}"),
-             ("zero: stage 2 / unsharded step time", "", f"{ratio2:.4g}"),
-             ("zero: torch ZeroRedundancyOptimizer / cring stage 1 step time", "",
-              f"{t['torch_zero'] / t['stage1']:.4g}")]
+    rows += [
+        ("zero: stage 1 / unsharded step time", "", f"{ratio1:.4g}"),
+        ("zero: stage 2 / unsharded step time", "", f"{ratio2:.4g}"),
+        (
+            "zero: torch ZeroRedundancyOptimizer / cring stage 1 step time",
+            "",
+            f"{t['torch_zero'] / t['stage1']:.4g}",
+        ),
+    ]
     if rank == 0:
         n_params = sum(p.numel() for p in setups["cring"][0].parameters())
-        print(f"\nsharded optimizer state: {size} ranks, the same MLP ({n_params / 1e6:.1f}M "
-              f"parameters), batch {args.batch} per rank, SGD with momentum, median of "
-              f"{args.rounds} rounds of {args.steps} steps\n")
+        print(
+            f"\nsharded optimizer state: {size} ranks, the same MLP ({n_params / 1e6:.1f}M "
+            f"parameters), batch {args.batch} per rank, SGD with momentum, median of "
+            f"{args.rounds} rounds of {args.steps} steps\n"
+        )
         print(f"{'case':44s} {'ms/step':>9s} {'steps/s':>9s}")
         for label, name in labels:
             print(f"{label:44s} {t[name] * 1e3:9.1f} {1 / t[name]:9.2f}")
-        print(f"\nstage 1 / unsharded step time: {ratio1:.3f} (target <= {ZERO_TARGET}: "
-              f"{'PASS' if ratio1 <= ZERO_TARGET else f'MISS by {ratio1 / ZERO_TARGET - 1:.0%}'})")
+        print(
+            f"\nstage 1 / unsharded step time: {ratio1:.3f} (target <= {ZERO_TARGET}: "
+            f"{'PASS' if ratio1 <= ZERO_TARGET else f'MISS by {ratio1 / ZERO_TARGET - 1:.0%}'})"
+        )
         print(f"stage 2 / unsharded step time: {ratio2:.3f}")
-        print(f"torch ZeroRedundancyOptimizer (gloo) / cring stage 1 step time: "
-              f"{t['torch_zero'] / t['stage1']:.2f}")
-        print("after the same steps, relative difference to the unsharded model: "
-              + ", ".join(f"{k} {v:.1e}" for k, v in agree.items()) + "\n")
+        print(
+            f"torch ZeroRedundancyOptimizer (gloo) / cring stage 1 step time: "
+            f"{t['torch_zero'] / t['stage1']:.2f}"
+        )
+        print(
+            "after the same steps, relative difference to the unsharded model: "
+            + ", ".join(f"{k} {v:.1e}" for k, v in agree.items())
+            + "\n"
+        )
     if max(agree.values()) > 1e-4:
         raise SystemExit(f"sharded and unsharded training disagree: {agree}")
     return rows
@@ -538,11 +578,15 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=8, help="per-rank batch size")
     parser.add_argument("--steps", type=int, default=5, help="steps per timed round")
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--part", nargs="+", choices=("comm", "zero", "scaling"),
-                        default=["comm", "zero", "scaling"],
-                        help="comm: cring vs DDP-gloo steps/s; zero: sharded optimizer state "
-                             "(shard_state=1, 2) vs unsharded and vs torch's "
-                             "ZeroRedundancyOptimizer over gloo; scaling: 2 ranks vs 1 rank")
+    parser.add_argument(
+        "--part",
+        nargs="+",
+        choices=("comm", "zero", "scaling"),
+        default=["comm", "zero", "scaling"],
+        help="comm: cring vs DDP-gloo steps/s; zero: sharded optimizer state "
+        "(shard_state=1, 2) vs unsharded and vs torch's "
+        "ZeroRedundancyOptimizer over gloo; scaling: 2 ranks vs 1 rank",
+    )
     parser.add_argument("--cnn-width", type=int, default=32, help="scaling run: CNN width")
     parser.add_argument("--cnn-batch", type=int, default=32, help="scaling run: per-rank batch")
     parser.add_argument(

@@ -35,8 +35,17 @@ from typing import Optional
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SLACK = 0.01  # 1 % over the ideal 1/P
-LAUNCHER_VARS = ("CRING_RANK", "CRING_SIZE", "CRING_LOCAL_RANK", "CRING_LOCAL_SIZE", "CRING_ADDR",
-                 "CRING_PORT", "CRING_SECRET", "CRING_JOB_ID", "CRING_STORE_EXTERNAL")
+LAUNCHER_VARS = (
+    "CRING_RANK",
+    "CRING_SIZE",
+    "CRING_LOCAL_RANK",
+    "CRING_LOCAL_SIZE",
+    "CRING_ADDR",
+    "CRING_PORT",
+    "CRING_SECRET",
+    "CRING_JOB_ID",
+    "CRING_STORE_EXTERNAL",
+)
 MODES = {0: "unsharded", 1: "stage 1", 2: "stage 2"}
 
 
@@ -77,10 +86,11 @@ def worker(args: argparse.Namespace) -> None:
         broadcast_parameters(model.state_dict(), root_rank=0)
         params = list(model.parameters())
         groups = [{"params": params[:2], "lr": 1e-3}, {"params": params[2:], "lr": 3e-3}]
-        opt = DistributedOptimizer(torch.optim.Adam(groups),
-                                   named_parameters=[(f"m{stage}.{n}", p)
-                                                     for n, p in model.named_parameters()],
-                                   shard_state=stage)
+        opt = DistributedOptimizer(
+            torch.optim.Adam(groups),
+            named_parameters=[(f"m{stage}.{n}", p) for n, p in model.named_parameters()],
+            shard_state=stage,
+        )
         peak = {"now": 0, "max": 0}
         if stage == 2:
             track_full_gradients(opt, peak)
@@ -89,13 +99,20 @@ def worker(args: argparse.Namespace) -> None:
             peak["now"] = 0
             F.mse_loss(model(x), y).backward()
             opt.step()
-        state = [v for st in opt.state.values() for v in st.values()
-                 if isinstance(v, torch.Tensor) and v.dim() > 0]
+        state = [
+            v
+            for st in opt.state.values()
+            for v in st.values()
+            if isinstance(v, torch.Tensor) and v.dim() > 0
+        ]
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         grads += list(getattr(opt, "_zero_grads", {}).values())
-        rows[label] = {"state_bytes": storages_bytes(state), "grad_bytes": storages_bytes(grads),
-                       "param_bytes": sum(p.numel() * p.element_size() for p in params),
-                       "peak_full_grad_bytes": peak["max"] if stage == 2 else None}
+        rows[label] = {
+            "state_bytes": storages_bytes(state),
+            "grad_bytes": storages_bytes(grads),
+            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "peak_full_grad_bytes": peak["max"] if stage == 2 else None,
+        }
         del model, opt
     with open(os.path.join(args.outdir, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "size": size, "rows": rows}, f)
@@ -127,24 +144,42 @@ def track_full_gradients(opt, peak: dict) -> None:
         if landed or not entries.done:
             return
         unit = entries.bucket
-        held = sum(nbytes(p) for p in unit.params) if unit.direct else (
-            unit.width * len(unit.offsets[0]) * unit.params[0].element_size())
+        held = (
+            sum(nbytes(p) for p in unit.params)
+            if unit.direct
+            else (unit.width * len(unit.offsets[0]) * unit.params[0].element_size())
+        )
         peak["now"] -= held
 
     for p in opt._zero_shards:
         if p.requires_grad:
+
             def on_grad(param, p=p):
                 peak["now"] += nbytes(param)
                 peak["max"] = max(peak["max"], peak["now"])
+
             p.register_post_accumulate_grad_hook(on_grad)
     opt._cring_submit, opt._cring_finish = hooked_submit, hooked_finish
 
 
 def run(args: argparse.Namespace, ranks: int) -> list:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "cring.run", "-np", str(ranks), sys.executable, __file__,
-               "--worker", "--outdir", tmp, "--width", str(args.width), "--layers",
-               str(args.layers)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cring.run",
+            "-np",
+            str(ranks),
+            sys.executable,
+            __file__,
+            "--worker",
+            "--outdir",
+            tmp,
+            "--width",
+            str(args.width),
+            "--layers",
+            str(args.layers),
+        ]
         env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
         subprocess.run(cmd, timeout=600, env=env, check=True)
@@ -169,8 +204,10 @@ def plot(path: Path, table: list) -> Optional[str]:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     colors = {"unsharded": "tab:gray", "stage 1": "tab:blue", "stage 2": "tab:red"}
-    for ax, key, title in ((axes[0], "state_bytes", "optimizer state (Adam)"),
-                           (axes[1], "grad_bytes", "gradients kept after the step")):
+    for ax, key, title in (
+        (axes[0], "state_bytes", "optimizer state (Adam)"),
+        (axes[1], "grad_bytes", "gradients kept after the step"),
+    ):
         ranks = sorted({row["P"] for row in table})
         width = 0.8 / len(MODES)
         for i, mode in enumerate(MODES.values()):
@@ -195,8 +232,9 @@ def plot(path: Path, table: list) -> Optional[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--outdir", help=argparse.SUPPRESS)
     parser.add_argument("--width", type=int, default=1024)
@@ -214,52 +252,90 @@ def main() -> int:
             for mode, row in res["rows"].items():
                 table.append({"P": ranks, "rank": res["rank"], "mode": mode, **row})
     params = table[0]["param_bytes"]
-    print(f"\nsharded optimizer state: MLP {args.width + 3}-{args.width}x{args.layers - 1}-7, "
-          f"{params / 4 / 1e6:.2f}M float32 parameters ({params / 2**20:.1f} MiB), Adam; "
-          f"bytes each rank keeps after a step\n")
-    print(f"{'P':>2s} {'rank':>4s} {'mode':10s} {'state MiB':>10s} {'/unsharded':>10s} "
-          f"{'grad MiB':>9s} {'/unsharded':>10s}")
+    print(
+        f"\nsharded optimizer state: MLP {args.width + 3}-{args.width}x{args.layers - 1}-7, "
+        f"{params / 4 / 1e6:.2f}M float32 parameters ({params / 2**20:.1f} MiB), Adam; "
+        f"bytes each rank keeps after a step\n"
+    )
+    print(
+        f"{'P':>2s} {'rank':>4s} {'mode':10s} {'state MiB':>10s} {'/unsharded':>10s} "
+        f"{'grad MiB':>9s} {'/unsharded':>10s}"
+    )
     worst_ok = True
     lines = []
     for row in table:
-        base = next(r for r in table if r["P"] == row["P"] and r["rank"] == row["rank"]
-                    and r["mode"] == "unsharded")
+        base = next(
+            r
+            for r in table
+            if r["P"] == row["P"] and r["rank"] == row["rank"] and r["mode"] == "unsharded"
+        )
         row["state_ratio"] = row["state_bytes"] / base["state_bytes"]
         row["grad_ratio"] = row["grad_bytes"] / base["grad_bytes"]
-        print(f"{row['P']:2d} {row['rank']:4d} {row['mode']:10s} "
-              f"{row['state_bytes'] / 2**20:10.3f} {row['state_ratio']:10.4f} "
-              f"{row['grad_bytes'] / 2**20:9.3f} {row['grad_ratio']:10.4f}")
+        print(
+            f"{row['P']:2d} {row['rank']:4d} {row['mode']:10s} "
+            f"{row['state_bytes'] / 2**20:10.3f} {row['state_ratio']:10.4f} "
+            f"{row['grad_bytes'] / 2**20:9.3f} {row['grad_ratio']:10.4f}"
+        )
     print()
     for ranks in args.ranks:
         limit = (1 + SLACK) / ranks
-        for mode, key in (("stage 1", "state_ratio"), ("stage 2", "state_ratio"),
-                          ("stage 2", "grad_ratio")):
+        for mode, key in (
+            ("stage 1", "state_ratio"),
+            ("stage 2", "state_ratio"),
+            ("stage 2", "grad_ratio"),
+        ):
             worst = max(r[key] for r in table if r["P"] == ranks and r["mode"] == mode)
             v = verdict(worst, limit)
             worst_ok &= v == "PASS"
             what = "optimizer state" if key == "state_ratio" else "gradients"
-            line = (f"P={ranks} {mode}: {what} per rank {worst:.4f} of unsharded (target <= "
-                    f"1/P + 1% = {limit:.4f}): {v}")
+            line = (
+                f"P={ranks} {mode}: {what} per rank {worst:.4f} of unsharded (target <= "
+                f"1/P + 1% = {limit:.4f}): {v}"
+            )
             lines.append(line)
             print(line)
-        peak = max(r["peak_full_grad_bytes"] for r in table
-                   if r["P"] == ranks and r["mode"] == "stage 2")
-        print(f"P={ranks} stage 2: at most {peak / 2**20:.2f} MiB of full-size gradients alive "
-              f"at once during backward ({peak / params:.0%} of the parameters)")
+        peak = max(
+            r["peak_full_grad_bytes"] for r in table if r["P"] == ranks and r["mode"] == "stage 2"
+        )
+        print(
+            f"P={ranks} stage 2: at most {peak / 2**20:.2f} MiB of full-size gradients alive "
+            f"at once during backward ({peak / params:.0%} of the parameters)"
+        )
     RESULTS.mkdir(exist_ok=True)
     with open(RESULTS / "zero_memory.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["ranks", "rank", "mode", "state_bytes", "state_ratio", "grad_bytes",
-                    "grad_ratio", "param_bytes", "peak_full_grad_bytes"])
+        w.writerow(
+            [
+                "ranks",
+                "rank",
+                "mode",
+                "state_bytes",
+                "state_ratio",
+                "grad_bytes",
+                "grad_ratio",
+                "param_bytes",
+                "peak_full_grad_bytes",
+            ]
+        )
         for row in table:
-            w.writerow([row["P"], row["rank"], row["mode"], row["state_bytes"],
-                        f"{row['state_ratio']:.5f}", row["grad_bytes"],
-                        f"{row['grad_ratio']:.5f}", row["param_bytes"],
-                        row["peak_full_grad_bytes"] if row["peak_full_grad_bytes"] is not None
-                        else ""])
+            w.writerow(
+                [
+                    row["P"],
+                    row["rank"],
+                    row["mode"],
+                    row["state_bytes"],
+                    f"{row['state_ratio']:.5f}",
+                    row["grad_bytes"],
+                    f"{row['grad_ratio']:.5f}",
+                    row["param_bytes"],
+                    row["peak_full_grad_bytes"] if row["peak_full_grad_bytes"] is not None else "",
+                ]
+            )
     why = plot(RESULTS / "zero_memory.png", table)
-    print(f"\nwrote {RESULTS / 'zero_memory.csv'}"
-          + (f" and {RESULTS / 'zero_memory.png'}" if why is None else f" (no plot: {why})"))
+    print(
+        f"\nwrote {RESULTS / 'zero_memory.csv'}"
+        + (f" and {RESULTS / 'zero_memory.png'}" if why is None else f" (no plot: {why})")
+    )
     return 0 if worst_ok else 1
 
 

@@ -8,6 +8,7 @@ Every job has a hard timeout."""
 import json
 
 import pytest
+
 from conftest import rank_results, run_ranks
 
 pytest.importorskip("torch")
@@ -85,14 +86,16 @@ def test_collectives_the_cuda_backend_runs(trained, stage):
     assert not any(name.startswith("alltoall") for name in calls), calls
     assert calls.get("allgather_async", 0) > 0, calls
     if stage == 1:
-        assert set(calls) <= {"allreduce_async_", "grouped_allreduce_async_",
-                              "allgather_async"}, calls
+        assert set(calls) <= {"allreduce_async_", "grouped_allreduce_async_", "allgather_async"}, (
+            calls
+        )
     else:
         assert set(calls) == {"reducescatter_async", "allgather_async"}, calls
 
 
-@pytest.mark.parametrize("label", ["closure and accumulation",
-                                   "skip_synchronize and clip_grad_norm_", "refusals"])
+@pytest.mark.parametrize(
+    "label", ["closure and accumulation", "skip_synchronize and clip_grad_norm_", "refusals"]
+)
 def test_controls(trained, label):
     """step(closure), backward_passes_per_step=2, synchronize() +
     clip_grad_norm_ + step() in skip_synchronize() give the unsharded

@@ -12,10 +12,11 @@ import os
 import sys
 
 import torch
-from engine_common import Checks
 from zero_common import make, max_diff, state_diff, train, vector
 
 import cring
+
+from engine_common import Checks
 
 torch.set_num_threads(1)
 outdir, phase, stage = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -49,8 +50,9 @@ def resume():
         runs[label] = (vector(model), opt.state_dict())
     d = max_diff(runs["sharded"][0], runs["unsharded"][0])
     checks.info["diff"] = d
-    checks.info["moved"] = max_diff(runs["sharded"][0], torch.cat(
-        [t.reshape(-1) for t in ckpt["model"].values()]))
+    checks.info["moved"] = max_diff(
+        runs["sharded"][0], torch.cat([t.reshape(-1) for t in ckpt["model"].values()])
+    )
     if d > 1e-6:
         return f"sharded and unsharded resumes differ by {d:.3g}"
     problem = state_diff(runs["sharded"][1], runs["unsharded"][1])

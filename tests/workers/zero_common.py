@@ -61,25 +61,36 @@ def batch(step: int, rank: int, rows: int = 8) -> tuple:
     return torch.randn(rows, IN, generator=g), torch.randn(rows, OUT, generator=g)
 
 
-def make(rank: int, kind: str, shard_state: int, prefix: str, seed: Optional[int] = None,
-         **kwargs: Any) -> tuple:
+def make(
+    rank: int, kind: str, shard_state: int, prefix: str, seed: Optional[int] = None, **kwargs: Any
+) -> tuple:
     """A model (rank 0's weights everywhere) and its DistributedOptimizer;
     `prefix` keeps the collectives' names apart from other optimizers'."""
     model = Net(seed=100 + rank if seed is None else seed)
     broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = DistributedOptimizer(OPTIMIZERS[kind](model),
-                               named_parameters=[(f"{prefix}.{n}", p)
-                                                 for n, p in model.named_parameters()],
-                               shard_state=shard_state, **kwargs)
+    opt = DistributedOptimizer(
+        OPTIMIZERS[kind](model),
+        named_parameters=[(f"{prefix}.{n}", p) for n, p in model.named_parameters()],
+        shard_state=shard_state,
+        **kwargs,
+    )
     return model, opt
 
 
-def train(model: torch.nn.Module, opt: torch.optim.Optimizer, rank: int, steps: int,
-          first: int = 0, closure: bool = False, bpps: int = 1,
-          on_backward: Optional[Callable] = None) -> None:
+def train(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rank: int,
+    steps: int,
+    first: int = 0,
+    closure: bool = False,
+    bpps: int = 1,
+    on_backward: Optional[Callable] = None,
+) -> None:
     for step in range(first, first + steps):
         opt.zero_grad()
         if closure:
+
             def loss_fn(step: int = step) -> torch.Tensor:
                 x, y = batch(step, rank)
                 loss = F.mse_loss(model(x, rank), y)
@@ -108,7 +119,8 @@ def state_diff(a: dict, b: dict) -> Optional[str]:
     """None when two unsharded optimizer state dicts agree (tensors within
     1e-6, everything else equal), else what differs."""
     if [{k: v for k, v in g.items()} for g in a["param_groups"]] != [
-            {k: v for k, v in g.items()} for g in b["param_groups"]]:
+        {k: v for k, v in g.items()} for g in b["param_groups"]
+    ]:
         return f"param_groups differ: {a['param_groups']} != {b['param_groups']}"
     if sorted(a["state"]) != sorted(b["state"]):
         return f"state indices differ: {sorted(a['state'])} != {sorted(b['state'])}"

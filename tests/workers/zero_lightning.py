@@ -19,13 +19,14 @@ import warnings
 import lightning as L
 import torch
 import torch.nn.functional as F
-from engine_common import Checks
 from torch.utils.data import DataLoader, TensorDataset
 from zero_common import max_diff, state_diff
 
 import cring
 import cring.lightning
 from cring.lightning import CRingFabricStrategy, CRingStrategy
+
+from engine_common import Checks
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
@@ -48,8 +49,9 @@ class Model(L.LightningModule):
     def __init__(self):
         super().__init__()
         torch.manual_seed(3)
-        self.net = torch.nn.Sequential(torch.nn.Linear(32, 33), torch.nn.Tanh(),
-                                       torch.nn.Linear(33, 5))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(32, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5)
+        )
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -64,11 +66,18 @@ class Model(L.LightningModule):
 
 
 def trainer(shard_state: int, epochs: int) -> L.Trainer:
-    return L.Trainer(strategy=CRingStrategy(shard_state=shard_state), accelerator="cpu",
-                     devices=1, max_epochs=epochs, accumulate_grad_batches=2,
-                     gradient_clip_val=0.05 if stage == 1 else None, logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False)
+    return L.Trainer(
+        strategy=CRingStrategy(shard_state=shard_state),
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        accumulate_grad_batches=2,
+        gradient_clip_val=0.05 if stage == 1 else None,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
 
 
 def vector(model: torch.nn.Module) -> torch.Tensor:
@@ -110,8 +119,12 @@ def resume():
         out[shard_state] = vector(model)
     d = max_diff(out[stage], out[0])
     checks.info["diff"] = d
-    checks.info["moved"] = max_diff(out[0], torch.cat(
-        [t.reshape(-1) for t in torch.load(ckpt(0), weights_only=False)["state_dict"].values()]))
+    checks.info["moved"] = max_diff(
+        out[0],
+        torch.cat(
+            [t.reshape(-1) for t in torch.load(ckpt(0), weights_only=False)["state_dict"].values()]
+        ),
+    )
     return f"sharded and unsharded resumes differ by {d:.3g}" if d > TOL else None
 
 
@@ -119,23 +132,28 @@ def fabric():
     out = {}
     ds = data()
     for shard_state in (0, stage):
-        f = L.Fabric(strategy=CRingFabricStrategy(shard_state=shard_state), accelerator="cpu",
-                     devices=1)
+        f = L.Fabric(
+            strategy=CRingFabricStrategy(shard_state=shard_state), accelerator="cpu", devices=1
+        )
         f.launch()
 
         def setup():
             torch.manual_seed(3)
-            net = torch.nn.Sequential(torch.nn.Linear(32, 33), torch.nn.Tanh(),
-                                      torch.nn.Linear(33, 5))
+            net = torch.nn.Sequential(
+                torch.nn.Linear(32, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5)
+            )
             return f.setup(net, torch.optim.AdamW(net.parameters(), lr=0.01))
 
         def train(net, opt, steps, first):
             for i in range(first, first + steps):
-                x, y = ds[(i * 8 + rank * 4) % 48: (i * 8 + rank * 4) % 48 + 4]
+                x, y = ds[(i * 8 + rank * 4) % 48 : (i * 8 + rank * 4) % 48 + 4]
                 for micro in range(2):
                     with f.no_backward_sync(net, enabled=micro == 0):
-                        f.backward(F.mse_loss(net(x[micro * 2:micro * 2 + 2]),
-                                              y[micro * 2:micro * 2 + 2]))
+                        f.backward(
+                            F.mse_loss(
+                                net(x[micro * 2 : micro * 2 + 2]), y[micro * 2 : micro * 2 + 2]
+                            )
+                        )
                 f.clip_gradients(net, opt, max_norm=0.05)
                 opt.step()
                 opt.zero_grad()

@@ -11,12 +11,13 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from engine_common import Checks
 from zero_common import OPTIMIZERS, batch, make, max_diff, n_params, state_diff, train, vector
 
 import cring
 import cring.torch
 from cring.torch import sharded
+
+from engine_common import Checks
 
 torch.set_num_threads(1)
 cring.init()
@@ -44,10 +45,20 @@ class Recorder:
     """Counts the cring collectives the optimizer module calls (they are looked
     up on the cring package at call time)."""
 
-    NAMES = ("allreduce_async_", "grouped_allreduce_async_", "reducescatter_async",
-             "grouped_reducescatter_async", "allgather_async", "grouped_allgather_async",
-             "grouped_allgather", "allgather", "alltoall", "alltoall_async", "broadcast_",
-             "broadcast_async_")
+    NAMES = (
+        "allreduce_async_",
+        "grouped_allreduce_async_",
+        "reducescatter_async",
+        "grouped_reducescatter_async",
+        "allgather_async",
+        "grouped_allgather_async",
+        "grouped_allgather",
+        "allgather",
+        "alltoall",
+        "alltoall_async",
+        "broadcast_",
+        "broadcast_async_",
+    )
 
     def __init__(self):
         self.calls: dict = {}
@@ -81,17 +92,26 @@ for kind in OPTIMIZERS:
             ref_model, _, ref_state = plain[kind]
             diff = max_diff(vector(model), vector(ref_model))
             shards = [s.hi - s.lo for s in opt._zero_shards.values() if s.param.requires_grad]
-            state_numel = sum(v.numel() for st in opt.state.values() for v in st.values()
-                              if isinstance(v, torch.Tensor) and v.dim() == 1)
+            state_numel = sum(
+                v.numel()
+                for st in opt.state.values()
+                for v in st.values()
+                if isinstance(v, torch.Tensor) and v.dim() == 1
+            )
             grad_numel = sum(g.numel() for g in opt._zero_grads.values())
             full_grads = sum(p.grad.numel() for p in model.parameters() if p.grad is not None)
-            results[label] = {"diff": diff, "ranks_differ": same_everywhere(vector(model)),
-                              "calls": rec.calls, "shard_numel": sum(shards),
-                              "state_numel": state_numel, "grad_numel": grad_numel,
-                              "full_grad_numel": full_grads, "n_params": n_params(model),
-                              "trainable_numel": sum(p.numel() for p in model.parameters()
-                                                     if p.requires_grad),
-                              "count": sum(1 for p in model.parameters())}
+            results[label] = {
+                "diff": diff,
+                "ranks_differ": same_everywhere(vector(model)),
+                "calls": rec.calls,
+                "shard_numel": sum(shards),
+                "state_numel": state_numel,
+                "grad_numel": grad_numel,
+                "full_grad_numel": full_grads,
+                "n_params": n_params(model),
+                "trainable_numel": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                "count": sum(1 for p in model.parameters()),
+            }
             if diff > TOL:
                 return f"parameters differ from the unsharded optimizer's by {diff:.3g}"
             full = opt.state_dict()
@@ -182,22 +202,28 @@ def refusals():
     model = torch.nn.Linear(3, 2)
     named = [("refuse." + n, p) for n, p in model.named_parameters()]
     try:
-        cring.torch.DistributedOptimizer(torch.optim.LBFGS(model.parameters()),
-                                         named_parameters=named, shard_state=1)
+        cring.torch.DistributedOptimizer(
+            torch.optim.LBFGS(model.parameters()), named_parameters=named, shard_state=1
+        )
         return "LBFGS was accepted"
     except ValueError as e:
         if "element-wise" not in str(e) or "LBFGS" not in str(e):
             return f"unclear LBFGS error: {e}"
     for bad in (3, -1, True, "1"):
         try:
-            cring.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                             named_parameters=named, shard_state=bad)
+            cring.torch.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named, shard_state=bad
+            )
             return f"shard_state={bad!r} was accepted"
         except ValueError:
             pass
     try:
-        cring.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                         named_parameters=named, shard_state=2, groups=1)
+        cring.torch.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=named,
+            shard_state=2,
+            groups=1,
+        )
         return "shard_state=2 with groups was accepted"
     except ValueError:
         pass
@@ -213,15 +239,17 @@ def refusals():
                         p.data.add_(p.grad, alpha=-group["lr"])
 
     try:
-        cring.torch.DistributedOptimizer(Custom(model.parameters()), named_parameters=named,
-                                         shard_state=1)
+        cring.torch.DistributedOptimizer(
+            Custom(model.parameters()), named_parameters=named, shard_state=1
+        )
         return "an unknown optimizer was accepted"
     except ValueError as e:
         if "cring_elementwise" not in str(e):
             return f"the error does not say how to opt in: {e}"
     Custom.cring_elementwise = True
-    opt = cring.torch.DistributedOptimizer(Custom(model.parameters()), named_parameters=named,
-                                           shard_state=1)
+    opt = cring.torch.DistributedOptimizer(
+        Custom(model.parameters()), named_parameters=named, shard_state=1
+    )
     try:
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
         return "add_param_group was accepted"

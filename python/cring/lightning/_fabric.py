@@ -25,8 +25,9 @@ class _NoBackwardSync:
         if not enabled:
             yield
             return
-        with _common.sync_paused(self._strategy._averagers.get(id(module))), _sharded.paused(
-            self._strategy._sharded_optimizers
+        with (
+            _common.sync_paused(self._strategy._averagers.get(id(module))),
+            _sharded.paused(self._strategy._sharded_optimizers),
         ):
             yield
 

@@ -107,9 +107,7 @@ class TrainerSharding:
         synchronize(self.optimizers)  # type: ignore[has-type]
         super().post_backward(closure_loss)  # type: ignore[misc]
 
-    def optimizer_step(
-        self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any
-    ) -> Any:
+    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         with _stepping(optimizer):
             return super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
 

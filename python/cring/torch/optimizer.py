@@ -473,24 +473,29 @@ def _distributed_class(base: type, sharded: bool) -> type:
     cls = _CLASSES.get((base, sharded))
     if cls is None:
         # the wrapped class's name, so that repr() and logs read as before
-        mixins = (_sharded.ShardedMixin, _DistributedOptimizer) if sharded else (
-            _DistributedOptimizer,)
-        cls = type(base.__name__, (*mixins, base),
-                   {"__module__": __name__, "__qualname__": base.__qualname__,
-                    "_cring_base": base})
+        mixins = (
+            (_sharded.ShardedMixin, _DistributedOptimizer) if sharded else (_DistributedOptimizer,)
+        )
+        cls = type(
+            base.__name__,
+            (*mixins, base),
+            {"__module__": __name__, "__qualname__": base.__qualname__, "_cring_base": base},
+        )
         _CLASSES[(base, sharded)] = cls
     return cls
 
 
-def DistributedOptimizer(optimizer: torch.optim.Optimizer,
-                         named_parameters: Optional[Iterable] = None,
-                         compression: Any = cring.Compression.none,
-                         backward_passes_per_step: int = 1,
-                         op: Any = cring.Average,
-                         gradient_predivide_factor: float = 1.0,
-                         groups: Any = None,
-                         sparse_as_dense: bool = False,
-                         shard_state: int = 0) -> torch.optim.Optimizer:
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Optional[Iterable] = None,
+    compression: Any = cring.Compression.none,
+    backward_passes_per_step: int = 1,
+    op: Any = cring.Average,
+    gradient_predivide_factor: float = 1.0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    shard_state: int = 0,
+) -> torch.optim.Optimizer:
     """Wrap `optimizer` so that gradients are reduced over all ranks before
     each step, as horovod.torch.DistributedOptimizer does.
 
@@ -559,8 +564,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if not gradient_predivide_factor > 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     if int(backward_passes_per_step) < 1:
-        raise ValueError(f"backward_passes_per_step must be >= 1, got "
-                         f"{backward_passes_per_step}")
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     shard_state = _sharded.check_arguments(optimizer, shard_state, groups)
     cls = _distributed_class(type(optimizer), shard_state > 0)
     wrapped = cls.__new__(cls)
@@ -570,8 +574,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped.__dict__.update(_sharded.adopt_instance_state(wrapped, optimizer))
     if shard_state:
         wrapped._zero_begin(shard_state)
-    wrapped._cring_setup(named_parameters, compression, backward_passes_per_step, op,
-                         gradient_predivide_factor, groups, sparse_as_dense)
+    wrapped._cring_setup(
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+    )
     if shard_state:
         wrapped._zero_setup()
     return wrapped

@@ -32,9 +32,21 @@ __all__ = ["ELEMENTWISE", "ShardedMixin", "check_arguments", "check_elementwise"
 # parameter, plus per-parameter scalars such as the step count): they can step a slice
 ELEMENTWISE = tuple(
     getattr(torch.optim, name)
-    for name in ("SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Rprop",
-                 "ASGD", "NAdam", "RAdam")
-    if hasattr(torch.optim, name))
+    for name in (
+        "SGD",
+        "Adam",
+        "AdamW",
+        "Adamax",
+        "Adagrad",
+        "Adadelta",
+        "RMSprop",
+        "Rprop",
+        "ASGD",
+        "NAdam",
+        "RAdam",
+    )
+    if hasattr(torch.optim, name)
+)
 # per-parameter scalar state of those classes: never sliced, even for a 0-d parameter
 SCALAR_KEYS = frozenset({"step", "eta", "mu", "mu_product"})
 # a parameter of at least this many bytes travels alone (its own reducescatter and allgather,
@@ -49,29 +61,36 @@ def check_elementwise(optimizer: torch.optim.Optimizer) -> None:
         return
     name = type(optimizer).__name__
     known = ", ".join(c.__name__ for c in ELEMENTWISE)
-    why = {"LBFGS": "its step re-evaluates the closure on the full parameters and works on "
-                    "whole vectors (line search, curvature pairs)",
-           "SparseAdam": "it needs sparse gradients, which are not sharded",
-           "Adafactor": "it factors its second moment over rows and columns",
-           "Muon": "it orthogonalises whole matrices"}.get(name, f"it is not one of {known}")
+    why = {
+        "LBFGS": "its step re-evaluates the closure on the full parameters and works on "
+        "whole vectors (line search, curvature pairs)",
+        "SparseAdam": "it needs sparse gradients, which are not sharded",
+        "Adafactor": "it factors its second moment over rows and columns",
+        "Muon": "it orthogonalises whole matrices",
+    }.get(name, f"it is not one of {known}")
     raise ValueError(
         f"shard_state needs an optimizer whose step is element-wise (each element updated "
         f"from its own gradient and state alone), and {name} is not known to be: {why}. Use "
         f"shard_state=0 with it; if its step really is element-wise, set "
-        f"`cring_elementwise = True` on the optimizer or its class")
+        f"`cring_elementwise = True` on the optimizer or its class"
+    )
 
 
 def check_arguments(optimizer: torch.optim.Optimizer, shard_state: Any, groups: Any) -> int:
     """shard_state as an int, after checking it fits the other arguments."""
     if isinstance(shard_state, bool) or shard_state not in (0, 1, 2):
-        raise ValueError(f"shard_state must be 0 (no sharding), 1 (optimizer state) or 2 "
-                         f"(optimizer state and gradients), got {shard_state!r}")
+        raise ValueError(
+            f"shard_state must be 0 (no sharding), 1 (optimizer state) or 2 "
+            f"(optimizer state and gradients), got {shard_state!r}"
+        )
     stage = int(shard_state)
     if stage:
         check_elementwise(optimizer)
     if stage == 2 and groups is not None and not (isinstance(groups, int) and groups == 0):
-        raise ValueError("groups= sets the allreduces of shard_state 0 and 1; with shard_state=2 "
-                         "gradients are reduce-scattered in buckets by size (docs/sharded.md)")
+        raise ValueError(
+            "groups= sets the allreduces of shard_state 0 and 1; with shard_state=2 "
+            "gradients are reduce-scattered in buckets by size (docs/sharded.md)"
+        )
     return stage
 
 
@@ -130,13 +149,15 @@ def _in_layout(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _flat_grad(grad: torch.Tensor, param: torch.Tensor, sparse_as_dense: bool,
-               name: str) -> torch.Tensor:
+def _flat_grad(
+    grad: torch.Tensor, param: torch.Tensor, sparse_as_dense: bool, name: str
+) -> torch.Tensor:
     if grad.is_sparse:
         if not sparse_as_dense:
             raise NotImplementedError(
                 f"parameter '{name}' has a sparse gradient: cring has no sparse reducescatter; "
-                "pass sparse_as_dense=True to DistributedOptimizer")
+                "pass sparse_as_dense=True to DistributedOptimizer"
+            )
         grad = grad.to_dense()
     flat = flat_view(_in_layout(grad, param))
     assert flat is not None
@@ -158,10 +179,12 @@ class _Shard:
     def attach(self) -> None:
         flat = flat_view(self.param.detach())
         if flat is None:
-            raise ValueError(f"parameter '{self.name}' {tuple(self.param.shape)} is not one dense "
-                             "block of memory (strides "
-                             f"{self.param.stride()}); shard_state needs dense parameters")
-        self.view = flat[self.lo:self.hi]
+            raise ValueError(
+                f"parameter '{self.name}' {tuple(self.param.shape)} is not one dense "
+                "block of memory (strides "
+                f"{self.param.stride()}); shard_state needs dense parameters"
+            )
+        self.view = flat[self.lo : self.hi]
         self.ptr, self.stride = self.param.data_ptr(), self.param.stride()
 
     def moved(self) -> bool:
@@ -176,8 +199,19 @@ class _Bucket:
     each parameter one after another (zero padding at the end). Has the
     attributes of the allreduce path's units (name, params, ready)."""
 
-    __slots__ = ("name", "params", "ready", "direct", "starts", "offsets", "width", "total",
-                 "_pack", "_unpack", "_index")
+    __slots__ = (
+        "name",
+        "params",
+        "ready",
+        "direct",
+        "starts",
+        "offsets",
+        "width",
+        "total",
+        "_pack",
+        "_unpack",
+        "_index",
+    )
 
     def __init__(self, name: str, params: tuple, size: int) -> None:
         self.name, self.params, self.ready = name, params, 0
@@ -213,8 +247,8 @@ class _Bucket:
                 for q in range(size):
                     lo, hi = split(n, size, q)
                     at = q * self.width + self.offsets[j][q]
-                    pack[at:at + hi - lo] = np.arange(start + lo, start + hi)
-                    unpack[start + lo:start + hi] = np.arange(at, at + hi - lo)
+                    pack[at : at + hi - lo] = np.arange(start + lo, start + hi)
+                    unpack[start + lo : start + hi] = np.arange(at, at + hi - lo)
             self._pack, self._unpack = torch.from_numpy(pack), torch.from_numpy(unpack)
         found = self._index[key] = (self._pack if kind == "pack" else self._unpack).to(device)
         return found
@@ -275,7 +309,8 @@ class _Pending:
 _CONSOLIDATED_ELSEWHERE = (
     "consolidate_state_dict(to={to}) gathered the optimizer state on rank {to} only: call "
     "state_dict() there (as with torch's ZeroRedundancyOptimizer), or call state_dict() on every "
-    "rank without consolidate_state_dict() to get it everywhere")
+    "rank without consolidate_state_dict() to get it everywhere"
+)
 
 
 class ShardedMixin:
@@ -289,8 +324,10 @@ class ShardedMixin:
     def _zero_begin(self, stage: int) -> None:
         """Before the allreduce path's setup (which asks for the units)."""
         if not cring.is_initialized():
-            raise RuntimeError("shard_state needs cring.init() (or hvd.init()) before "
-                               "DistributedOptimizer: the shards depend on rank and size")
+            raise RuntimeError(
+                "shard_state needs cring.init() (or hvd.init()) before "
+                "DistributedOptimizer: the shards depend on rank and size"
+            )
         self._zero_stage = stage
         self._zero_size, self._zero_rank = cring.size(), cring.rank()
 
@@ -307,8 +344,9 @@ class ShardedMixin:
             for p in group["params"]:
                 if p not in self._zero_shards:
                     self._zero_shards[p] = _Shard(p, names[p], self._zero_size, self._zero_rank)
-        self._zero_group_views = [[self._zero_shards[p].view for p in group["params"]]
-                                  for group in self.param_groups]
+        self._zero_group_views = [
+            [self._zero_shards[p].view for p in group["params"]] for group in self.param_groups
+        ]
         if self._zero_stage == 2:
             self._zero_buckets = list(self._cring_units)
         else:
@@ -328,8 +366,9 @@ class ShardedMixin:
         if not isinstance(unit, _Bucket):
             return super()._cring_submit(unit)  # type: ignore[misc]
         size = self._zero_size
-        kwargs = dict(op=self.op, prescale_factor=self._cring_prescale,
-                      postscale_factor=self._cring_postscale)
+        kwargs = dict(
+            op=self.op, prescale_factor=self._cring_prescale, postscale_factor=self._cring_postscale
+        )
         name = f"zero.reducescatter.{unit.name}"
         grads = []
         for p in unit.params:
@@ -385,7 +424,7 @@ class ShardedMixin:
         for j, p in enumerate(bucket.params):
             lo, hi = split(p.numel(), self._zero_size, rank)
             at = bucket.offsets[j][rank]
-            self._zero_grads[p] = row[at:at + hi - lo]
+            self._zero_grads[p] = row[at : at + hi - lo]
 
     # ---- the step ------------------------------------------------------------------------------
 
@@ -412,15 +451,17 @@ class ShardedMixin:
                 if old in self.state:
                     self.state[shard.view] = self.state.pop(old)
         if moved:
-            self._zero_group_views = [[self._zero_shards[p].view for p in group["params"]]
-                                      for group in self.param_groups]
+            self._zero_group_views = [
+                [self._zero_shards[p].view for p in group["params"]] for group in self.param_groups
+            ]
 
     def _zero_check_world(self) -> None:
         if cring.size() != self._zero_size or cring.rank() != self._zero_rank:
             raise RuntimeError(
                 f"the optimizer state is sharded over {self._zero_size} ranks (this was rank "
                 f"{self._zero_rank}), but cring now has {cring.size()} (rank {cring.rank()}): "
-                "save state_dict() before the change and load it into a new DistributedOptimizer")
+                "save state_dict() before the change and load it into a new DistributedOptimizer"
+            )
 
     def _cring_wrapped_step(self, closure: Any) -> Any:
         """The wrapped optimizer's step on this rank's slices, then the allgather."""
@@ -436,8 +477,11 @@ class ShardedMixin:
         for shard in shards:
             if full:
                 g = shard.param.grad
-                shard.view.grad = None if g is None else _flat_grad(
-                    g, shard.param, True, shard.name)[shard.lo:shard.hi]
+                shard.view.grad = (
+                    None
+                    if g is None
+                    else _flat_grad(g, shard.param, True, shard.name)[shard.lo : shard.hi]
+                )
             else:
                 g = self._zero_grads.get(shard.param)
                 if g is None and shard.param.requires_grad and shard.param.numel() == 0:
@@ -467,15 +511,22 @@ class ShardedMixin:
                         flat = flat_view(bucket.params[0].detach())
                         for q in range(size):
                             lo, hi = split(flat.numel(), size, q)
-                            started.append((None, cring.broadcast_async_(
-                                flat[lo:hi], q, name=f"zero.allgather.{bucket.name}.{q}")))
+                            started.append(
+                                (
+                                    None,
+                                    cring.broadcast_async_(
+                                        flat[lo:hi], q, name=f"zero.allgather.{bucket.name}.{q}"
+                                    ),
+                                )
+                            )
                         continue
                     else:
                         views = [s.view for s in shards]
                         pad = bucket.width - sum(v.numel() for v in views)
                         send = torch.cat(views + [views[0].new_zeros(pad)])
-                    started.append((bucket, cring.allgather_async(
-                        send, name=f"zero.allgather.{bucket.name}")))
+                    started.append(
+                        (bucket, cring.allgather_async(send, name=f"zero.allgather.{bucket.name}"))
+                    )
                 except BaseException as e:  # still wait for what was started, then raise
                     error = e
                     break
@@ -499,7 +550,7 @@ class ShardedMixin:
                 concatenated = out[bucket.index("unpack", out.device)]
                 for j, p in enumerate(bucket.params):
                     start = int(bucket.starts[j])
-                    flat_view(p.detach()).copy_(concatenated[start:start + p.numel()])
+                    flat_view(p.detach()).copy_(concatenated[start : start + p.numel()])
         if error is not None:
             raise error
 
@@ -515,7 +566,7 @@ class ShardedMixin:
             if full:
                 g = shard.param.grad
                 if g is not None:
-                    grads.append(_flat_grad(g, shard.param, True, shard.name)[shard.lo:shard.hi])
+                    grads.append(_flat_grad(g, shard.param, True, shard.name)[shard.lo : shard.hi])
             elif shard.param in self._zero_grads:
                 grads.append(self._zero_grads[shard.param])
         norms = [torch.linalg.vector_norm(g.detach(), norm_type).double().cpu() for g in grads]
@@ -544,8 +595,10 @@ class ShardedMixin:
         self._zero_grads.clear()
 
     def add_param_group(self, param_group: dict) -> None:
-        raise NotImplementedError("a sharded DistributedOptimizer cannot take new param groups; "
-                                  "add them to the optimizer before wrapping it")
+        raise NotImplementedError(
+            "a sharded DistributedOptimizer cannot take new param groups; "
+            "add them to the optimizer before wrapping it"
+        )
 
     # ---- checkpoints -------------------------------------------------------------------------
 
@@ -577,9 +630,11 @@ class ShardedMixin:
             for i, entries in sharded["state"].items():
                 shard = self._zero_shards[params[i]]
                 meta[i] = {
-                    key: ("slice", value.dtype) if _is_slice(value, shard) else
-                    ("value", value.cpu() if isinstance(value, torch.Tensor) else value)
-                    for key, value in entries.items()}
+                    key: ("slice", value.dtype)
+                    if _is_slice(value, shard)
+                    else ("value", value.cpu() if isinstance(value, torch.Tensor) else value)
+                    for key, value in entries.items()
+                }
         meta = _share_from_rank0(meta, "zero.state.meta") if size > 1 else meta
         keep = to is None or rank == to
         state: dict = {}
@@ -633,8 +688,9 @@ class ShardedMixin:
         there (as torch's ZeroRedundancyOptimizer; Lightning calls it before
         saving a checkpoint). A collective: call it on every rank."""
         if not 0 <= int(to) < self._zero_size:
-            raise ValueError(f"consolidate_state_dict: to={to} is not a rank (size "
-                             f"{self._zero_size})")
+            raise ValueError(
+                f"consolidate_state_dict: to={to} is not a rank (size {self._zero_size})"
+            )
         self._zero_consolidated = None
         self._zero_consolidated = (int(to), self._zero_gather(int(to)))
 
@@ -648,8 +704,10 @@ class ShardedMixin:
         saved_lens = [len(g["params"]) for g in saved_groups]
         lens = [len(g["params"]) for g in self.param_groups]
         if saved_lens != lens:
-            raise ValueError(f"loaded state dict does not match the optimizer's param groups "
-                             f"({saved_lens} parameters per group saved, {lens} here)")
+            raise ValueError(
+                f"loaded state dict does not match the optimizer's param groups "
+                f"({saved_lens} parameters per group saved, {lens} here)"
+            )
         param_of = dict(zip(saved_ids, mine))
         sliced: dict = {}
         for i, entries in state_dict["state"].items():
@@ -670,8 +728,12 @@ class ShardedMixin:
 
 def _is_slice(value: Any, shard: _Shard) -> bool:
     """Whether a state entry of a shard is element-wise (a slice, gathered)."""
-    return (isinstance(value, torch.Tensor) and value.layout == torch.strided
-            and value.dim() == 1 and value.shape[0] == shard.hi - shard.lo)
+    return (
+        isinstance(value, torch.Tensor)
+        and value.layout == torch.strided
+        and value.dim() == 1
+        and value.shape[0] == shard.hi - shard.lo
+    )
 
 
 def _unflat(flat: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -692,4 +754,4 @@ def _slice_of(key: Any, value: Any, param: torch.Tensor, shard: _Shard) -> Any:
         return value.clone()  # a step count: not shared with the caller's dict
     flat = flat_view(_in_layout(value, param))
     assert flat is not None
-    return flat[shard.lo:shard.hi].clone()
+    return flat[shard.lo : shard.hi].clone()
