@@ -76,21 +76,27 @@ def test_each_rank_keeps_its_share(trained, stage):
 @pytest.mark.parametrize("stage", [1, 2])
 def test_collectives_the_cuda_backend_runs(trained, stage):
     """A step uses only collectives that the engine's CUDA backend runs
-    through NCCL (allreduce, reducescatter, allgather; never alltoall):
-    stage 1 allreduces and allgathers, stage 2 reduce-scatters and allgathers."""
+    through NCCL (allreduce, reducescatter, allgather, broadcast; never
+    alltoall): stage 1 allreduces, stage 2 reduce-scatters; both send the
+    updated slices of a large parameter as one in-place broadcast per rank
+    and those of the small ones as an allgather of a packed row."""
     np_, results = trained
     calls = results[0]["scenarios"][f"sgd stage {stage}"]["calls"]
     if np_ == 1:
         assert calls == {}, calls
         return
     assert not any(name.startswith("alltoall") for name in calls), calls
-    assert calls.get("allgather_async", 0) > 0, calls
+    assert calls.get("allgather_async") == 1, calls  # the packed small parameters
+    assert calls.get("broadcast_async_") == np_, calls  # one large parameter, P slices
     if stage == 1:
-        assert set(calls) <= {"allreduce_async_", "grouped_allreduce_async_", "allgather_async"}, (
-            calls
-        )
+        assert set(calls) <= {
+            "allreduce_async_",
+            "grouped_allreduce_async_",
+            "allgather_async",
+            "broadcast_async_",
+        }, calls
     else:
-        assert set(calls) == {"reducescatter_async", "allgather_async"}, calls
+        assert set(calls) == {"reducescatter_async", "allgather_async", "broadcast_async_"}, calls
 
 
 @pytest.mark.parametrize(
