@@ -100,13 +100,21 @@ def test_collectives_the_cuda_backend_runs(trained, stage):
 
 
 @pytest.mark.parametrize(
-    "label", ["closure and accumulation", "skip_synchronize and clip_grad_norm_", "refusals"]
+    "label",
+    [
+        "closure and accumulation",
+        "skip_synchronize and clip_grad_norm_",
+        "scheduler made before wrapping",
+        "refusals",
+    ],
 )
 def test_controls(trained, label):
     """step(closure), backward_passes_per_step=2, synchronize() +
     clip_grad_norm_ + step() in skip_synchronize() give the unsharded
-    results; LBFGS, an unknown optimizer (until it opts in), a bad
-    shard_state, groups with stage 2 and add_param_group are refused."""
+    results, and so does an LR scheduler made before the wrapping (its patch
+    of the original's step must not bypass the wrapper's); LBFGS, an unknown
+    optimizer (until it opts in), a bad shard_state, groups with stage 2 and
+    add_param_group are refused."""
     _, results = trained
     assert failures(results, label) == []
 

@@ -163,6 +163,46 @@ def closure_and_accumulation():
 checks.check("closure and accumulation", closure_and_accumulation)
 
 
+def scheduler_made_before_wrapping():
+    """An LR scheduler made on the optimizer before DistributedOptimizer
+    wraps it (as Lightning's configure_optimizers does) patches the
+    original's step; the wrapper's step must still run (reduce, shard), and
+    the scheduler must count it (no 'lr_scheduler.step() before
+    optimizer.step()' warning): all equal to a scheduler made after."""
+    import warnings
+
+    from zero_common import Net, adam
+
+    from cring.torch.optimizer import DistributedOptimizer, broadcast_parameters
+
+    out = {}
+    for stage, before in ((0, False), (0, True), (1, True), (2, True)):
+        model = Net(seed=100 + rank)
+        broadcast_parameters(model.state_dict(), root_rank=0)
+        inner = adam(model)
+        sched = torch.optim.lr_scheduler.StepLR(inner, 1, 0.5) if before else None
+        named = [(f"sched{stage}{before}.{n}", p) for n, p in model.named_parameters()]
+        opt = DistributedOptimizer(inner, named_parameters=named, shard_state=stage)
+        if sched is None:
+            sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(3):
+                train(model, opt, rank, 1, first=step)
+                sched.step()
+        if any("lr_scheduler.step()" in str(w.message) for w in caught):
+            return f"stage {stage}: the scheduler did not see the step"
+        out[(stage, before)] = (vector(model), opt.param_groups[0]["lr"])
+    ref, lr = out[(0, False)]
+    for key, (got, got_lr) in out.items():
+        if max_diff(got, ref) > TOL or got_lr != lr:
+            return f"{key}: differs by {max_diff(got, ref):.3g}, lr {got_lr} vs {lr}"
+    return None
+
+
+checks.check("scheduler made before wrapping", scheduler_made_before_wrapping)
+
+
 def skip_synchronize_and_clip():
     """synchronize(), clip_grad_norm_ on the sharded gradients, step() in
     skip_synchronize(): as torch's clip_grad_norm_ on the full gradients."""
