@@ -251,35 +251,31 @@ class ShardedMixin:
         return loss
 
     def _zero_allgather(self) -> None:
-        """Every rank's updated slices into every rank's parameters."""
-        size, rank = self._zero_size, self._zero_rank
-        started, error = [], None
+        """Every rank's updated slices into every rank's parameters. A large
+        parameter: one in-place broadcast per rank's slice, from its owner
+        straight into every rank's parameter (no result to allocate and copy
+        out). Packed small ones: an allgather of this rank's row, unpacked.
+        Everything is started before anything is waited for."""
+        size = self._zero_size
+        started: list = []  # (packed bucket or None, handle)
+        error: Optional[BaseException] = None
         with torch.no_grad():
             for bucket in self._zero_buckets:
                 try:
-                    shards = [self._zero_shards[p] for p in bucket.params]
                     if bucket.direct:
-                        # one in-place broadcast per rank's slice, from that rank, straight
-                        # into every rank's parameter: no result to allocate or copy out
                         flat = _layout.flat_view(bucket.params[0].detach())
                         for q in range(size):
                             lo, hi = _layout.split(flat.numel(), size, q)
+                            name = f"zero.allgather.{bucket.name}.{q}"
                             started.append(
-                                (
-                                    None,
-                                    cring.broadcast_async_(
-                                        flat[lo:hi], q, name=f"zero.allgather.{bucket.name}.{q}"
-                                    ),
-                                )
+                                (None, cring.broadcast_async_(flat[lo:hi], q, name=name))
                             )
                         continue
-                    else:
-                        views = [s.view for s in shards]
-                        pad = bucket.width - sum(v.numel() for v in views)
-                        send = torch.cat(views + [views[0].new_zeros(pad)])
-                    started.append(
-                        (bucket, cring.allgather_async(send, name=f"zero.allgather.{bucket.name}"))
-                    )
+                    views = [self._zero_shards[p].view for p in bucket.params]
+                    pad = bucket.width - sum(v.numel() for v in views)
+                    row = torch.cat(views + [views[0].new_zeros(pad)])
+                    name = f"zero.allgather.{bucket.name}"
+                    started.append((bucket, cring.allgather_async(row, name=name)))
                 except BaseException as e:  # still wait for what was started, then raise
                     error = e
                     break
@@ -290,15 +286,6 @@ class ShardedMixin:
                     error = error or e
                     continue
                 if error is not None or bucket is None:
-                    continue
-                if bucket.direct:
-                    p = bucket.params[0]
-                    flat = _layout.flat_view(p.detach())
-                    lo, hi = _layout.split(p.numel(), size, rank)
-                    if lo > 0:  # this rank's own slice is in place already
-                        flat[:lo].copy_(out[:lo])
-                    if hi < flat.numel():
-                        flat[hi:].copy_(out[hi:])
                     continue
                 concatenated = out[bucket.index("unpack", out.device)]
                 for j, p in enumerate(bucket.params):
