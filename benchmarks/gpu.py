@@ -10,11 +10,21 @@ torch.cuda.synchronize():
     through pinned memory and shared memory vs torch.distributed gloo on the
     same CUDA tensors (gloo stages through the host too);
   * nccl, world size 2, one GPU each (only with 2+ GPUs): cring vs
-    torch.distributed NCCL; cring's per-call argument agreement shows in the
-    4 KiB loop.
+    torch.distributed NCCL;
+  * per call (issue 16), world size 1, 4 KiB, a loop of 2,000 calls:
+    cring.allreduce_, cring.torch.allreduce_ and cring.allreduce_async_ +
+    synchronize against torch.distributed.all_reduce (NCCL); the goal is
+    <= 1.0x torch's time (stretch 0.5x);
+  * training steps (issue 16), world size 1, bf16 autocast, batch 64:
+    ResNet-50 and ViT-B/16 (torchvision's, or comparable models written
+    here when torchvision is missing) with no communication, DDP (NCCL) and
+    cring.torch.DistributedOptimizer; the step time of each and the NCCL
+    collectives cring launched per step (from cring's GPU counters; the goal
+    is <= ceil(gradient bytes / fusion threshold) + 2).
 Bandwidth is algorithm bandwidth (bytes per rank / time). Prints tables and
-writes benchmarks/results/gpu.csv. Run it as
+writes benchmarks/results/gpu.csv (and gpu_steps.csv). Run it as
     python benchmarks/gpu.py               (it starts its ranks itself)
+    python benchmarks/gpu.py --only steps  (just the per-call and step parts)
 """
 
 from __future__ import annotations
@@ -150,6 +160,212 @@ def measure(mode: str, repeats: int, sizes: list) -> list:
     return rows if rank == 0 else []
 
 
+# ---- per-call cost and training steps, world size 1 (issue 16) ---------------------------------
+
+
+def per_call(torch, calls: int = 2000) -> list:
+    """Seconds per call of a 4 KiB in-place allreduce, loop + one device sync."""
+    import torch.distributed as dist
+
+    import cring
+    import cring.torch as hvd
+
+    x = torch.ones(1024, device="cuda")
+
+    def loop(fn) -> float:
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / calls)
+        return best
+
+    rows = [
+        ["cring.allreduce_", loop(lambda: cring.allreduce_(x, op=cring.Sum, name="percall"))],
+        ["cring.torch.allreduce_", loop(lambda: hvd.allreduce_(x, op=hvd.Sum, name="percall"))],
+        [
+            "cring.allreduce_async_+synchronize",
+            loop(
+                lambda: cring.synchronize(cring.allreduce_async_(x, op=cring.Sum, name="percall"))
+            ),
+        ],
+        ["torch.distributed.all_reduce", loop(lambda: dist.all_reduce(x))],
+    ]
+    return rows
+
+
+def models(torch):
+    """(name, constructor) of ResNet-50 and ViT-B/16: torchvision's when it
+    imports, else models of the same shape of work written here."""
+    try:
+        import torchvision
+
+        return [
+            ("resnet50", lambda: torchvision.models.resnet50()),
+            ("vit_b_16", lambda: torchvision.models.vit_b_16()),
+        ]
+    except ImportError:
+        pass
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, mid, stride):
+            super().__init__()
+            cout = mid * 4
+            self.body = nn.Sequential(
+                nn.Conv2d(cin, mid, 1, bias=False),
+                nn.BatchNorm2d(mid),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(mid, mid, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(mid),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(mid, cout, 1, bias=False),
+                nn.BatchNorm2d(cout),
+            )
+            self.skip = (
+                nn.Identity()
+                if stride == 1 and cin == cout
+                else nn.Sequential(
+                    nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+                )
+            )
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + self.skip(x))
+
+    def resnet50():
+        layers = [
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, 2, 1),
+        ]
+        cin = 64
+        for mid, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for b in range(blocks):
+                layers.append(Bottleneck(cin, mid, stride if b == 0 else 1))
+                cin = mid * 4
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2048, 1000)]
+        return nn.Sequential(*layers)
+
+    class ViT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, 768, 16, 16)
+            self.cls = nn.Parameter(torch.zeros(1, 1, 768))
+            self.pos = nn.Parameter(torch.zeros(1, 197, 768))
+            layer = nn.TransformerEncoderLayer(
+                768, 12, 3072, activation="gelu", batch_first=True, norm_first=True
+            )
+            self.encoder = nn.TransformerEncoder(layer, 12)
+            self.head = nn.Linear(768, 1000)
+
+        def forward(self, x):
+            x = self.patch(x).flatten(2).transpose(1, 2)
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
+            return self.head(self.encoder(x)[:, 0])
+
+    return [("resnet50 (inline)", resnet50), ("vit_b_16 (inline)", ViT)]
+
+
+def train_step(torch, model, opt, x, y) -> None:
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+
+
+def steps(torch, n_steps: int = 30, batch: int = 64) -> list:
+    """Step time of each model without communication, with DDP (NCCL) and
+    with cring.torch.DistributedOptimizer; cring's NCCL launches per step."""
+    import cring.torch as hvd
+    from cring import _gpu
+
+    rows = []
+    dev = torch.device("cuda", 0)
+    for name, make in models(torch):
+        x = torch.randn(batch, 3, 224, 224, device=dev)
+        y = torch.randint(0, 1000, (batch,), device=dev)
+        grad_bytes = None
+        for how in ("none", "ddp", "cring"):
+            torch.manual_seed(0)
+            model = make().to(dev)
+            grad_bytes = sum(p.numel() * 4 for p in model.parameters())
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            if how == "ddp":
+                model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+            elif how == "cring":
+                opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+
+            for _ in range(5):
+                train_step(torch, model, opt, x, y)
+            torch.cuda.synchronize()
+            calls0 = _gpu.stats()["nccl_calls"]
+            t0 = time.perf_counter()
+            for _ in range(n_steps):
+                train_step(torch, model, opt, x, y)
+            torch.cuda.synchronize()
+            seconds = (time.perf_counter() - t0) / n_steps
+            launches = (_gpu.stats()["nccl_calls"] - calls0) / n_steps if how == "cring" else ""
+            rows.append([name, how, seconds, launches, grad_bytes])
+            del model, opt
+            torch.cuda.empty_cache()
+    threshold = int(os.environ.get("CRING_FUSION_THRESHOLD", 64 << 20))
+    for row in rows:
+        row.append(-(-row[4] // threshold) + 2)  # the launch goal
+    return rows
+
+
+def issue16(torch) -> None:
+    import torch.distributed as dist
+
+    import cring
+
+    os.environ.pop("CRING_GPU_OPERATIONS", None)
+    torch.cuda.set_device(0)
+    cring.init(rank=0, size=1)
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+        device_id=torch.device("cuda", 0),
+    )
+    calls = per_call(torch)
+    ref = calls[-1][1]
+    print(f"\n{'per call, 4 KiB, world size 1':40s} {'time':>10s} {'vs torch':>9s}")
+    for who, t in calls:
+        print(f"{who:40s} {t * 1e6:8.1f} us {t / ref:8.2f}x")
+    print("(goal: cring <= 1.0x torch.distributed; stretch 0.5x)")
+    rows = steps(torch)
+    print(
+        f"\n{'model':20s} {'with':6s} {'step':>10s} {'vs none':>8s} {'NCCL/step':>10s} {'goal':>5s}"
+    )
+    none = {r[0]: r[2] for r in rows if r[1] == "none"}
+    for name, how, t, launches, _bytes, goal in rows:
+        shown = f"{launches:.1f}" if launches != "" else ""
+        print(
+            f"{name:20s} {how:6s} {t * 1e3:7.2f} ms {t / none[name]:7.3f}x {shown:>10s} "
+            f"{goal if how == 'cring' else '':>5}"
+        )
+    print("(goals: cring <= DDP's step time and within 1.03x of none; NCCL/step <= goal)")
+    dist.destroy_process_group()
+    cring.shutdown()
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / "gpu_steps.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["case", "with", "seconds", "nccl_launches_per_step", "gradient_bytes", "launch_goal"]
+        )
+        w.writerows([["per call 4 KiB", who, t, "", "", ""] for who, t in calls] + rows)
+
+
 def launch(mode: str, np_: int, repeats: int, out: Path) -> list:
     env = dict(os.environ)
     if mode == "host":
@@ -206,6 +422,11 @@ def main() -> int:
     parser.add_argument("--worker", choices=("nccl", "host"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--only",
+        choices=("sizes", "steps"),
+        help="only the message-size tables, or only the issue-16 parts",
+    )
     args = parser.parse_args()
     if args.worker:
         rows = measure(args.worker, args.repeats, HOST_SIZES if args.worker == "host" else SIZES)
@@ -224,6 +445,10 @@ def main() -> int:
         f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}, torch "
         f"{torch.__version__} (CUDA {torch.version.cuda})"
     )
+    if args.only != "sizes":
+        issue16(torch)
+    if args.only == "steps":
+        return 0
     rows = launch("nccl", 1, args.repeats, tmp / "nccl1.json")
     rows += launch("host", 2, args.repeats, tmp / "host2.json")
     if torch.cuda.device_count() >= 2:

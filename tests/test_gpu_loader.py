@@ -8,7 +8,8 @@ override, a missing symbol, too old a version, an nvidia-nccl wheel layout on
 the import path), what nccl_available()/cuda_available() answer, the error a
 CUDA tensor gets without NCCL, every collective through the engine and its NCCL
 backend at world sizes 1 and 2 (rank 0's unique id reaching rank 1, grouped
-calls as one NCCL group, the caller's stream reaching __dlpack__ and NCCL,
+calls fused into one NCCL call, the caller's stream reaching __dlpack__ and
+ordering cring's stream through events,
 mismatches raised on every rank, CUDA allreduces submitted in different orders
 on different ranks), NCCL's asynchronous errors, and the host-staged path
 (CRING_GPU_OPERATIONS=host) at world size 2 without NCCL. Every process has a
@@ -434,16 +435,21 @@ def test_two_ranks_through_nccl(fakes, tmp_path):
     inits = [m.groups() for m in inits if m]
     assert sorted(rank for rank, _ in inits) == ["0", "1"]
     assert inits[0][1] == inits[1][1]  # rank 0's unique id reached rank 1
-    # the grouped call of three tensors (one empty) ran as one NCCL group of two calls
-    group_ends = [ln for ln in lines if "groupend calls=2" in ln]
-    assert len(group_ends) >= 2
-    # the caller's stream reached NCCL
+    # the grouped call of three tensors (one empty) ran as one NCCL call on the
+    # fused buffer of 1 + 1001 elements
+    for rank in ("0", "1"):
+        assert any(f"allreduce rank={rank} count=1002 " in ln for ln in lines)
+    # the caller's stream got the producer's event; NCCL ran on cring's stream after it
+    cuda = cuda_log.read_text().splitlines()
     for rank, stream in (("0", "0x1234"), ("1", "0x1235")):
+        assert any("eventrecord " in ln and f"stream={stream}" in ln for ln in cuda)
+        assert any(f"streamwait stream={stream} " in ln for ln in cuda)  # synchronize()
         assert any(
-            f"allreduce rank={rank} count=4 " in ln and f"stream={stream} " in ln for ln in lines
+            f"allreduce rank={rank} count=4 " in ln and "stream=0xc0de" in ln for ln in lines
         )
-    assert "memcpy" not in cuda_log.read_text()
-    assert any(" setdevice 0" in ln for ln in cuda_log.read_text().splitlines())
+    assert not any(" kind=H2D" in ln or " kind=D2H" in ln for ln in cuda)  # nothing staged
+    assert not any(" sync stream" in ln or "eventsync" in ln for ln in cuda)  # no host wait
+    assert any(" setdevice 0" in ln for ln in cuda)
 
 
 def test_two_ranks_staged_through_host_memory(fakes, tmp_path):

@@ -2,11 +2,13 @@
 and rendezvous, DistributedOptimizer trains identically on all workers, a
 worker group that loses a worker is restarted, re-rendezvouses and resumes
 from the last checkpoint, Lightning's "cring" strategy runs inside the loop,
-Ray Train V1 (with a restart) works too, and nothing of Ray is left running
-afterwards.
+Ray Train V1 (with a restart) works too, use_gpu=True workers each get their
+own GPU (declared, not real: see test_gpu_workers_each_get_their_own_gpu), and
+nothing of Ray is left running afterwards.
 
-One Ray cluster (num_cpus=4 logical CPUs, no dashboard) serves the module;
-every run uses 2 workers of 1 CPU and a storage path under tmp_path."""
+One Ray cluster (num_cpus=4 logical CPUs, num_gpus=2 declared GPUs that this
+CPU machine does not have, no dashboard) serves the module; every run uses 2
+workers of 1 CPU and a storage path under tmp_path."""
 
 from __future__ import annotations
 
@@ -72,7 +74,8 @@ class LocalCluster:
             paths.append(self.saved_pythonpath)
         # Ray's workers inherit the driver's environment at ray.init().
         os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-        self.context = ray.init(num_cpus=4, include_dashboard=False, log_to_driver=True)
+        # num_gpus declares GPUs Ray may hand out; nothing checks that they exist
+        self.context = ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=True)
         self.address = self.context.address_info["gcs_address"]
         self.stopped = False
 
@@ -452,6 +455,75 @@ def test_lightning_fit_inside_the_loop(cluster, tmp_path):
     losses = seen[0]["epoch_losses"]
     assert len(losses) == 3 and losses[-1] < 0.5 * losses[0], losses
     assert not any(s["cring_initialized_after_fit"] for s in seen)
+
+
+# ---- GPUs ---------------------------------------------------------------------------------------
+
+
+def test_worker_cuda_device_index():
+    """A worker's GPU among its visible devices: 0 with its own
+    CUDA_VISIBLE_DEVICES, its position when the node's workers share them."""
+    from cring.ray import _worker
+
+    assert _worker.cuda_device_index([], "0,1") is None
+    assert _worker.cuda_device_index([3], "3") == 0
+    assert _worker.cuda_device_index([1], "0,1") == 1
+    assert _worker.cuda_device_index(["5"], "4, 5,6") == 1
+    assert _worker.cuda_device_index([2], None) == 2  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES
+    assert _worker.cuda_device_index([0], "NoDevFiles") == 0
+    assert _worker.cuda_device_index([7], "0,1") is None  # overridden by the user: not guessed
+    assert _worker.cuda_device_index(["GPU-1a2b"], "GPU-0f0f,GPU-1a2b") == 1
+
+
+def test_set_torch_device_in_the_loops_thread(monkeypatch):
+    """train_func_context (entered in the loop's thread) makes the worker's GPU
+    current; nothing happens without CRING_CUDA_DEVICE or on a torch without CUDA."""
+    from cring.ray import CRingConfig, _worker
+
+    calls: list = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    monkeypatch.delenv("CRING_CUDA_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _worker.set_torch_device() is None and calls == []
+    monkeypatch.setenv("CRING_CUDA_DEVICE", "1")
+    with CRingConfig().train_func_context():
+        assert calls == [1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU build
+    assert _worker.set_torch_device() is None and calls == [1]
+
+
+def test_gpu_workers_each_get_their_own_gpu(cluster, tmp_path):
+    """ScalingConfig(use_gpu=True) on a cluster declaring 2 GPUs: Ray accepts it
+    without real GPUs, gives each worker one GPU id and shares
+    CUDA_VISIBLE_DEVICES on the node; cring's setup exports each worker's own
+    index (CRING_CUDA_DEVICE) and the Lightning strategy trains there."""
+    pytest.importorskip("lightning")
+    ray_loops = _loops()
+    from cring.ray import CRingConfig, CRingTrainer
+
+    result = _fit(
+        CRingTrainer(
+            ray_loops.gpu_devices,
+            train_loop_config={"outdir": str(tmp_path)},
+            cring_config=CRingConfig(timeout_s=60),
+            scaling_config=ray.train.ScalingConfig(num_workers=2, use_gpu=True),
+            run_config=_run_config(tmp_path, "gpu"),
+        )
+    )
+    assert result.error is None
+    seen = [json.loads((tmp_path / f"gpu{r}.json").read_text()) for r in range(2)]
+    assert [s["sum_of_ranks"] for s in seen] == [1.0, 1.0]
+    gpu_ids = [s["ray_gpu_ids"] for s in seen]
+    assert all(len(ids) == 1 for ids in gpu_ids) and gpu_ids[0] != gpu_ids[1], gpu_ids
+    for s in seen:
+        visible = s["cuda_visible_devices"].split(",")
+        assert sorted(visible) == sorted(i for ids in gpu_ids for i in ids), s  # shared
+        index = visible.index(s["ray_gpu_ids"][0])
+        assert s["cring_cuda_device"] == str(index), s
+        assert s["set_at_start"] is None  # the CPU build: nothing to make current
+        assert s["set_by_setup"] == index and s["set_device_calls"] == [str(index)], s
+        assert s["lightning_root_device"] == f"cuda:{index}", s
+    assert {s["cring_cuda_device"] for s in seen} == {"0", "1"}
 
 
 def test_no_ray_processes_left(cluster):

@@ -18,6 +18,13 @@ typedef struct cring__backend {
     cring_status_t (*allgather)(cring_engine_t *e, req_t *r, const int64_t *first_dims);
     cring_status_t (*reducescatter)(cring_engine_t *e, req_t *r);
     cring_status_t (*alltoall)(cring_engine_t *e, req_t *r);
+    /* On the submitting thread, before the request is queued (may be NULL):
+     * attach what execution will need from the moment of submission (CUDA:
+     * an event on the producer's stream, in r->ready_event). A failure is the
+     * submission's (cring__engine_submit_fail words it). */
+    cring_status_t (*prepare)(cring_engine_t *e, req_t *r);
+    /* Release what prepare attached to a request that never ran (may be NULL). */
+    void (*discard)(req_t *r);
     /* Called once at cring_engine_stop on the engine thread's side (may be NULL). */
     void (*shutdown)(cring_engine_t *e);
 } cring__backend_t;

@@ -47,6 +47,15 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
         free(h);
         return cring__engine_submit_fail(CRING_ERR_NO_MEMORY, "out of memory");
     }
+    const cring__backend_t *be = e->backends[r->device.type];
+    if (be->prepare) {
+        cring_status_t st = be->prepare(e, r);
+        if (st != CRING_OK) {
+            cring__req_free(r);
+            free(h);
+            return st;
+        }
+    }
     h->ntensors = q->ntensors;
     h->size = e->size;
     h->value = -1;

@@ -44,6 +44,8 @@ typedef struct req {
     int64_t *splits;       /* alltoall: rows sent to each rank (size entries) */
     cring_device_t device; /* where every tensor lives (copied from the request) */
     void *ghost;           /* a joined rank's stand-in: its zero buffer (handle is NULL) */
+    void *ready_event;     /* CUDA: the event its backend's prepare recorded on the
+                          producer's stream; taken by execution, else discarded */
     cring_handle_t *handle;
     uint8_t *record; /* this rank's description of the request */
     size_t record_len;
@@ -68,8 +70,12 @@ struct cring_handle {
     void (*free_output)(void *ctx, void *ptr, size_t bytes);
     void *free_ctx;
     cring_device_t output_device; /* CPU unless a backend set it */
-    int64_t *first_dims;          /* ntensors x size */
-    int64_t value;                /* join: the last rank to join */
+    /* CUDA: the event after the request's work on the backend's stream (a
+     * reference the handle holds), and how to drop it. */
+    void *device_event;
+    void (*device_event_put)(void *event);
+    int64_t *first_dims; /* ntensors x size */
+    int64_t value;       /* join: the last rank to join */
     cring_engine_t *engine;
 };
 

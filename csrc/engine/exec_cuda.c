@@ -1,8 +1,20 @@
-/* exec_cuda.c: the CUDA execution backend. A negotiated batch of CUDA requests
- * becomes one grouped NCCL call (csrc/gpu) enqueued on the requests' own
- * streams; each device's NCCL communicator is made at the first batch that
- * needs it. Returns once the work is enqueued: it never waits for the device,
- * never stages through host memory, and knows nothing of Python.
+/* exec_cuda.c: the CUDA execution backend. At submission (prepare, on the
+ * submitting thread) it records an event on the producer's stream. A
+ * negotiated batch runs on cring's own stream of its device (csrc/gpu/stream.c):
+ * that stream first waits on the batch's producer events, then small
+ * allreduces (and broadcasts) are packed into the device fusion buffer up to
+ * CRING_FUSION_THRESHOLD with device-to-device copies, reduced by one NCCL
+ * call and unpacked; a tensor too large to share a buffer runs in place. A
+ * completion event recorded after the batch goes to every handle of it, for
+ * consumers' streams to wait on. Returns once the work is enqueued: it never
+ * waits for the device (a growing fusion buffer's cudaFree aside), never
+ * stages through host memory, and knows nothing of Python.
+ *
+ * Why a fusion buffer rather than one NCCL group of many calls: a group still
+ * launches NCCL's work per collective (and its per-call set-up on the host),
+ * while the buffer costs two cheap copies per tensor and makes a batch of
+ * many small gradients one NCCL collective, as Horovod does; the device
+ * memory it needs is bounded by the threshold.
  *
  * Why lazy creation is collective-safe: every rank executes the same responses
  * in the same order, so every rank reaches a device's first batch together.
@@ -107,31 +119,106 @@ done:
     return st;
 }
 
-/* A joined rank's stand-in has host zeros as data: NCCL needs device memory.
- * Allocate zeroed device buffers for its tensors (freed by ghost_free, whose
- * cudaFree waits for the collective). */
-static cring_status_t ghost_buffers(cring_engine_t *e, cring__gpu_t *g, int device, req_t *r,
-                                    void **buf) {
-    size_t bytes = 0;
-    for (int i = 0; i < r->ntensors; i++) bytes += (r->t[i].bytes + 255) & ~(size_t)255;
+/* ---- submission: the producer's event ------------------------------------------------ */
+static cring_status_t prepare_cuda(cring_engine_t *e, req_t *r) {
+    (void)e;
+    cring__gpu_t *g = cring__gpu_global();
+    if (!g) return cring__engine_submit_fail(CRING_ERR_NO_MEMORY, "out of memory");
     cring__errmsg_t err = {{0}};
-    cring_status_t st = cring__gpu_device_alloc(g, device, bytes, buf, &err);
-    if (st == CRING_OK) st = cring__gpu_zero_async(g, *buf, bytes, r->device.stream, &err);
+    cring__gpu_event_t *ev = NULL;
+    cring_status_t st = cring__gpu_load_cudart(g, NULL, 0, &err);
+    if (st == CRING_OK) st = cring__gpu_event_record(g, r->device.id, r->device.stream, &ev, &err);
     if (st != CRING_OK)
-        return fail(e, st, "a joined rank's zeros on cuda:%d: %s", device, err.text);
-    size_t at = 0;
-    for (int i = 0; i < r->ntensors; i++) {
-        r->t[i].send = r->t[i].recv = (char *)*buf + at;
-        at += (r->t[i].bytes + 255) & ~(size_t)255;
-    }
+        return cring__engine_submit_fail(st, "'%s' on cuda:%d: %s", r->name, r->device.id,
+                                         err.text);
+    r->ready_event = ev;
     return CRING_OK;
 }
+
+static void discard_cuda(req_t *r) {
+    cring__gpu_event_put(cring__gpu_global(), r->ready_event);
+    r->ready_event = NULL;
+}
+
+static void put_event(void *ev) { cring__gpu_event_put(cring__gpu_global(), ev); }
+
+/* ---- execution ---------------------------------------------------------------------------- */
+/* Where a batch runs: its device's communicator and cring's stream there. */
+typedef struct {
+    cring__gpu_t *g;
+    int device, slot;
+    void *stream;
+} lane_t;
 
 /* The device a batch runs on. A joined rank's stand-in carries no device of
  * this rank: it uses the one this rank's NCCL work is on already. */
 static int batch_device(cring__gpu_t *g, req_t *r) {
     int device = r->handle || !g ? -1 : cring__gpu_comm_device(g, 0);
     return device >= 0 ? device : r->device.id;
+}
+
+static cring_status_t open_lane(cring_engine_t *e, req_t *first, lane_t *L) {
+    L->g = cring__gpu_global();
+    L->device = batch_device(L->g, first);
+    L->slot = -1;
+    CRING_CHECK(comm_for(e, L->device, &L->g, &L->slot));
+    cring__errmsg_t err = {{0}};
+    cring_status_t st = cring__gpu_device_stream(L->g, L->device, &L->stream, &err);
+    if (st != CRING_OK) return fail(e, st, "cring's stream on cuda:%d: %s", L->device, err.text);
+    return CRING_OK;
+}
+
+/* cring's stream waits for every producer of the batch; their events go back. */
+static cring_status_t wait_producers(cring_engine_t *e, const lane_t *L, req_t **batch, int n) {
+    cring_status_t st = CRING_OK;
+    for (int b = 0; b < n; b++) {
+        req_t *r = batch[b];
+        if (!r->ready_event) continue;
+        cring__errmsg_t err = {{0}};
+        if (st == CRING_OK) {
+            st = cring__gpu_stream_wait(L->g, L->device, L->stream, r->ready_event, &err);
+            if (st != CRING_OK) fail(e, st, "'%s': %s", r->name, err.text);
+        }
+        discard_cuda(r);
+    }
+    return st;
+}
+
+/* The batch's completion: one event on cring's stream, a reference per handle. */
+static cring_status_t record_done(cring_engine_t *e, const lane_t *L, req_t **batch, int n) {
+    cring__errmsg_t err = {{0}};
+    cring__gpu_event_t *ev = NULL;
+    cring_status_t st = cring__gpu_event_record(L->g, L->device, L->stream, &ev, &err);
+    if (st != CRING_OK)
+        return fail(e, st, "the completion event on cuda:%d: %s", L->device, err.text);
+    for (int b = 0; b < n; b++) {
+        cring_handle_t *h = batch[b]->handle;
+        if (!h) continue;
+        cring__gpu_event_ref(ev);
+        h->device_event = ev;
+        h->device_event_put = put_event;
+    }
+    cring__gpu_event_put(L->g, ev);
+    return CRING_OK;
+}
+
+/* A joined rank's stand-in has host zeros as data: NCCL needs device memory.
+ * Allocate zeroed device buffers for its tensors (freed after the batch by
+ * cring__gpu_device_free, whose cudaFree waits for the collective). */
+static cring_status_t ghost_buffers(cring_engine_t *e, const lane_t *L, req_t *r, void **buf) {
+    size_t bytes = 0;
+    for (int i = 0; i < r->ntensors; i++) bytes += (r->t[i].bytes + 255) & ~(size_t)255;
+    cring__errmsg_t err = {{0}};
+    cring_status_t st = cring__gpu_device_alloc(L->g, L->device, bytes, buf, &err);
+    if (st == CRING_OK) st = cring__gpu_zero_async(L->g, *buf, bytes, L->stream, &err);
+    if (st != CRING_OK)
+        return fail(e, st, "a joined rank's zeros on cuda:%d: %s", L->device, err.text);
+    size_t at = 0;
+    for (int i = 0; i < r->ntensors; i++) {
+        r->t[i].send = r->t[i].recv = (char *)*buf + at;
+        at += (r->t[i].bytes + 255) & ~(size_t)255;
+    }
+    return CRING_OK;
 }
 
 static const char *phase_name(cring_collective_t c) {
@@ -143,72 +230,155 @@ static const char *phase_name(cring_collective_t c) {
     }
 }
 
-/* Enqueue c for the batch on its device's communicator, then surface an
- * asynchronous error NCCL already reports (a peer that died mid-call). */
-static cring_status_t run(cring_engine_t *e, req_t **batch, int n, int device, cring__gpu_t *g,
-                          int slot, const cring__gpu_coll_t *c) {
-    double t0 = cring__engine_tl_now(e);
-    for (int b = 0; b < n; b++)
-        cring__engine_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
+/* Enqueue one NCCL call on the lane, then surface an asynchronous error NCCL
+ * already reports (a peer that died mid-call). */
+static cring_status_t call(cring_engine_t *e, const lane_t *L, const cring__gpu_coll_t *c) {
     cring__errmsg_t err = {{0}};
-    cring_status_t st = cring__gpu_collective(g, slot, c, &err);
-    if (st == CRING_OK) st = cring__gpu_comm_check(g, slot, &err);
-    double t1 = cring__engine_tl_now(e);
-    if (e->timeline) {
-        char args[96];
-        snprintf(args, sizeof args, "\"device\": \"cuda:%d\", \"grouped_tensors\": %d", device,
-                 c->ntensors);
-        for (int b = 0; b < n; b++)
-            cring__engine_span(e, batch[b]->name, phase_name(c->collective), t0, t1, args);
-    }
+    cring_status_t st = cring__gpu_collective(L->g, L->slot, c, &err);
+    if (st == CRING_OK) st = cring__gpu_comm_check(L->g, L->slot, &err);
     cring__engine_stats_add(&e->stats.collectives, 1);
-    if (c->ntensors > 1) cring__engine_stats_add(&e->stats.fused_tensors, (uint64_t)c->ntensors);
-    if (st != CRING_OK) return fail(e, st, "NCCL on cuda:%d: %s", device, err.text);
+    if (st != CRING_OK) return fail(e, st, "NCCL on cuda:%d: %s", L->device, err.text);
     return CRING_OK;
 }
 
-/* Allreduce or broadcast: every tensor of every request, one group. */
+static void spans(cring_engine_t *e, req_t **batch, int n, const char *phase, double t0, double t1,
+                  const lane_t *L, int fused) {
+    if (!e->timeline) return;
+    char args[96];
+    snprintf(args, sizeof args, "\"device\": \"cuda:%d\", \"fused_tensors\": %d", L->device, fused);
+    for (int b = 0; b < n; b++) {
+        cring__engine_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
+        cring__engine_span(e, batch[b]->name, phase, t0, t1, args);
+    }
+}
+
+/* One tensor of a batch: bytes and elements as the collective moves them
+ * (a broadcast moves bytes, so tensors of any dtype share a buffer). */
+typedef struct {
+    const void *send;
+    void *recv;
+    size_t bytes, count;
+    cring_dtype_t dtype;
+} item_t;
+
+/* items[0..m) through the fusion buffer as one NCCL call: pack (the root
+ * only, for a broadcast), the collective in place on the buffer, unpack. */
+static cring_status_t fused(cring_engine_t *e, const lane_t *L, const cring__gpu_coll_t *tmpl,
+                            const item_t *items, int m, size_t bytes) {
+    cring__errmsg_t err = {{0}};
+    void *buf = NULL;
+    int bcast = tmpl->collective == CRING_COLL_BROADCAST;
+    cring_status_t st = cring__gpu_fusion_buffer(L->g, L->device, bytes, &buf, &err);
+    size_t off = 0;
+    for (int i = 0; i < m && st == CRING_OK && (!bcast || tmpl->root == e->rank); i++) {
+        st = cring__gpu_copy_device(L->g, (char *)buf + off, items[i].send, items[i].bytes,
+                                    L->stream, &err);
+        off += items[i].bytes;
+    }
+    if (st != CRING_OK)
+        return fail(e, st, "packing the fusion buffer on cuda:%d: %s", L->device, err.text);
+    cring_dtype_t dt = bcast ? CRING_UINT8 : items[0].dtype;
+    cring__gpu_tensor_t t = {.send = buf,
+                             .recv = buf,
+                             .dtype = dt,
+                             .count = bytes / cring_dtype_size(dt),
+                             .stream = L->stream};
+    cring__gpu_coll_t c = *tmpl;
+    c.ntensors = 1;
+    c.tensors = &t;
+    CRING_CHECK(call(e, L, &c));
+    off = 0;
+    for (int i = 0; i < m && st == CRING_OK; i++) {
+        st = cring__gpu_copy_device(L->g, items[i].recv, (char *)buf + off, items[i].bytes,
+                                    L->stream, &err);
+        off += items[i].bytes;
+    }
+    if (st != CRING_OK)
+        return fail(e, st, "unpacking the fusion buffer on cuda:%d: %s", L->device, err.text);
+    cring__engine_stats_add(&e->stats.fused_tensors, (uint64_t)m);
+    return CRING_OK;
+}
+
+/* Allreduce or broadcast of a batch: tensors in order, consecutive ones
+ * packed together while they fit the threshold; one that fits with no
+ * other runs in place. */
 static cring_status_t run_batch(cring_engine_t *e, req_t **batch, int n) {
     req_t *first = batch[0];
     if (first->compression != CRING_DTYPE_COUNT)
         return fail(e, CRING_ERR_NOT_SUPPORTED,
                     "'%s': compression of CUDA tensors is done by the binding, not by NCCL",
                     first->name);
-    cring__gpu_t *g = cring__gpu_global();
-    int device = batch_device(g, first), slot = -1;
-    CRING_CHECK(comm_for(e, device, &g, &slot));
+    lane_t L;
+    CRING_CHECK(open_lane(e, first, &L));
+    CRING_CHECK(wait_producers(e, &L, batch, n));
     int total = 0;
     for (int b = 0; b < n; b++) total += batch[b]->ntensors;
-    cring__gpu_tensor_t *ts = calloc((size_t)total, sizeof *ts);
+    item_t *items = calloc((size_t)total + 1, sizeof *items);
     void **ghosts = calloc((size_t)n, sizeof *ghosts);
     cring_status_t st = CRING_OK;
-    if (!ts || !ghosts) {
+    if (!items || !ghosts) {
         st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
         goto done;
     }
     int k = 0;
     for (int b = 0; b < n && st == CRING_OK; b++) {
         req_t *r = batch[b];
-        if (!r->handle && r->ghost) st = ghost_buffers(e, g, device, r, &ghosts[b]);
-        for (int i = 0; i < r->ntensors; i++)
-            ts[k++] = (cring__gpu_tensor_t){.send = r->t[i].send,
-                                            .recv = r->t[i].recv,
-                                            .dtype = r->t[i].dtype,
-                                            .count = r->t[i].count,
-                                            .stream = r->device.stream};
+        if (!r->handle && r->ghost) st = ghost_buffers(e, &L, r, &ghosts[b]);
+        for (int i = 0; i < r->ntensors && st == CRING_OK; i++)
+            if (r->t[i].count)
+                items[k++] = (item_t){.send = r->t[i].send,
+                                      .recv = r->t[i].recv,
+                                      .bytes = r->t[i].bytes,
+                                      .count = r->t[i].count,
+                                      .dtype = r->t[i].dtype};
     }
     if (st != CRING_OK) goto done;
-    cring__gpu_coll_t c = {.collective = first->coll,
-                           .op = first->op,
-                           .root = first->root,
-                           .scale = first->prescale * first->postscale,
-                           .ntensors = total,
-                           .tensors = ts};
-    st = run(e, batch, n, device, g, slot, &c);
+    cring__gpu_coll_t tmpl = {.collective = first->coll,
+                              .op = first->op,
+                              .root = first->root,
+                              .scale = first->prescale * first->postscale};
+    /* what NCCL cannot do fails before anything is enqueued */
+    for (int i = 0; i < k && st == CRING_OK; i++) {
+        cring__gpu_tensor_t t = {.send = items[i].send,
+                                 .recv = items[i].recv,
+                                 .dtype = items[i].dtype,
+                                 .count = items[i].count};
+        cring__gpu_coll_t c = tmpl;
+        c.ntensors = 1;
+        c.tensors = &t;
+        cring__errmsg_t err = {{0}};
+        st = cring__gpu_check(&c, &err);
+        if (st != CRING_OK) fail(e, st, "'%s': %s", first->name, err.text);
+    }
+    double t0 = cring__engine_tl_now(e);
+    size_t cap = e->exec.threshold;
+    int nfused = 0;
+    for (int i = 0; i < k && st == CRING_OK;) {
+        size_t bytes = items[i].bytes;
+        int j = i + 1;
+        while (j < k && bytes + items[j].bytes <= cap) bytes += items[j++].bytes;
+        if (j - i > 1) {
+            st = fused(e, &L, &tmpl, items + i, j - i, bytes);
+            nfused += j - i;
+        } else {
+            cring__gpu_tensor_t t = {.send = items[i].send,
+                                     .recv = items[i].recv,
+                                     .dtype = items[i].dtype,
+                                     .count = items[i].count,
+                                     .stream = L.stream};
+            cring__gpu_coll_t c = tmpl;
+            c.ntensors = 1;
+            c.tensors = &t;
+            st = call(e, &L, &c);
+        }
+        i = j;
+    }
+    if (st == CRING_OK) st = record_done(e, &L, batch, n);
+    spans(e, batch, n, phase_name(first->coll), t0, cring__engine_tl_now(e), &L, nfused);
 done:
-    for (int b = 0; ghosts && b < n; b++) cring__gpu_device_free(g, ghosts[b]);
+    for (int b = 0; ghosts && b < n; b++) cring__gpu_device_free(L.g, ghosts[b]);
     free(ghosts);
-    free(ts);
+    free(items);
     return st;
 }
 
@@ -217,13 +387,24 @@ static void free_device_output(void *ctx, void *ptr, size_t bytes) {
     cring__gpu_device_free(ctx, ptr);
 }
 
+/* One request's grouped call on the lane, after its producer, then its completion. */
+static cring_status_t run_one(cring_engine_t *e, const lane_t *L, req_t *r, cring__gpu_coll_t *c) {
+    double t0 = cring__engine_tl_now(e);
+    CRING_CHECK(call(e, L, c));
+    if (c->ntensors > 1) cring__engine_stats_add(&e->stats.fused_tensors, (uint64_t)c->ntensors);
+    spans(e, &r, 1, phase_name(c->collective), t0, cring__engine_tl_now(e), L, 0);
+    return record_done(e, L, &r, 1);
+}
+
 /* Allgather: results in device memory the handle owns (freed through
  * free_output); each rank's part as negotiated (first_dims). */
 static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *first_dims) {
     cring_handle_t *h = r->handle;
-    cring__gpu_t *g = cring__gpu_global();
-    int device = r->device.id, slot = -1;
-    CRING_CHECK(comm_for(e, device, &g, &slot));
+    lane_t L;
+    CRING_CHECK(open_lane(e, r, &L));
+    CRING_CHECK(wait_producers(e, &L, &r, 1));
+    cring__gpu_t *g = L.g;
+    int device = L.device;
     const size_t P = (size_t)e->size, nt = (size_t)r->ntensors;
     h->free_output = free_device_output;
     h->free_ctx = g;
@@ -260,12 +441,12 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
                                       .dtype = t->dtype,
                                       .count = t->count,
                                       .rank_counts = rc,
-                                      .stream = r->device.stream};
+                                      .stream = L.stream};
     }
     if (st == CRING_OK) {
         cring__gpu_coll_t c = {
             .collective = CRING_COLL_ALLGATHER, .scale = 1.0, .ntensors = (int)nt, .tensors = ts};
-        st = run(e, &r, 1, device, g, slot, &c);
+        st = run_one(e, &L, r, &c);
     }
 done:
     free(counts);
@@ -275,9 +456,9 @@ done:
 
 /* Reducescatter: n rows split as n/P, one more for ranks below n%P. */
 static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
-    cring__gpu_t *g = cring__gpu_global();
-    int device = r->device.id, slot = -1;
-    CRING_CHECK(comm_for(e, device, &g, &slot));
+    lane_t L;
+    CRING_CHECK(open_lane(e, r, &L));
+    CRING_CHECK(wait_producers(e, &L, &r, 1));
     const size_t P = (size_t)e->size, nt = (size_t)r->ntensors;
     size_t *counts = malloc(sizeof *counts * nt * P);
     cring__gpu_tensor_t *ts = calloc(nt, sizeof *ts);
@@ -295,14 +476,14 @@ static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
                                       .dtype = t->dtype,
                                       .count = t->count,
                                       .rank_counts = rc,
-                                      .stream = r->device.stream};
+                                      .stream = L.stream};
     }
     cring__gpu_coll_t c = {.collective = CRING_COLL_REDUCESCATTER,
                            .op = r->op,
                            .scale = r->prescale * r->postscale,
                            .ntensors = (int)nt,
                            .tensors = ts};
-    st = run(e, &r, 1, device, g, slot, &c);
+    st = run_one(e, &L, r, &c);
 done:
     free(counts);
     free(ts);
@@ -329,5 +510,7 @@ const cring__backend_t cring__backend_cuda = {
     .allgather = run_allgather,
     .reducescatter = run_reducescatter,
     .alltoall = run_alltoall,
+    .prepare = prepare_cuda,
+    .discard = discard_cuda,
     .shutdown = shutdown_cuda,
 };

@@ -23,6 +23,7 @@ void cring__handle_release(cring_handle_t *h) {
             output_free(e, h->outputs[i], bytes);
         }
     }
+    if (h->device_event) h->device_event_put(h->device_event);
     free(h->outputs);
     free(h->output_bytes);
     free(h->first_dims);
@@ -64,6 +65,9 @@ int cring_handle_done(const cring_handle_t *h) { return atomic_load(&((cring_han
 cring_status_t cring_handle_status(const cring_handle_t *h) { return h->status; }
 const char *cring_handle_error(const cring_handle_t *h) { return h->error ? h->error : ""; }
 int64_t cring_handle_value(const cring_handle_t *h) { return h->value; }
+void *cring_handle_device_event(const cring_handle_t *h) {
+    return atomic_load(&((cring_handle_t *)h)->done) ? h->device_event : NULL;
+}
 
 const void *cring_handle_output(const cring_handle_t *h, int index, size_t *bytes_out,
                                 const int64_t **first_dims_out) {

@@ -10,10 +10,19 @@
 #include "../reduce/reduce.h"
 #include "engine_internal.h"
 
+/* A request that never ran gives back what its backend's prepare attached. */
+static void drop_ready_event(req_t *r) {
+    if (r->ready_event && r->device.type == CRING_DEVICE_CUDA && cring__backend_cuda.discard)
+        cring__backend_cuda.discard(r);
+}
+
 /* A request and everything it owns (tensor specs, shapes, name, record) is
  * one allocation. */
 void cring__req_free(req_t *r) {
-    if (r) free(r->ghost);
+    if (r) {
+        drop_ready_event(r);
+        free(r->ghost);
+    }
     free(r);
 }
 
@@ -258,6 +267,7 @@ void cring__req_recycle(cring_engine_t *e, req_t *r) {
         cring__req_free(r);
         return;
     }
+    drop_ready_event(r);
     req_t *old = atomic_exchange(&e->spare.req, r);
     if (old && old->alloc_bytes > r->alloc_bytes) old = atomic_exchange(&e->spare.req, old);
     free(old);

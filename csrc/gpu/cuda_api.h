@@ -11,7 +11,9 @@
 /* ---- CUDA runtime --------------------------------------------------------- */
 typedef int cudaError_t; /* 0 is cudaSuccess */
 typedef void *cudaStream_t;
+typedef void *cudaEvent_t;
 #define CRING_CUDA_SUCCESS 0
+#define CRING_CUDA_ERROR_NOT_READY 600 /* cudaEventQuery: recorded work still running */
 
 /* cudaMemcpyKind */
 enum {
@@ -21,6 +23,10 @@ enum {
 };
 /* cudaHostAlloc flags: cudaHostAllocPortable pins for every device. */
 #define CRING_CUDA_HOST_ALLOC_PORTABLE 0x01u
+/* cudaEventDisableTiming: an event only for ordering (cheaper to record). */
+#define CRING_CUDA_EVENT_DISABLE_TIMING 0x02u
+/* cudaStreamNonBlocking: no implicit ordering with the legacy default stream. */
+#define CRING_CUDA_STREAM_NON_BLOCKING 0x01u
 
 typedef struct cring__cudart_api {
     cudaError_t (*GetDeviceCount)(int *count);
@@ -36,6 +42,13 @@ typedef struct cring__cudart_api {
     cudaError_t (*Malloc)(void **ptr, size_t bytes);
     cudaError_t (*Free)(void *ptr);
     cudaError_t (*MemsetAsync)(void *ptr, int value, size_t bytes, cudaStream_t stream);
+    cudaError_t (*EventCreateWithFlags)(cudaEvent_t *event, unsigned int flags);
+    cudaError_t (*EventDestroy)(cudaEvent_t event);
+    cudaError_t (*EventRecord)(cudaEvent_t event, cudaStream_t stream);
+    cudaError_t (*EventQuery)(cudaEvent_t event);
+    cudaError_t (*EventSynchronize)(cudaEvent_t event);
+    cudaError_t (*StreamWaitEvent)(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
+    cudaError_t (*StreamCreateWithFlags)(cudaStream_t *stream, unsigned int flags);
 } cring__cudart_api_t;
 
 /* ---- NCCL ------------------------------------------------------------------ */

@@ -2,10 +2,11 @@
  * first use (never linked, no CUDA headers), keeps one NCCL communicator per
  * CUDA device (made from a unique id its caller distributes), enqueues grouped
  * NCCL collectives on the tensors' streams, allocates device memory for
- * results, and stages tensors through pinned host memory for the CPU
- * transports. It knows nothing of Python or of the engine (whose CUDA backend,
- * csrc/engine/exec_cuda.c, is its caller), and never synchronises a device
- * except in cring__gpu_device_free. */
+ * results, keeps cring's own stream, ordering events and fusion buffer per
+ * device (stream.c), and stages tensors through pinned host memory for the
+ * CPU transports. It knows nothing of Python or of the engine (whose CUDA
+ * backend, csrc/engine/exec_cuda.c, is its caller), and never synchronises a
+ * device except in cring__gpu_device_free and cring__gpu_event_sync. */
 #ifndef CRING_GPU_GPU_H
 #define CRING_GPU_GPU_H
 
@@ -79,6 +80,8 @@ int cring__gpu_comm_count(cring__gpu_t *g);
 /* CRING_OK while slot's communicator has no asynchronous error, else the
  * error (ERR_PEER_FAILURE for NCCL's remote errors) with NCCL's message. */
 cring_status_t cring__gpu_comm_check(cring__gpu_t *g, int slot, cring__errmsg_t *err);
+/* cring__gpu_comm_check of every communicator: the first error. Thread-safe. */
+cring_status_t cring__gpu_comms_check_all(cring__gpu_t *g, cring__errmsg_t *err);
 /* Destroy every communicator (ncclCommAbort for one that failed, so a dead
  * peer cannot block this). Thread-safe; used when the engine stops. */
 void cring__gpu_comms_destroy(cring__gpu_t *g);
@@ -157,13 +160,56 @@ void cring__gpu_pinned_put(cring__gpu_t *g, void *ptr, size_t capacity);
 cring_status_t cring__gpu_copy_sync(cring__gpu_t *g, void *dst, const void *src, size_t bytes,
                                     int to_device, void *stream, cring__errmsg_t *err);
 
+/* ---- streams, events, the fusion buffer (stream.c) ------------------------------- *
+ * The engine's CUDA backend runs every CUDA collective of a device on one
+ * stream cring owns (created at first use, non-blocking, kept for the life of
+ * the process). Producers' streams and that stream are ordered by events from
+ * a per-device pool: recorded on the producer's stream at submission, waited
+ * on by cring's stream (cudaStreamWaitEvent), and one recorded on cring's
+ * stream after a batch, which consumers' streams wait on. No host waits
+ * except cring__gpu_event_sync. */
+typedef struct cring__gpu_event cring__gpu_event_t;
+/* Take an event from device's pool (creating one when it is empty) and
+ * record it on stream (NULL: the legacy default stream of device); device is
+ * made current for the call when it is not, then restored. The caller holds
+ * the one reference. ERR_SYSTEM with the runtime's reason. Thread-safe. */
+cring_status_t cring__gpu_event_record(cring__gpu_t *g, int device, void *stream,
+                                       cring__gpu_event_t **out, cring__errmsg_t *err);
+/* Another reference to ev. Thread-safe. */
+void cring__gpu_event_ref(cring__gpu_event_t *ev);
+/* Drop a reference; the last one returns ev to its pool. A wait already
+ * enqueued on ev is unaffected by its next record, so this may follow
+ * cring__gpu_stream_wait at once. NULL is a no-op. Thread-safe. */
+void cring__gpu_event_put(cring__gpu_t *g, cring__gpu_event_t *ev);
+int cring__gpu_event_device(const cring__gpu_event_t *ev);
+/* Make stream (on device; NULL: its legacy default stream) wait for ev
+ * (cudaStreamWaitEvent): no host wait. Thread-safe. */
+cring_status_t cring__gpu_stream_wait(cring__gpu_t *g, int device, void *stream,
+                                      const cring__gpu_event_t *ev, cring__errmsg_t *err);
+/* Block the calling thread until ev's work has run (cudaEventSynchronize).
+ * Thread-safe. */
+cring_status_t cring__gpu_event_sync(cring__gpu_t *g, const cring__gpu_event_t *ev,
+                                     cring__errmsg_t *err);
+/* cring's stream on device (created at the first call). Thread-safe. */
+cring_status_t cring__gpu_device_stream(cring__gpu_t *g, int device, void **stream_out,
+                                        cring__errmsg_t *err);
+/* device's fusion buffer, at least `bytes` (grown by cudaFree, which waits
+ * for the device, then cudaMalloc). Only for work on device's cring stream,
+ * which orders its reuse; one caller at a time (the engine's driver). */
+cring_status_t cring__gpu_fusion_buffer(cring__gpu_t *g, int device, size_t bytes, void **buf_out,
+                                        cring__errmsg_t *err);
+
 typedef struct cring__gpu_stats {
     uint64_t communicators; /* NCCL communicators created */
     uint64_t groups;        /* ncclGroupStart/End pairs issued */
     uint64_t nccl_calls;    /* NCCL collectives enqueued */
     uint64_t staged_bytes;  /* bytes copied between device and pinned host memory */
     uint64_t pinned_allocs; /* cudaHostAlloc calls */
-    uint64_t device_allocs; /* cudaMalloc calls (results of allgathers) */
+    uint64_t device_allocs; /* cudaMalloc calls (results of allgathers, fusion buffers) */
+    uint64_t events;        /* events recorded (producers' and completions) */
+    uint64_t stream_waits;  /* cudaStreamWaitEvent calls */
+    uint64_t host_waits;    /* cudaEventSynchronize calls (synchronize(block_host=True)) */
+    uint64_t fused_copies;  /* device-to-device copies into and out of fusion buffers */
 } cring__gpu_stats_t;
 void cring__gpu_get_stats(cring__gpu_t *g, cring__gpu_stats_t *out);
 

@@ -32,6 +32,13 @@ static const symbol_t cudart_symbols[] = {
     CUDART_SYM(Malloc, 1),
     CUDART_SYM(Free, 1),
     CUDART_SYM(MemsetAsync, 1),
+    CUDART_SYM(EventCreateWithFlags, 1),
+    CUDART_SYM(EventDestroy, 1),
+    CUDART_SYM(EventRecord, 1),
+    CUDART_SYM(EventQuery, 1),
+    CUDART_SYM(EventSynchronize, 1),
+    CUDART_SYM(StreamWaitEvent, 1),
+    CUDART_SYM(StreamCreateWithFlags, 1),
 };
 
 #define NCCL_SYM(field, req)                                                                       \
@@ -297,6 +304,7 @@ cring_status_t cring__gpu_create(cring__gpu_t **out) {
     if (!g) return CRING_ERR_NO_MEMORY;
     pthread_mutex_init(&g->mu, NULL);
     pthread_mutex_init(&g->comm_mu, NULL);
+    pthread_mutex_init(&g->lane_mu, NULL);
     long limit = cring__env_long("CRING_GPU_PINNED_CACHE_BYTES", 256L << 20);
     g->pinned_cache_limit = limit > 0 ? (size_t)limit : 0;
     *out = g;

@@ -154,6 +154,9 @@ cring_status_t cring__gpu_copy_device(cring__gpu_t *g, void *dst, const void *sr
         return cring__fail(err, CRING_ERR_SYSTEM,
                            "cudaMemcpyAsync (device to device, %zu bytes): %s", bytes,
                            cring__gpu_cuda_error(g, e));
+    pthread_mutex_lock(&g->mu);
+    g->stats.fused_copies++;
+    pthread_mutex_unlock(&g->mu);
     return CRING_OK;
 }
 
@@ -169,7 +172,18 @@ void cring__gpu_destroy(cring__gpu_t *g) {
             node = next;
         }
     }
+    for (int d = 0; d < CRING__GPU_MAX_DEVICES; d++) {
+        cring__gpu_lane_t *lane = &g->lanes[d];
+        cring__gpu_device_free(g, lane->fusion);
+        while (lane->free_events) {
+            cring__gpu_event_t *ev = lane->free_events;
+            lane->free_events = ev->next;
+            g->cudart.EventDestroy(ev->event);
+            free(ev);
+        }
+    }
     pthread_mutex_destroy(&g->mu);
     pthread_mutex_destroy(&g->comm_mu);
+    pthread_mutex_destroy(&g->lane_mu);
     free(g);
 }

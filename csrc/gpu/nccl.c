@@ -85,10 +85,8 @@ cring_status_t cring__gpu_unique_id(cring__gpu_t *g, void *id_out, cring__errmsg
     return CRING_OK;
 }
 
-/* Make `device` current (skipped when it is, unless `always`); *previous
- * gets the device to restore (-1: none). */
-static cring_status_t enter_device(cring__gpu_t *g, int device, int always, int *previous,
-                                   cring__errmsg_t *err) {
+cring_status_t cring__gpu_enter_device(cring__gpu_t *g, int device, int always, int *previous,
+                                       cring__errmsg_t *err) {
     if (g->cudart.GetDevice(previous) != CRING_CUDA_SUCCESS) *previous = -1;
     if (*previous == device && !always) return CRING_OK;
     cudaError_t e = g->cudart.SetDevice(device);
@@ -98,7 +96,7 @@ static cring_status_t enter_device(cring__gpu_t *g, int device, int always, int 
     return CRING_OK;
 }
 
-static void leave_device(cring__gpu_t *g, int device, int previous) {
+void cring__gpu_leave_device(cring__gpu_t *g, int device, int previous) {
     if (previous >= 0 && previous != device) g->cudart.SetDevice(previous);
 }
 
@@ -120,10 +118,10 @@ cring_status_t cring__gpu_comm_init(cring__gpu_t *g, int device, int rank, int s
     ncclUniqueId id;
     memcpy(&id, unique_id, sizeof id);
     int previous = -1;
-    if ((st = enter_device(g, device, 1, &previous, err)) != CRING_OK) goto done;
+    if ((st = cring__gpu_enter_device(g, device, 1, &previous, err)) != CRING_OK) goto done;
     ncclComm_t comm = NULL;
     ncclResult_t r = g->nccl.CommInitRank(&comm, size, id, rank);
-    leave_device(g, device, previous);
+    cring__gpu_leave_device(g, device, previous);
     if (r != ncclSuccess) {
         st = nccl_fail(g, comm, r, "ncclCommInitRank",
                        r == ncclInvalidUsage
@@ -194,6 +192,14 @@ static cring_status_t check_locked(cring__gpu_t *g, int slot, cring__errmsg_t *e
 cring_status_t cring__gpu_comm_check(cring__gpu_t *g, int slot, cring__errmsg_t *err) {
     pthread_mutex_lock(&g->comm_mu);
     cring_status_t st = check_locked(g, slot, err);
+    pthread_mutex_unlock(&g->comm_mu);
+    return st;
+}
+
+cring_status_t cring__gpu_comms_check_all(cring__gpu_t *g, cring__errmsg_t *err) {
+    cring_status_t st = CRING_OK;
+    pthread_mutex_lock(&g->comm_mu);
+    for (int i = 0; i < g->ncomms && st == CRING_OK; i++) st = check_locked(g, i, err);
     pthread_mutex_unlock(&g->comm_mu);
     return st;
 }
@@ -358,7 +364,7 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
     int reduces =
         c->collective == CRING_COLL_ALLREDUCE || c->collective == CRING_COLL_REDUCESCATTER;
     int previous = -1;
-    st = enter_device(g, cm->device, 0, &previous, err);
+    st = cring__gpu_enter_device(g, cm->device, 0, &previous, err);
     if (st != CRING_OK) {
         pthread_mutex_unlock(&g->comm_mu);
         return st;
@@ -393,7 +399,7 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
     }
     for (int d = 0; d < CRING_DTYPE_COUNT; d++)
         if (have_premul[d]) g->nccl.RedOpDestroy(premul[d], cm->comm);
-    leave_device(g, cm->device, previous);
+    cring__gpu_leave_device(g, cm->device, previous);
     if (st != CRING_OK && st != CRING_ERR_INVALID_ARGUMENT) {
         cm->broken = 1; /* NCCL's state is unknown after a failed enqueue */
         if (err) cm->error = *err;

@@ -348,19 +348,16 @@ static PyObject *torch_attr(PyObject *torch, const char *dotted) {
     return obj;
 }
 
-/* The capsule of a plain CPU-or-CUDA torch tensor, NULL without an error
- * when obj is not one, or NULL with the export's error set. */
-static PyObject *torch_export(PyObject *obj, int *is_torch) {
-    *is_torch = 0;
-    PyTypeObject *type = Py_TYPE(obj);
+/* Is type torch.Tensor or nn.Parameter (learnt at the first one seen)? */
+static int torch_known(PyTypeObject *type) {
     if (!torch_to_dlpack) {
-        if (strcmp(type->tp_name, "Tensor") && strcmp(type->tp_name, "Parameter")) return NULL;
+        if (strcmp(type->tp_name, "Tensor") && strcmp(type->tp_name, "Parameter")) return 0;
         PyObject *name = PyUnicode_FromString("torch");
         PyObject *torch = name ? PyImport_GetModule(name) : NULL;
         Py_XDECREF(name);
         if (!torch) {
             PyErr_Clear();
-            return NULL;
+            return 0;
         }
         PyObject *tensor = torch_attr(torch, "Tensor"), *param = torch_attr(torch, "nn.Parameter");
         PyObject *fn = torch_attr(torch, "_C._to_dlpack_versioned");
@@ -370,14 +367,20 @@ static PyObject *torch_export(PyObject *obj, int *is_torch) {
             Py_XDECREF(tensor);
             Py_XDECREF(param);
             Py_XDECREF(fn);
-            return NULL;
+            return 0;
         }
         torch_tensor_type = tensor;
         torch_param_type = param;
         torch_to_dlpack = fn;
     }
-    if (type != (PyTypeObject *)torch_tensor_type && type != (PyTypeObject *)torch_param_type)
-        return NULL;
+    return type == (PyTypeObject *)torch_tensor_type || type == (PyTypeObject *)torch_param_type;
+}
+
+/* The capsule of a plain CPU-or-CUDA torch tensor, NULL without an error
+ * when obj is not one, or NULL with the export's error set. */
+static PyObject *torch_export(PyObject *obj, int *is_torch) {
+    *is_torch = 0;
+    if (!torch_known(Py_TYPE(obj))) return NULL;
     *is_torch = 1;
     return PyObject_CallOneArg(torch_to_dlpack, obj);
 }
@@ -386,6 +389,13 @@ static int check_tensor(cring__dl_ref_t *ref, const char *name, int writable,
                         cring__dl_device_t device);
 
 int cring__dl_acquire_cpu(PyObject *obj, const char *name, int writable, cring__dl_ref_t *ref) {
+    return cring__dl_acquire_fast(obj, name, writable, 0, ref);
+}
+
+int cring__dl_is_torch(PyObject *obj) { return torch_known(Py_TYPE(obj)); }
+
+int cring__dl_acquire_fast(PyObject *obj, const char *name, int writable, int cuda,
+                           cring__dl_ref_t *ref) {
     memset(ref, 0, sizeof *ref);
     if (acquire_ndarray(obj, writable, ref)) return 1;
     if (cring__dl_is_ndarray(obj)) /* declined by the field reader: DLPack words the error */
@@ -399,7 +409,9 @@ int cring__dl_acquire_cpu(PyObject *obj, const char *name, int writable, cring__
         return 0;
     }
     int type = ref->t->device.device_type;
-    if (type != CRING_DL_CPU && type != CRING_DL_CUDA_HOST) { /* a device tensor: not here */
+    if (type != CRING_DL_CPU && type != CRING_DL_CUDA_HOST) { /* a device tensor */
+        if (cuda && type == CRING_DL_CUDA)
+            return check_tensor(ref, name, writable, CRING__DL_CUDA) < 0 ? -1 : 1;
         cring__dl_release(ref);
         return 0;
     }

@@ -49,6 +49,15 @@ int cring__dl_acquire(PyObject *obj, PyObject *stream, const char *name, int wri
  * strided, unsupported dtype). */
 int cring__dl_acquire_cpu(PyObject *obj, const char *name, int writable, cring__dl_ref_t *ref);
 
+/* cring__dl_acquire_cpu, and with `cuda` set a plain torch CUDA tensor too
+ * (exported without a stream: the caller orders it by an event on the
+ * producer's stream). The ref's device type tells which was taken. */
+int cring__dl_acquire_fast(PyObject *obj, const char *name, int writable, int cuda,
+                           cring__dl_ref_t *ref);
+
+/* Is obj a plain torch.Tensor or nn.Parameter (known once torch was seen)? */
+int cring__dl_is_torch(PyObject *obj);
+
 /* Is obj exactly a numpy.ndarray (which cring__dl_acquire may read from its
  * fields)? */
 int cring__dl_is_ndarray(PyObject *obj);

@@ -1,10 +1,12 @@
 /* gpu.c: cring._C.gpu, the Python face of the GPU layer (csrc/gpu) beside the
  * one collective path: loading NCCL and the CUDA runtime into the process's
  * GPU context (which the engine's CUDA backend runs on), the layer's counters,
- * DLPack capsules of CUDA allgather results (device memory a handle owns), and
- * pinned host buffers for the host-staged path. CUDA collectives themselves
- * are submitted like any other (submit.c); nothing here talks to the engine.
- * The GIL is released around everything that can block. */
+ * DLPack capsules of CUDA allgather results (device memory a handle owns),
+ * pinned host buffers for the host-staged path, and the consumer's side of
+ * a CUDA request: which stream the caller is on (use_stream, torch's current
+ * stream) and ordering it after a completed request. CUDA collectives
+ * themselves are submitted like any other (submit.c); nothing here talks to
+ * the engine. The GIL is released around everything that can block. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
@@ -108,6 +110,93 @@ static PyObject *Gpu_output_capsule(GpuState *self, PyObject *args) {
     else cap = export_capsule(data, CRING_DL_CUDA, device, ndim, shape, dtype, hobj);
     PyMem_Free(shape);
     return cap;
+}
+
+/* ---- the consumer's stream ------------------------------------------------------------ */
+/* cring._gpu.use_stream(): this thread's stream, read by the C fast paths too. */
+static _Thread_local int thread_stream_set;
+static _Thread_local void *thread_stream;
+/* torch._C._cuda_getCurrentRawStream, looked up once torch is imported; a
+ * torch without CUDA has none (then the fallback stream is used). */
+static PyObject *torch_raw_stream;
+static int torch_raw_stream_state; /* 0 not looked up, 1 found, -1 absent */
+
+static PyObject *Gpu_set_thread_stream(GpuState *self, PyObject *arg) {
+    PyObject *previous = thread_stream_set ? PyLong_FromVoidPtr(thread_stream) : Py_NewRef(Py_None);
+    if (!previous) return NULL;
+    if (arg == Py_None) {
+        thread_stream_set = 0;
+        thread_stream = NULL;
+    } else {
+        unsigned long long raw = PyLong_AsUnsignedLongLong(arg);
+        if (raw == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_DECREF(previous);
+            return NULL;
+        }
+        thread_stream_set = 1;
+        thread_stream = (void *)(uintptr_t)raw;
+    }
+    return previous;
+}
+
+static PyObject *Gpu_thread_stream(GpuState *self, PyObject *unused) {
+    return thread_stream_set ? PyLong_FromVoidPtr(thread_stream) : Py_NewRef(Py_None);
+}
+
+int cring__pyext_cuda_stream(int device, int torch, void *fallback, void **out) {
+    *out = fallback;
+    if (thread_stream_set) {
+        *out = thread_stream;
+        return 0;
+    }
+    if (!torch) return 0;
+    if (torch_raw_stream_state == 0) {
+        PyObject *name = PyUnicode_FromString("torch._C");
+        PyObject *C = name ? PyImport_GetModule(name) : NULL;
+        Py_XDECREF(name);
+        torch_raw_stream = C ? PyObject_GetAttrString(C, "_cuda_getCurrentRawStream") : NULL;
+        Py_XDECREF(C);
+        PyErr_Clear();
+        torch_raw_stream_state = torch_raw_stream ? 1 : -1;
+    }
+    if (torch_raw_stream_state < 0) return 0;
+    PyObject *index = PyLong_FromLong(device);
+    PyObject *res = index ? PyObject_CallOneArg(torch_raw_stream, index) : NULL;
+    Py_XDECREF(index);
+    if (!res) return -1;
+    unsigned long long raw = PyLong_AsUnsignedLongLong(res);
+    Py_DECREF(res);
+    if (raw == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    *out = (void *)(uintptr_t)raw;
+    return 0;
+}
+
+int cring__pyext_cuda_after(module_state *s, cring_handle_t *h, const char *name, int device,
+                            void *consumer, void *producer, int block_host) {
+    cring__gpu_t *g = cring__gpu_global();
+    cring__gpu_event_t *ev = cring_handle_device_event(h);
+    if (!g || !ev) return 0;
+    cring__errmsg_t err = {{0}};
+    cring_status_t st = cring__gpu_comms_check_all(g, &err);
+    if (st == CRING_OK) st = cring__gpu_stream_wait(g, device, consumer, ev, &err);
+    if (st == CRING_OK && producer != consumer)
+        st = cring__gpu_stream_wait(g, device, producer, ev, &err);
+    if (st == CRING_OK && block_host) {
+        Py_BEGIN_ALLOW_THREADS st = cring__gpu_event_sync(g, ev, &err);
+        Py_END_ALLOW_THREADS
+    }
+    if (st == CRING_OK) return 0;
+    char context[512];
+    snprintf(context, sizeof context, "tensor '%s' on cuda:%d", name, device);
+    cring__pyext_raise(s, st, context, err.text);
+    return -1;
+}
+
+void cring__pyext_cuda_order_release(cring_handle_t *h, int device, void *producer) {
+    cring__gpu_t *g = cring__gpu_global();
+    cring__gpu_event_t *ev = cring_handle_device_event(h);
+    cring__errmsg_t err = {{0}};
+    if (g && ev) (void)cring__gpu_stream_wait(g, device, producer, ev, &err);
 }
 
 /* ---- loading ---------------------------------------------------------------------- */
@@ -289,9 +378,11 @@ static PyObject *Gpu_stage_out(GpuState *self, PyObject *args) {
 static PyObject *Gpu_stats(GpuState *self, PyObject *unused) {
     cring__gpu_stats_t s;
     cring__gpu_get_stats(self->g, &s);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K}", "communicators", s.communicators, "groups",
-                         s.groups, "nccl_calls", s.nccl_calls, "staged_bytes", s.staged_bytes,
-                         "pinned_allocs", s.pinned_allocs, "device_allocs", s.device_allocs);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "communicators", s.communicators, "groups",
+        s.groups, "nccl_calls", s.nccl_calls, "staged_bytes", s.staged_bytes, "pinned_allocs",
+        s.pinned_allocs, "device_allocs", s.device_allocs, "events", s.events, "stream_waits",
+        s.stream_waits, "host_waits", s.host_waits, "fused_copies", s.fused_copies);
 }
 
 /* PinnedBuffer: host memory that exports itself through DLPack as
@@ -376,6 +467,11 @@ static PyMethodDef Gpu_methods[] = {
     {"stage_out", (PyCFunction)Gpu_stage_out, METH_VARARGS,
      "stage_out(pinned, tensor, dlpack_stream, cuda_stream, name)"},
     {"stats", (PyCFunction)Gpu_stats, METH_NOARGS, "counters of the GPU layer"},
+    {"set_thread_stream", (PyCFunction)Gpu_set_thread_stream, METH_O,
+     "set_thread_stream(stream or None) -> the previous one: this thread's CUDA collectives "
+     "run after, and are waited for on, that cudaStream_t"},
+    {"thread_stream", (PyCFunction)Gpu_thread_stream, METH_NOARGS,
+     "this thread's stream from set_thread_stream, or None"},
     {NULL}};
 static PyType_Slot Gpu_slots[] = {
     {Py_tp_dealloc, Gpu_dealloc},

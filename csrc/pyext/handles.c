@@ -31,8 +31,10 @@ static void release_refs(cring__dl_ref_t *refs, int nrefs) {
     PyMem_Free(refs);
 }
 
-void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs, int nrefs) {
+void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs, int nrefs,
+                       int cuda_device, void *cuda_stream) {
     if (cring_handle_done(h)) {
+        if (cuda_device >= 0 && nrefs) cring__pyext_cuda_order_release(h, cuda_device, cuda_stream);
         release_refs(refs, nrefs);
         cring_handle_free(h);
         return;
@@ -40,13 +42,17 @@ void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs
     cring__pyext_dropped_t *d = PyMem_Malloc(sizeof *d);
     if (!d) { /* nowhere to keep the views: the only safe thing left is to wait */
         Py_BEGIN_ALLOW_THREADS cring_handle_wait(h);
-        Py_END_ALLOW_THREADS release_refs(refs, nrefs);
+        Py_END_ALLOW_THREADS if (cuda_device >= 0 && nrefs)
+            cring__pyext_cuda_order_release(h, cuda_device, cuda_stream);
+        release_refs(refs, nrefs);
         cring_handle_free(h);
         return;
     }
     d->handle = h;
     d->refs = refs;
     d->nrefs = nrefs;
+    d->cuda_device = cuda_device;
+    d->cuda_stream = cuda_stream;
     d->next = s->dropped;
     s->dropped = d;
 }
@@ -60,6 +66,8 @@ void cring__pyext_sweep(module_state *s, int all) {
             continue;
         }
         *link = d->next; /* unlink first: a view's deleter may run Python code */
+        if (d->cuda_device >= 0 && d->nrefs && cring_handle_done(d->handle))
+            cring__pyext_cuda_order_release(d->handle, d->cuda_device, d->cuda_stream);
         release_refs(d->refs, d->nrefs);
         cring_handle_free(d->handle);
         PyMem_Free(d);
@@ -79,7 +87,7 @@ PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle, cring
             self->name = NULL;
             Py_DECREF(self);
         }
-        cring__pyext_drop(s, handle, refs, nrefs);
+        cring__pyext_drop(s, handle, refs, nrefs, -1, NULL);
         return PyErr_NoMemory();
     }
     strcpy(name_copy, name);
@@ -89,6 +97,9 @@ PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle, cring
     self->released = 0;
     self->collective = collective;
     self->name = name_copy;
+    self->cuda_device = -1;
+    self->cuda_torch = 0;
+    self->cuda_stream = NULL;
     return (PyObject *)self;
 }
 
@@ -96,11 +107,20 @@ static PyObject *Handle_done(HandleObject *self, PyObject *unused) {
     return PyBool_FromLong(!self->handle || cring_handle_done(self->handle));
 }
 
-/* wait(): block until complete (running signal handlers every 100 ms); raise
- * the request's error, if any. Interrupted, the request counts as dropped:
- * the exception propagates and the result is discarded. */
-static PyObject *Handle_wait(HandleObject *self, PyObject *unused) {
+/* wait(block_host=False): block until complete (running signal handlers
+ * every 100 ms); raise the request's error, if any. Interrupted, the request
+ * counts as dropped: the exception propagates and the result is discarded.
+ * A CUDA request completes once its work is enqueued: then the caller's
+ * current stream (and the producer's) waits on its completion event, and
+ * with block_host this thread waits for the device too. */
+static PyObject *Handle_wait(HandleObject *self, PyObject *const *args, Py_ssize_t nargs) {
     module_state *s = PyType_GetModuleState(Py_TYPE(self));
+    int block_host = 0;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "wait() takes at most one argument (block_host)");
+        return NULL;
+    }
+    if (nargs == 1 && (block_host = PyObject_IsTrue(args[0])) < 0) return NULL;
     if (!self->handle) {
         PyErr_Format(s->CRingError,
                      "%s of tensor '%s': its wait was interrupted, so its result was discarded",
@@ -109,17 +129,28 @@ static PyObject *Handle_wait(HandleObject *self, PyObject *unused) {
     }
     cring_status_t st;
     if (!cring__pyext_wait(self->handle, &st)) { /* not done, so the views are still held */
-        cring__pyext_drop(s, self->handle, self->refs, self->nrefs);
+        cring__pyext_drop(s, self->handle, self->refs, self->nrefs, self->cuda_device,
+                          self->cuda_stream);
         self->handle = NULL;
         self->refs = NULL;
         self->nrefs = 0;
         self->released = 1;
         return NULL;
     }
+    int ordered = 0;
+    if (st == CRING_OK && self->cuda_device >= 0) {
+        void *consumer;
+        ordered = cring__pyext_cuda_stream(self->cuda_device, self->cuda_torch, self->cuda_stream,
+                                           &consumer);
+        if (ordered == 0)
+            ordered = cring__pyext_cuda_after(s, self->handle, self->name, self->cuda_device,
+                                              consumer, self->cuda_stream, block_host);
+    }
     if (!self->released) {
         for (int i = 0; i < self->nrefs; i++) cring__dl_release(&self->refs[i]);
         self->released = 1;
     }
+    if (ordered < 0) return NULL;
     if (s->dropped) cring__pyext_sweep(s, 0);
     if (st != CRING_OK)
         return cring__pyext_raise_handle(s, self->handle, st, self->collective, self->name);
@@ -225,9 +256,10 @@ static void Handle_dealloc(HandleObject *self) {
         module_state *s = PyType_GetModuleState(tp);
         if (self->released) {
             PyMem_Free(self->refs);
-            cring__pyext_drop(s, self->handle, NULL, 0);
+            cring__pyext_drop(s, self->handle, NULL, 0, -1, NULL);
         } else {
-            cring__pyext_drop(s, self->handle, self->refs, self->nrefs);
+            cring__pyext_drop(s, self->handle, self->refs, self->nrefs, self->cuda_device,
+                              self->cuda_stream);
         }
     } else {
         PyMem_Free(self->refs);
@@ -243,7 +275,9 @@ static PyObject *Handle_get_name(HandleObject *self, void *closure) {
 
 static PyMethodDef Handle_methods[] = {
     {"done", (PyCFunction)Handle_done, METH_NOARGS, "True once complete; never blocks."},
-    {"wait", (PyCFunction)Handle_wait, METH_NOARGS, "Block until complete; raise its error."},
+    {"wait", (PyCFunction)(void (*)(void))Handle_wait, METH_FASTCALL,
+     "wait(block_host=False): block until complete; raise its error. A CUDA request then "
+     "orders the caller's current stream after it (and with block_host waits for the device)."},
     {"copy_output", (PyCFunction)Handle_copy_output, METH_VARARGS,
      "copy_output(index, dst): copy an allgather or alltoall result into dst."},
     {"output_buffer", (PyCFunction)Handle_output_buffer, METH_VARARGS,

@@ -14,6 +14,8 @@ typedef struct cring__pyext_dropped {
     cring_handle_t *handle;
     cring__dl_ref_t *refs; /* PyMem, released with the GIL held */
     int nrefs;
+    int cuda_device;   /* -1 unless a CUDA request: then the producer's stream */
+    void *cuda_stream; /* waits on its completion before the views go */
 } cring__pyext_dropped_t;
 
 typedef struct {
@@ -42,7 +44,10 @@ typedef struct {
     int nrefs;
     int collective;
     char *name;
-    int released; /* the views were released (the handle completed and was waited on) */
+    int released;      /* the views were released (the handle completed and was waited on) */
+    int cuda_device;   /* CUDA requests: the device; -1 otherwise */
+    int cuda_torch;    /* the tensors are torch's (its current stream is the consumer's) */
+    void *cuda_stream; /* the producer's stream at submission */
 } HandleObject;
 
 /* ---- errors.c: the one status -> exception mapping -------------------------- */
@@ -78,8 +83,12 @@ PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle, cring
  * exception set (the request is still in flight). Needs the GIL. */
 int cring__pyext_wait(cring_handle_t *h, cring_status_t *st);
 /* Keep views the engine may still use until h completes; takes h and refs
- * (a PyMem array, or NULL with nrefs 0). Needs the GIL. */
-void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs, int nrefs);
+ * (a PyMem array, or NULL with nrefs 0). For a CUDA request (cuda_device >=
+ * 0), cuda_stream (the producer's) is made to wait on its completion before
+ * the views go, so their memory is not reused under cring's stream. Needs
+ * the GIL. */
+void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs, int nrefs,
+                       int cuda_device, void *cuda_stream);
 /* Release what dropped handles kept once their request is done; with all
  * set (after the engine stopped), everything. Needs the GIL. */
 void cring__pyext_sweep(module_state *s, int all);
@@ -95,5 +104,19 @@ int cring__pyext_store_init(PyObject *module, module_state *s);
 /* Adds cring._C.gpu, the GPU layer's bindings, and cring._C.PinnedBuffer;
  * called once from module_exec, after the exception and Handle types exist. */
 int cring__pyext_gpu_init(PyObject *module, module_state *s);
+/* The stream a CUDA consumer on `device` orders its work on: the thread's
+ * cring._gpu.use_stream() stream, else torch's current stream when `torch`
+ * (torch._C._cuda_getCurrentRawStream, looked up once), else `fallback`.
+ * 0 with *out set, or -1 with the error set. Needs the GIL. */
+int cring__pyext_cuda_stream(int device, int torch, void *fallback, void **out);
+/* After a CUDA request h completed successfully: surface NCCL's
+ * asynchronous errors, make `consumer` (and `producer` when it differs) wait
+ * on h's completion event, and with block_host wait for it on this thread
+ * (the GIL released). 0, or -1 with the exception set. Needs the GIL. */
+int cring__pyext_cuda_after(module_state *s, cring_handle_t *h, const char *name, int device,
+                            void *consumer, void *producer, int block_host);
+/* The producer's stream of a dropped CUDA request waits on its completion
+ * (best effort: errors are ignored, nothing is raised). */
+void cring__pyext_cuda_order_release(cring_handle_t *h, int device, void *producer);
 
 #endif

@@ -1,12 +1,13 @@
 /* submit.c: building engine requests from Python arguments: submit() for
- * every collective, the synchronous in-place allreduce fast path for NumPy
- * arrays and CPU torch tensors, and the small DLPack utilities (tensor_info,
- * copy). Arguments are bound and checked once, here or in the engine's
+ * every collective, the in-place allreduce fast paths (allreduce_ for NumPy
+ * arrays and torch tensors on the CPU or CUDA, allreduce_async_ for torch
+ * CUDA tensors), and the small DLPack utilities (tensor_info, copy). Arguments are bound and checked once, here or in the engine's
  * validation (whose statuses errors.c maps); no waiting logic (handles.c). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
 
+#include "../gpu/gpu.h"
 #include "pyext.h"
 
 #define STACK_TENSORS 4
@@ -50,22 +51,28 @@ static int parse_op(PyObject *obj) {
 
 /* On an interrupted wait-here: the views may live on the stack; move them to
  * the heap and hand them to the dropped list with the handle. */
-static void drop_views(module_state *s, cring_handle_t *h, cring__dl_ref_t *views, int n) {
+static void drop_views(module_state *s, cring_handle_t *h, cring__dl_ref_t *views, int n,
+                       const cring_device_t *device) {
+    int cuda_device = device->type == CRING_DEVICE_CUDA ? device->id : -1;
     cring__dl_ref_t *kept = n ? PyMem_Calloc((size_t)n, sizeof *kept) : NULL;
     if (n && !kept) { /* nowhere to keep them: wait, then release */
         Py_BEGIN_ALLOW_THREADS cring_handle_wait(h);
-        Py_END_ALLOW_THREADS cring_handle_free(h);
+        Py_END_ALLOW_THREADS if (cuda_device >= 0)
+            cring__pyext_cuda_order_release(h, cuda_device, device->stream);
+        cring_handle_free(h);
         for (int i = 0; i < n; i++) cring__dl_release(&views[i]);
         return;
     }
     if (n) memcpy(kept, views, sizeof *kept * (size_t)n); /* release() reads no inner pointer */
     memset(views, 0, sizeof *views * (size_t)n);
-    cring__pyext_drop(s, h, kept, n);
+    cring__pyext_drop(s, h, kept, n, cuda_device, device->stream);
 }
 
 /* Submit, wait (running signal handlers) and report; views are the request's
  * tensor views, released by the caller unless an interrupted wait took them
- * (then *nviews is set to 0). Returns 0, or -1 with the error set. */
+ * (then *nviews is set to 0). A CUDA request's stream (the caller's) then
+ * waits on its completion: no host wait for the device. Returns 0, or -1
+ * with the error set. */
 static int submit_wait_here(module_state *s, const cring_request_t *req, cring__dl_ref_t *views,
                             int *nviews) {
     cring_handle_t *handle;
@@ -76,12 +83,15 @@ static int submit_wait_here(module_state *s, const cring_request_t *req, cring__
         return -1;
     }
     if (!cring__pyext_wait(handle, &st)) { /* interrupted: the request counts as dropped */
-        drop_views(s, handle, views, *nviews);
+        drop_views(s, handle, views, *nviews, &req->device);
         *nviews = 0;
         return -1;
     }
     int rc = 0;
-    if (st != CRING_OK) {
+    if (st == CRING_OK && req->device.type == CRING_DEVICE_CUDA)
+        rc = cring__pyext_cuda_after(s, handle, req->name, req->device.id, req->device.stream,
+                                     req->device.stream, 0);
+    else if (st != CRING_OK) {
         cring__pyext_raise_handle(s, handle, st, req->collective, req->name);
         rc = -1;
     }
@@ -94,26 +104,21 @@ static int is_one(PyObject *x) {
            (PyLong_CheckExact(x) && PyLong_AsLong(x) == 1);
 }
 
-/* allreduce_(tensor, op=Average, name=None, compression=None, prescale_factor=1.0,
- * postscale_factor=1.0): cring.allreduce_ itself. A NumPy array or CPU torch
- * tensor with a name and no compression or scaling is reduced here, bound
- * once, without a Python frame; everything else (CUDA and other libraries'
- * tensors, names to generate, compression, scaling) goes to
- * cring._api._allreduce_inplace_general, which the module's `fallback`
- * attribute holds. */
-static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames) {
+/* The arguments of allreduce_/allreduce_async_ (tensor, op=Average,
+ * name=None, compression=None, prescale_factor=1.0, postscale_factor=1.0)
+ * bound into v without a Python frame. 1 when a fast path may take the call
+ * (a tensor, a str name, no compression, no scaling); 0 when it goes to the
+ * Python fallback (which also raises the TypeErrors of bad keywords). */
+enum { NPARAMS = 6 };
+static int bind_allreduce(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                          PyObject **v) {
     static const char *const names[] = {
         "tensor", "op", "name", "compression", "prescale_factor", "postscale_factor"};
-    enum { NPARAMS = 6 };
     static PyObject *interned[NPARAMS]; /* call sites' keywords are interned: compare pointers */
-    static PyObject *fallback_name;
-    module_state *s = cring__pyext_state(module);
-    PyObject *v[NPARAMS] = {0};
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     int fast = nargs <= NPARAMS;
     for (int j = 0; j < NPARAMS && !interned[j]; j++)
-        if (!(interned[j] = PyUnicode_InternFromString(names[j]))) return NULL;
+        if (!(interned[j] = PyUnicode_InternFromString(names[j]))) return -1;
     for (Py_ssize_t i = 0; fast && i < nargs; i++) v[i] = args[i];
     for (Py_ssize_t k = 0; fast && k < nkw; k++) {
         PyObject *key = PyTuple_GET_ITEM(kwnames, k);
@@ -125,8 +130,75 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
         if (j < 0 || v[j]) fast = 0; /* the fallback raises the TypeError */
         else v[j] = args[nargs + k];
     }
-    fast = fast && v[0] && v[2] && PyUnicode_CheckExact(v[2]) && (!v[3] || v[3] == Py_None) &&
+    return fast && v[0] && v[2] && PyUnicode_CheckExact(v[2]) && (!v[3] || v[3] == Py_None) &&
            is_one(v[4]) && is_one(v[5]);
+}
+
+/* Call the module's Python fallback attribute `attr` with the call's arguments. */
+static PyObject *fall_back(PyObject *module, PyObject **attr_name, const char *attr,
+                           PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (!*attr_name && !(*attr_name = PyUnicode_InternFromString(attr))) return NULL;
+    PyObject *fallback = PyObject_GetAttr(module, *attr_name);
+    if (!fallback) return NULL;
+    PyObject *res = PyObject_Vectorcall(fallback, args, (size_t)nargs, kwnames);
+    Py_DECREF(fallback);
+    return res;
+}
+
+/* May a torch CUDA tensor take the C fast path? Only on the NCCL path
+ * (CRING_GPU_OPERATIONS unset or nccl) once the Python path has loaded NCCL
+ * and the CUDA runtime (its first call does, with the errors worded there). */
+static int cuda_fast_ok(void) {
+    const char *mode = getenv("CRING_GPU_OPERATIONS");
+    if (mode && *mode && strcmp(mode, "nccl") != 0) return 0;
+    cring__gpu_t *g = cring__gpu_global();
+    return g && cring__gpu_nccl_path(g) && cring__gpu_cudart_path(g);
+}
+
+/* The request of an in-place allreduce of one tensor view. */
+static void one_tensor_request(cring_request_t *req, cring_tensor_t *t, int64_t *one,
+                               const cring__dl_ref_t *ref, const char *name, int op) {
+    *one = 1;
+    *t = (cring_tensor_t){.send = ref->data,
+                          .recv = ref->data,
+                          .dtype = ref->dtype,
+                          .ndim = ref->t->ndim,
+                          .shape = ref->t->ndim ? ref->t->shape : one};
+    *req = (cring_request_t){.name = name,
+                             .collective = CRING_COLL_ALLREDUCE,
+                             .op = (cring_op_t)op,
+                             .prescale = 1.0,
+                             .postscale = 1.0,
+                             .compression = CRING_DTYPE_COUNT,
+                             .ntensors = 1,
+                             .tensors = t};
+}
+
+/* For a taken CUDA view: its device and the caller's stream, read once. */
+static int cuda_device_of(const cring__dl_ref_t *ref, cring_device_t *device) {
+    void *stream = NULL;
+    int id = ref->t->device.device_id;
+    if (cring__pyext_cuda_stream(id, 1, NULL, &stream) < 0) return -1;
+    *device = (cring_device_t){.type = CRING_DEVICE_CUDA, .id = id, .stream = stream};
+    return 0;
+}
+
+/* allreduce_(tensor, op=Average, name=None, compression=None, prescale_factor=1.0,
+ * postscale_factor=1.0): cring.allreduce_ itself. A NumPy array or torch
+ * tensor (CPU, or CUDA on the NCCL path) with a name and no compression or
+ * scaling is reduced here, bound once, without a Python frame (a CUDA one:
+ * an event on the caller's current stream, the engine's NCCL work after it,
+ * and that stream ordered after the result; no host wait for the device);
+ * everything else (other libraries' tensors, names to generate, compression,
+ * scaling, host staging) goes to cring._api._allreduce_inplace_general,
+ * which the module's `allreduce_fallback` attribute holds. */
+static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static PyObject *fallback_name;
+    module_state *s = cring__pyext_state(module);
+    PyObject *v[NPARAMS] = {0};
+    int fast = bind_allreduce(args, nargs, kwnames, v);
+    if (fast < 0) return NULL;
     if (fast) {
         const char *name = PyUnicode_AsUTF8(v[2]);
         if (!name) return NULL;
@@ -134,37 +206,216 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
         if (op < 0) return NULL;
         if (!s->engine) return cring__pyext_not_initialized(s);
         cring__dl_ref_t ref;
-        int taken = cring__dl_acquire_cpu(v[0], name, 1, &ref);
+        int taken = cring__dl_acquire_fast(v[0], name, 1, 1, &ref);
         if (taken < 0) return NULL;
+        if (taken && ref.t->device.device_type == CRING_DL_CUDA && !cuda_fast_ok()) {
+            cring__dl_release(&ref); /* the Python path loads NCCL or stages through the host */
+            taken = 0;
+        }
         if (taken) {
-            int64_t one = 1;
-            cring_tensor_t t = {.send = ref.data,
-                                .recv = ref.data,
-                                .dtype = ref.dtype,
-                                .ndim = ref.t->ndim,
-                                .shape = ref.t->ndim ? ref.t->shape : &one};
-            cring_request_t req = {.name = name,
-                                   .collective = CRING_COLL_ALLREDUCE,
-                                   .op = (cring_op_t)op,
-                                   .prescale = 1.0,
-                                   .postscale = 1.0,
-                                   .compression = CRING_DTYPE_COUNT,
-                                   .ntensors = 1,
-                                   .tensors = &t,
-                                   .flags = CRING_REQUEST_CALLER_WAITS};
+            int64_t one;
+            cring_tensor_t t;
+            cring_request_t req;
+            one_tensor_request(&req, &t, &one, &ref, name, op);
+            req.flags = CRING_REQUEST_CALLER_WAITS;
+            if (ref.t->device.device_type == CRING_DL_CUDA &&
+                cuda_device_of(&ref, &req.device) < 0) {
+                cring__dl_release(&ref);
+                return NULL;
+            }
             int nviews = 1;
             int rc = submit_wait_here(s, &req, &ref, &nviews);
             if (nviews) cring__dl_release(&ref);
             return rc < 0 ? NULL : Py_NewRef(v[0]);
         }
     }
-    if (!fallback_name && !(fallback_name = PyUnicode_InternFromString("allreduce_fallback")))
+    return fall_back(module, &fallback_name, "allreduce_fallback", args, nargs, kwnames);
+}
+
+/* allreduce_async_(tensor, op=Average, name=None, ...): cring.allreduce_async_
+ * itself. A torch CUDA tensor with a name and no compression or scaling, on
+ * the NCCL path, is queued here without a Python frame: an event on the
+ * caller's current stream, the request, and a cring.Handle (the class the
+ * module's `handle_wrapper` attribute holds) whose synchronize() returns the
+ * tensor. Everything else goes to the module's `allreduce_async_fallback`. */
+static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames) {
+    static PyObject *fallback_name, *wrapper_name, *attr[4];
+    static const char *const attr_names[4] = {"_h", "_finish", "_result", "_finished"};
+    module_state *s = cring__pyext_state(module);
+    PyObject *v[NPARAMS] = {0};
+    static PyObject *is_cuda_name;
+    if (!is_cuda_name && !(is_cuda_name = PyUnicode_InternFromString("is_cuda"))) return NULL;
+    int fast = bind_allreduce(args, nargs, kwnames, v);
+    if (fast < 0) return NULL;
+    if (fast && s->engine && cring__dl_is_torch(v[0])) { /* a CPU tensor exports nothing here */
+        PyObject *is_cuda = PyObject_GetAttr(v[0], is_cuda_name);
+        fast = is_cuda == Py_True && cuda_fast_ok();
+        Py_XDECREF(is_cuda);
+        PyErr_Clear();
+    } else {
+        fast = 0;
+    }
+    cring__dl_ref_t *ref = NULL;
+    int taken = 0;
+    const char *name = NULL;
+    int op = -1;
+    if (fast && (name = PyUnicode_AsUTF8(v[2])) && (op = parse_op(v[1])) >= 0 &&
+        (ref = PyMem_Calloc(1, sizeof *ref)))
+        taken = cring__dl_acquire_fast(v[0], name, 1, 1, ref);
+    if (PyErr_Occurred()) {
+        PyMem_Free(ref);
         return NULL;
-    PyObject *fallback = PyObject_GetAttr(module, fallback_name);
-    if (!fallback) return NULL;
-    PyObject *res = PyObject_Vectorcall(fallback, args, (size_t)nargs, kwnames);
-    Py_DECREF(fallback);
+    }
+    if (taken && ref->t->device.device_type != CRING_DL_CUDA) { /* the CPU: Python's route */
+        cring__dl_release(ref);
+        taken = 0;
+    }
+    if (!taken) {
+        PyMem_Free(ref);
+        return fall_back(module, &fallback_name, "allreduce_async_fallback", args, nargs, kwnames);
+    }
+    for (int j = 0; j < 4; j++)
+        if (!attr[j] && !(attr[j] = PyUnicode_InternFromString(attr_names[j]))) goto fail;
+    if (!wrapper_name && !(wrapper_name = PyUnicode_InternFromString("handle_wrapper"))) goto fail;
+    int64_t one;
+    cring_tensor_t t;
+    cring_request_t req;
+    one_tensor_request(&req, &t, &one, ref, name, op);
+    if (cuda_device_of(ref, &req.device) < 0) goto fail;
+    if (s->dropped) cring__pyext_sweep(s, 0);
+    cring_handle_t *handle;
+    cring_status_t st = cring_engine_submit(s->engine, &req, &handle);
+    if (st != CRING_OK) {
+        cring__pyext_raise_submit(s, st, CRING_COLL_ALLREDUCE, name);
+        goto fail;
+    }
+    HandleObject *h =
+        (HandleObject *)cring__pyext_handle_new(s, handle, ref, 1, CRING_COLL_ALLREDUCE, name);
+    if (!h) return NULL; /* it took the view */
+    h->cuda_device = req.device.id;
+    h->cuda_torch = 1;
+    h->cuda_stream = req.device.stream;
+    PyObject *wrapper_type = PyObject_GetAttr(module, wrapper_name);
+    PyObject *w = NULL;
+    if (wrapper_type && PyType_Check(wrapper_type)) {
+        static PyObject *no_args;
+        if (!no_args) no_args = PyTuple_New(0);
+        PyTypeObject *wt = (PyTypeObject *)wrapper_type;
+        w = no_args ? wt->tp_new(wt, no_args, NULL) : NULL;
+        PyObject *values[4] = {(PyObject *)h, Py_None, v[0], Py_False};
+        for (int j = 0; w && j < 4; j++)
+            if (PyObject_SetAttr(w, attr[j], values[j]) < 0) Py_CLEAR(w);
+    } else if (wrapper_type) {
+        PyErr_SetString(PyExc_TypeError, "cring._C.handle_wrapper must be cring.Handle");
+    }
+    Py_XDECREF(wrapper_type);
+    Py_DECREF(h); /* the wrapper holds it; without one, dropping it never waits */
+    return w;
+fail:
+    cring__dl_release(ref);
+    PyMem_Free(ref);
+    return NULL;
+}
+
+/* cring.torch's allreduce_(tensor, average=None, name=None, op=None,
+ * prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set)
+ * and allreduce_async_: Horovod's arguments resolved here (op None is
+ * Average), then cring's own allreduce_/allreduce_async_ above, so a torch
+ * CUDA tensor reaches the queue from cring.torch without a Python frame too.
+ * cring's errors are raised as cring.torch raises them (the module's
+ * `torch_error_hook`, cring.torch's _internal_error: a replacement or None).
+ * A deprecated `average`, another process set or a keyword cring does not
+ * know goes to the Python function (`torch_allreduce_fallback` /
+ * `torch_allreduce_async_fallback`). */
+static void torch_wrap_error(PyObject *module) {
+    static PyObject *hook_name;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb && value) PyException_SetTraceback(value, tb);
+    if (!hook_name && !(hook_name = PyUnicode_InternFromString("torch_error_hook"))) goto restore;
+    PyObject *hook = PyObject_GetAttr(module, hook_name);
+    PyObject *wrapped = hook ? PyObject_CallOneArg(hook, value) : NULL;
+    Py_XDECREF(hook);
+    if (!wrapped) { /* the hook's own error stands */
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return;
+    }
+    if (wrapped == Py_None || !PyExceptionInstance_Check(wrapped)) {
+        Py_DECREF(wrapped);
+        goto restore;
+    }
+    PyException_SetCause(wrapped, Py_NewRef(value)); /* raise wrapped from value */
+    PyErr_SetObject((PyObject *)Py_TYPE(wrapped), wrapped);
+    Py_DECREF(wrapped);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return;
+restore:
+    PyErr_Restore(type, value, tb);
+}
+
+static PyObject *torch_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames, int is_async) {
+    static const char *const names[] = {"tensor",          "average",          "name",       "op",
+                                        "prescale_factor", "postscale_factor", "process_set"};
+    enum { N = 7 };
+    static PyObject *interned[N], *fallback_sync, *fallback_async, *global_name, *one, *average;
+    PyObject *v[N] = {0};
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int fast = nargs <= N;
+    for (int j = 0; j < N && !interned[j]; j++)
+        if (!(interned[j] = PyUnicode_InternFromString(names[j]))) return NULL;
+    if (!one && !(one = PyFloat_FromDouble(1.0))) return NULL;
+    if (!average && !(average = PyLong_FromLong(CRING_AVERAGE))) return NULL;
+    if (!global_name && !(global_name = PyUnicode_InternFromString("torch_global_process_set")))
+        return NULL;
+    for (Py_ssize_t i = 0; fast && i < nargs; i++) v[i] = args[i];
+    for (Py_ssize_t k = 0; fast && k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int j = 0;
+        while (j < N && key != interned[j]) j++;
+        if (j == N)
+            while (--j >= 0 && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) {
+            }
+        if (j < 0 || v[j]) fast = 0;
+        else v[j] = args[nargs + k];
+    }
+    fast = fast && v[0] && (!v[1] || v[1] == Py_None);
+    if (fast && v[6]) {
+        PyObject *global = PyObject_GetAttr(module, global_name);
+        fast = global && v[6] == global;
+        Py_XDECREF(global);
+        PyErr_Clear();
+    }
+    if (!fast)
+        return fall_back(module, is_async ? &fallback_async : &fallback_sync,
+                         is_async ? "torch_allreduce_async_fallback" : "torch_allreduce_fallback",
+                         args, nargs, kwnames);
+    PyObject *forward[6] = {v[0],
+                            v[3] && v[3] != Py_None ? v[3] : average,
+                            v[2] ? v[2] : Py_None,
+                            Py_None,
+                            v[4] ? v[4] : one,
+                            v[5] ? v[5] : one};
+    PyObject *res = is_async ? py_allreduce_async_(module, forward, 6, NULL)
+                             : py_allreduce_(module, forward, 6, NULL);
+    if (!res) torch_wrap_error(module);
     return res;
+}
+
+static PyObject *py_torch_allreduce_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames) {
+    return torch_forward(module, args, nargs, kwnames, 0);
+}
+
+static PyObject *py_torch_allreduce_async_(PyObject *module, PyObject *const *args,
+                                           Py_ssize_t nargs, PyObject *kwnames) {
+    return torch_forward(module, args, nargs, kwnames, 1);
 }
 
 /* A CUDA call's tensors share one device: the first sets device->id, the
@@ -335,7 +586,14 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
         cring__pyext_raise_submit(s, st, coll, name);
         goto done;
     }
+    PyObject *first_tensor = n ? PyTuple_GET_ITEM(PyList_GET_ITEM(list, 0), 0) : NULL;
     result = cring__pyext_handle_new(s, handle, refs, nrefs, coll, name); /* takes the views */
+    if (result && device.type == CRING_DEVICE_CUDA) {
+        HandleObject *h = (HandleObject *)result;
+        h->cuda_device = device.id;
+        h->cuda_torch = first_tensor && cring__dl_is_torch(first_tensor);
+        h->cuda_stream = device.stream;
+    }
     refs = NULL;
     nrefs = 0;
 done:
@@ -391,6 +649,17 @@ PyMethodDef cring__pyext_submit_functions[] = {
      "           postscale_factor=1.0)\n--\n\n"
      "Reduce `tensor` over all ranks in place and return the same object.\n"
      "op: cring.Average (0, the default, as in Horovod), Sum, Min, Max or Product."},
+    {"allreduce_async_", (PyCFunction)(void (*)(void))py_allreduce_async_,
+     METH_FASTCALL | METH_KEYWORDS,
+     "allreduce_async_($module, /, tensor, op=0, name=None, compression=None,\n"
+     "                 prescale_factor=1.0, postscale_factor=1.0)\n--\n\n"
+     "Start an in-place allreduce; synchronize() returns the tensor itself."},
+    {"torch_allreduce_", (PyCFunction)(void (*)(void))py_torch_allreduce_,
+     METH_FASTCALL | METH_KEYWORDS,
+     "cring.torch.allreduce_ (Horovod's arguments) forwarded to allreduce_ in C"},
+    {"torch_allreduce_async_", (PyCFunction)(void (*)(void))py_torch_allreduce_async_,
+     METH_FASTCALL | METH_KEYWORDS,
+     "cring.torch.allreduce_async_ (Horovod's arguments) forwarded to allreduce_async_ in C"},
     {"submit", py_submit, METH_VARARGS,
      "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
      "compression, caller_waits[, splits[, stream]]) -> Handle"},

@@ -2,12 +2,17 @@
  * loaded through CRING_CUDART_LIBRARY by the CPU tests. "Device memory" is
  * host memory, streams are opaque numbers, and each call cring makes is
  * appended to $CRING_FAKE_CUDA_LOG so tests can check what was asked of the
- * runtime (copy direction, bytes, stream). Never used outside tests.
+ * runtime (copy direction, bytes, stream). Events are numbered and remember
+ * whether they were recorded (a wait on one that never was fails); streams
+ * cring creates are numbers from 0xc0de0000. Call counters for C tests:
+ * fake_cuda_count("event_record" | "stream_wait" | "event_sync" | "memcpy_d2d"
+ * | "stream_create" | "event_create"). Never used outside tests.
  *   CRING_FAKE_CUDA_DEVICES  device count (default 1); "error": no driver */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +27,7 @@ enum {
     ERROR_MEMORY_ALLOCATION = 2,
     ERROR_INSUFFICIENT_DRIVER = 35,
     ERROR_INVALID_DEVICE = 101,
+    ERROR_INVALID_RESOURCE_HANDLE = 400,
 };
 
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -51,6 +57,19 @@ static int device_count(void) {
 }
 
 static __thread int current_device = 0;
+
+static _Atomic long n_event_record, n_stream_wait, n_event_sync, n_memcpy_d2d, n_stream_create,
+    n_event_create;
+
+EXPORT long fake_cuda_count(const char *what) {
+    if (!strcmp(what, "event_record")) return atomic_load(&n_event_record);
+    if (!strcmp(what, "stream_wait")) return atomic_load(&n_stream_wait);
+    if (!strcmp(what, "event_sync")) return atomic_load(&n_event_sync);
+    if (!strcmp(what, "memcpy_d2d")) return atomic_load(&n_memcpy_d2d);
+    if (!strcmp(what, "stream_create")) return atomic_load(&n_stream_create);
+    if (!strcmp(what, "event_create")) return atomic_load(&n_event_create);
+    return -1;
+}
 
 EXPORT int cudaGetDeviceCount(int *count) {
     int n = device_count();
@@ -82,6 +101,7 @@ EXPORT const char *cudaGetErrorString(int error) {
     case ERROR_INSUFFICIENT_DRIVER:
         return "CUDA driver version is insufficient for CUDA runtime version";
     case ERROR_INVALID_DEVICE: return "invalid device ordinal";
+    case ERROR_INVALID_RESOURCE_HANDLE: return "invalid resource handle";
     default: return "unknown error";
     }
 }
@@ -99,7 +119,8 @@ EXPORT int cudaFreeHost(void *ptr) {
 }
 
 EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t bytes, int kind, void *stream) {
-    memcpy(dst, src, bytes);
+    memmove(dst, src, bytes);
+    if (kind == 3) atomic_fetch_add(&n_memcpy_d2d, 1);
     log_line("memcpy kind=%s bytes=%zu stream=0x%lx",
              kind == 1   ? "H2D"
              : kind == 2 ? "D2H"
@@ -132,5 +153,69 @@ EXPORT int cudaMemsetAsync(void *ptr, int value, size_t bytes, void *stream) {
 
 EXPORT int cudaStreamSynchronize(void *stream) {
     log_line("sync stream=0x%lx", (unsigned long)(uintptr_t)stream);
+    return SUCCESS;
+}
+
+/* ---- events and streams ---- */
+typedef struct {
+    int id;
+    int device;
+    int recorded;
+} fake_event_t;
+
+static _Atomic int next_event_id = 1;
+static _Atomic unsigned long next_stream = 0xc0de0000ul;
+
+EXPORT int cudaEventCreateWithFlags(void **event, unsigned int flags) {
+    fake_event_t *ev = calloc(1, sizeof *ev);
+    if (!ev) return ERROR_MEMORY_ALLOCATION;
+    ev->id = atomic_fetch_add(&next_event_id, 1);
+    ev->device = current_device;
+    atomic_fetch_add(&n_event_create, 1);
+    log_line("eventcreate event=%d device=%d flags=%u", ev->id, ev->device, flags);
+    *event = ev;
+    return SUCCESS;
+}
+
+EXPORT int cudaEventDestroy(void *event) {
+    free(event);
+    return SUCCESS;
+}
+
+EXPORT int cudaEventRecord(void *event, void *stream) {
+    fake_event_t *ev = event;
+    if (!ev) return ERROR_INVALID_RESOURCE_HANDLE;
+    ev->recorded = 1;
+    atomic_fetch_add(&n_event_record, 1);
+    log_line("eventrecord event=%d stream=0x%lx", ev->id, (unsigned long)(uintptr_t)stream);
+    return SUCCESS;
+}
+
+EXPORT int cudaEventQuery(void *event) {
+    return event ? SUCCESS : ERROR_INVALID_RESOURCE_HANDLE; /* work here is done when enqueued */
+}
+
+EXPORT int cudaEventSynchronize(void *event) {
+    fake_event_t *ev = event;
+    if (!ev || !ev->recorded) return ERROR_INVALID_RESOURCE_HANDLE;
+    atomic_fetch_add(&n_event_sync, 1);
+    log_line("eventsync event=%d", ev->id);
+    return SUCCESS;
+}
+
+EXPORT int cudaStreamWaitEvent(void *stream, void *event, unsigned int flags) {
+    fake_event_t *ev = event;
+    if (!ev || !ev->recorded) return ERROR_INVALID_RESOURCE_HANDLE;
+    atomic_fetch_add(&n_stream_wait, 1);
+    log_line("streamwait stream=0x%lx event=%d flags=%u", (unsigned long)(uintptr_t)stream, ev->id,
+             flags);
+    return SUCCESS;
+}
+
+EXPORT int cudaStreamCreateWithFlags(void **stream, unsigned int flags) {
+    unsigned long s = atomic_fetch_add(&next_stream, 1);
+    *stream = (void *)(uintptr_t)s;
+    atomic_fetch_add(&n_stream_create, 1);
+    log_line("streamcreate stream=0x%lx device=%d flags=%u", s, current_device, flags);
     return SUCCESS;
 }

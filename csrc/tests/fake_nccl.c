@@ -12,6 +12,7 @@
  *                                report an asynchronous remote error
  *   CRING_FAKE_NCCL_TIMEOUT_S    barrier time-out (default 30): a missing peer
  *                                fails the call instead of hanging
+ * fake_nccl_calls() (exported, for C tests): collectives this process called.
  * Build with -DFAKE_NCCL_WITHOUT_ALLGATHER for a library lacking ncclAllGather. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -461,7 +462,12 @@ static int run(const call_t *k) {
     return OK;
 }
 
+static _Atomic long collective_calls;
+
+EXPORT long fake_nccl_calls(void) { return atomic_load(&collective_calls); }
+
 static int submit(call_t k) {
+    atomic_fetch_add(&collective_calls, 1);
     if (!k.comm) return fail(INVALID_ARGUMENT, "fake NCCL: NULL communicator");
     if (type_size(k.dt) == 0) return fail(INVALID_ARGUMENT, "fake NCCL: bad datatype %d", k.dt);
     if (k.comm->async_error) return fail(k.comm->async_error, "fake NCCL: communicator failed");

@@ -361,6 +361,38 @@ static void test_staging(void) {
     cring__gpu_device_free(g, d1);
     cring__gpu_device_free(g, d2);
     cring__gpu_device_free(g, NULL);
+    /* streams, events and the fusion buffer (stream.c) */
+    void *s1 = NULL, *s2 = NULL;
+    CHECK_OK(cring__gpu_device_stream(g, 0, &s1, &err));
+    CHECK_OK(cring__gpu_device_stream(g, 0, &s2, &err));
+    CHECK(s1 != NULL && s1 == s2); /* one per device, kept */
+    CHECK(cring__gpu_device_stream(g, 99, &s2, &err) == CRING_ERR_NOT_SUPPORTED);
+    cring__gpu_event_t *e1 = NULL, *e2 = NULL, *e3 = NULL;
+    CHECK_OK(cring__gpu_event_record(g, 0, (void *)0x77, &e1, &err));
+    CHECK_OK(cring__gpu_event_record(g, 0, NULL, &e2, &err)); /* the legacy default stream */
+    CHECK(e1 != e2 && cring__gpu_event_device(e1) == 0);
+    CHECK_OK(cring__gpu_stream_wait(g, 0, s1, e1, &err));
+    CHECK_OK(cring__gpu_event_sync(g, e2, &err));
+    cring__gpu_event_ref(e1);
+    cring__gpu_event_put(g, e1); /* still held once */
+    CHECK_OK(cring__gpu_event_record(g, 0, s1, &e3, &err));
+    CHECK(e3 != e1);
+    cring__gpu_event_put(g, e1); /* back to the pool: the next record reuses it */
+    cring__gpu_event_put(g, e3);
+    cring__gpu_event_t *e4 = NULL;
+    CHECK_OK(cring__gpu_event_record(g, 0, s1, &e4, &err));
+    CHECK(e4 == e3 || e4 == e1);
+    cring__gpu_event_put(g, e4);
+    cring__gpu_event_put(g, e2);
+    cring__gpu_event_put(g, NULL);
+    void *f1 = NULL, *f2 = NULL;
+    CHECK_OK(cring__gpu_fusion_buffer(g, 0, 1000, &f1, &err));
+    CHECK_OK(cring__gpu_fusion_buffer(g, 0, 1 << 20, &f2, &err));
+    CHECK(f1 != NULL && f1 == f2); /* 1 MiB at least, from the start */
+    CHECK_OK(cring__gpu_fusion_buffer(g, 0, (1 << 20) + 1, &f2, &err)); /* grows */
+    cring__gpu_get_stats(g, &stats);
+    CHECK(stats.events == 4 && stats.stream_waits == 1 && stats.host_waits == 1);
+    CHECK(stats.device_allocs == 4);
     cring__gpu_destroy(g);
     CHECK(cring__gpu_global() != NULL && cring__gpu_global() == cring__gpu_global());
     printf("memory: ok\n");

@@ -238,8 +238,9 @@ def _cuda_submit(
     caller_waits: bool = False,
 ) -> Handle:
     """_submit for CUDA tensors on the NCCL path: exported for `stream` (the
-    caller's, from _gpu.nccl_stream) and enqueued on it by the engine's CUDA
-    backend; at synchronize() torch's current stream is ordered after it."""
+    caller's, from _gpu.nccl_stream), on which the submission records the
+    event the engine's CUDA backend waits for; at synchronize() the caller's
+    current stream waits on the collective's completion event (in C)."""
     with _gpu.device_guard(pairs[0][0]):
         h = _C.submit(
             collective,
@@ -254,7 +255,7 @@ def _cuda_submit(
             None,
             stream,
         )
-    return Handle(h, _gpu.ordered(stream, finish))
+    return Handle(h, finish)
 
 
 def _allreduce_async(
@@ -363,7 +364,7 @@ def allreduce_async(
     )
 
 
-def allreduce_async_(
+def _allreduce_async_inplace_general(
     tensor: Any,
     op: int = Average,
     name: Optional[str] = None,
@@ -371,7 +372,8 @@ def allreduce_async_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> Handle:
-    """Start an in-place allreduce; synchronize() returns the tensor itself."""
+    """allreduce_async_ for what _C.allreduce_async_ does not do itself
+    (everything but a named torch CUDA tensor on the NCCL path)."""
     return _allreduce_async(
         [tensor],
         True,
@@ -383,6 +385,15 @@ def allreduce_async_(
         False,
         False,
     )
+
+
+# cring.allreduce_async_(tensor, op=Average, name=None, compression=None,
+# prescale_factor=1.0, postscale_factor=1.0): start an in-place allreduce;
+# synchronize() returns the tensor itself. A named torch CUDA tensor goes from
+# _C.allreduce_async_ to the engine's queue without a Python frame; the rest
+# comes back to _allreduce_async_inplace_general.
+_C.allreduce_async_fallback = _allreduce_async_inplace_general
+allreduce_async_ = _C.allreduce_async_
 
 
 def _plain(compression: Any, prescale_factor: float, postscale_factor: float) -> bool:

@@ -141,11 +141,14 @@ class Handle:
     """A collective in flight: pass it to cring.poll() or cring.synchronize().
     Usable from any thread; synchronize() returns the result once. Dropping a
     handle never waits: the engine keeps the tensors alive until the
-    collective has run, and its result is discarded."""
+    collective has run, and its result is discarded.
+
+    _finish(h) makes the result at synchronize(); None when _result already
+    holds it (the C fast path of allreduce_async_ builds such handles)."""
 
     __slots__ = ("_h", "_finish", "_result", "_finished")
 
-    def __init__(self, handle: Any, finish: Callable[[Any], Any]):
+    def __init__(self, handle: Any, finish: Optional[Callable[[Any], Any]]):
         self._h = handle
         self._finish = finish
         self._finished = False
@@ -165,17 +168,31 @@ def poll(handle: Handle) -> bool:
     return bool(handle._h.done())
 
 
-def synchronize(handle: Handle) -> Any:
+def synchronize(handle: Handle, block_host: bool = False) -> Any:
     """Wait for the collective and return its result (the output tensor, or
     a list for grouped calls); raise its error (MismatchError, ...). The wait
     runs signal handlers: Ctrl-C raises KeyboardInterrupt at once, and the
-    collective then counts as dropped."""
+    collective then counts as dropped.
+
+    CUDA tensors (the NCCL path): returns once the collective is enqueued on
+    cring's stream, with the caller's current stream made to wait for it, as
+    torch.distributed's work.wait() does: kernels queued afterwards see the
+    result, and the host does not wait for the GPU. block_host=True also waits
+    on this thread until the GPU has finished it (as Horovod's synchronize
+    did); needed only to read the result from the host without a stream sync,
+    or to time it."""
     if not handle._finished:
-        handle._h.wait()
-        handle._result = handle._finish(handle._h)
+        handle._h.wait(block_host)
+        if handle._finish is not None:
+            handle._result = handle._finish(handle._h)
         handle._finished = True
+    elif block_host:
+        handle._h.wait(True)
     return handle._result
 
+
+# _C.allreduce_async_ (the C fast path for torch CUDA tensors) makes handles of this class
+_C.handle_wrapper = Handle
 
 _ASYNC, _CALLER_WAITS, _WAIT_HERE = 0, 1, 2  # _C.submit's caller_waits argument
 

@@ -4,16 +4,20 @@ A CUDA tensor (DLPack device kDLCUDA) takes the route a CPU tensor takes:
 cring._api builds the request, cring._C.submit reads the tensor through DLPack
 (exported for the caller's stream) and queues it, and the engine negotiates
 it by name like any other (any submission order, the response cache,
-MismatchError on every rank, stall warnings, the timeline). Ready CUDA requests
-go to the engine's CUDA backend (csrc/engine/exec_cuda.c), which enqueues them
-as grouped NCCL calls on the caller's stream; the handle completes once the
-work is enqueued. Nothing here takes part in that.
+MismatchError on every rank, stall warnings, the timeline). The submission
+records an event on the caller's stream; ready CUDA requests go to the
+engine's CUDA backend (csrc/engine/exec_cuda.c), which runs them on cring's
+own stream after those events, fused through a device buffer into few NCCL
+calls; the handle completes once the work is enqueued, and synchronize()
+makes the caller's stream wait on its completion event (cring._C, in C).
+Nothing here takes part in that. A named torch CUDA tensor given to
+cring.allreduce_ or allreduce_async_ does not even pass through Python.
 
 What is here:
 - finding NCCL and the CUDA runtime (loaded into the process's GPU context,
   which the engine's backend uses), and the availability queries;
-- which stream a tensor's work is ordered on (and making torch's current
-  stream wait for it at synchronize());
+- which stream a tensor's work is ordered on (use_stream, torch's or CuPy's
+  current stream);
 - float16/bfloat16 compression of CUDA tensors (a cast with torch around the
   allreduce), and the results of CUDA allgathers (device memory the handle
   owns, handed over through DLPack);
@@ -30,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Optional
 
@@ -63,7 +66,6 @@ _INSTALL_CUDART = (
 )
 
 _loaded: dict[str, tuple[bool, str, int]] = {}  # "nccl"/"cudart" -> (ok, path or error, version)
-_thread = threading.local()
 _FLOATING = frozenset(("float16", "bfloat16", "float32", "float64"))
 _SUM, _AVERAGE = 1, 0  # cring.Sum, cring.Average
 
@@ -251,20 +253,21 @@ def nccl_stream(tensors: Sequence[Any], name: str, op: int = _SUM, scale: float 
 
 @contextlib.contextmanager
 def use_stream(stream: int) -> Iterator[None]:
-    """Within this block, this thread's CUDA collectives run on `stream` (a
-    cudaStream_t as an int) instead of the framework's current stream."""
-    previous = getattr(_thread, "stream", None)
-    _thread.stream = int(stream)
+    """Within this block, this thread's CUDA collectives are ordered after
+    `stream` (a cudaStream_t as an int) instead of the framework's current
+    stream, and synchronize() makes `stream` wait for them. Kept in C (per
+    thread), so the C fast paths see it too."""
+    previous = _gpu.set_thread_stream(int(stream))
     try:
         yield
     finally:
-        _thread.stream = previous
+        _gpu.set_thread_stream(previous)
 
 
 def raw_stream(x: Any) -> int:
     """The cudaStream_t the caller's work on x is ordered on: use_stream()'s,
     torch's or CuPy's current stream, else the legacy default stream (0)."""
-    override = getattr(_thread, "stream", None)
+    override = _gpu.thread_stream()
     if override is not None:
         return override
     torch = sys.modules.get("torch")
@@ -294,35 +297,6 @@ def device_guard(x: Any) -> Any:
     return contextlib.nullcontext()
 
 
-def order_after(stream: int, outs: Sequence[Any]) -> None:
-    """At synchronize(): make torch's current stream wait for the stream the
-    collective ran on, when they differ (a stream wait, not a host wait)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not outs or not isinstance(outs[0], torch.Tensor):
-        return
-    device = outs[0].device
-    current = torch.cuda.current_stream(device)
-    if int(current.cuda_stream) == stream:
-        return
-    ran_on = (
-        torch.cuda.default_stream(device)
-        if stream == 0
-        else torch.cuda.ExternalStream(stream, device=device)
-    )
-    current.wait_stream(ran_on)
-
-
-def ordered(stream: int, finish: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """finish, then order_after() on its result (a tensor or a list)."""
-
-    def run(h: Any) -> Any:
-        out = finish(h)
-        order_after(stream, out if isinstance(out, list) else [out])
-        return out
-
-    return run
-
-
 # ---- results and compression on the NCCL path --------------------------------------------------
 
 
@@ -344,7 +318,7 @@ class _DeviceResult:
         dl_device: Any = None,
         copy: Any = None,
     ) -> Any:
-        # ordering against the consumer's stream is order_after()'s job
+        # the consumer's stream already waits for the collective (Handle.wait)
         capsule, self._capsule = self._capsule, None
         return capsule
 
@@ -509,7 +483,8 @@ def host_reducescatter(
 def stats() -> dict:
     """Counters of the GPU layer: NCCL communicators created, groups and NCCL
     calls enqueued, bytes staged through host memory, pinned and device
-    allocations."""
+    allocations, events recorded, stream waits, host waits (block_host) and
+    copies into and out of fusion buffers."""
     return dict(_gpu.stats())
 
 

@@ -13,7 +13,11 @@ What it checks, printing one PASS/FAIL line each and exiting 1 on any FAIL:
      producer's work on a side stream (the stream is delayed with
      torch.cuda._sleep, so a call on the wrong stream reads stale data); calls
      return without waiting for the device; cring.torch's DistributedOptimizer
-     trains a small model on CUDA through NCCL;
+     trains a small model on CUDA through NCCL; (issue 16) cring.allreduce_
+     and allreduce_async_ of a torch CUDA tensor reach the queue with no
+     Python frame; 100 small tensors submitted asynchronously take at most 2
+     NCCL calls; synchronize() does not block the host, block_host=True does;
+     a Lightning fit with accelerator="gpu", devices=1 (when lightning imports);
   3. the host-staged path (CRING_GPU_OPERATIONS=host) with 2 processes on the
      same GPU: every collective's values, and DistributedOptimizer training to
      identical parameters on both ranks;
@@ -270,9 +274,99 @@ def world_one(torch: Any, cring: Any) -> None:
         expect(_gpu.stats()["nccl_calls"] > calls, "the optimizer did not go through NCCL")
         return out
 
+    def c_fast_path() -> str:
+        x = torch.ones(1024, device=dev)
+        cring.allreduce_(x, op=cring.Sum, name="fast.warm")  # the first call loads NCCL
+        cring.synchronize(cring.allreduce_async_(x, op=cring.Sum, name="fast.warm.async"))
+        frames: list = []
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                frames.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+        events = _gpu.stats()["events"]
+        sys.setprofile(profile)
+        try:
+            cring.allreduce_(x, op=cring.Sum, name="fast.sync")
+            h = cring.allreduce_async_(x, op=cring.Sum, name="fast.async")
+        finally:
+            sys.setprofile(None)
+        cring.synchronize(h)
+        torch.cuda.synchronize()
+        expect(not frames, f"Python frames between the call and the queue: {frames}")
+        expect(_gpu.stats()["events"] > events, "no event was recorded")
+        expect(torch.all(x == 1).item(), "values")
+        return "no Python frame in cring.allreduce_ / allreduce_async_ of a torch CUDA tensor"
+
+    def fusion() -> str:
+        xs = [torch.full((1000,), float(k), device=dev) for k in range(100)]
+        calls = _gpu.stats()["nccl_calls"]
+        hs = [cring.allreduce_async_(x, op=cring.Sum, name=f"fuse.{k}") for k, x in enumerate(xs)]
+        for h in hs:
+            cring.synchronize(h)
+        n = _gpu.stats()["nccl_calls"] - calls
+        torch.cuda.synchronize()
+        expect(all(torch.all(x == k).item() for k, x in enumerate(xs)), "values")
+        expect(n <= 2, f"100 small tensors took {n} NCCL calls")
+        return f"100 tensors of 4 KB: {n} NCCL call(s)"
+
+    def host_blocking() -> str:
+        x = torch.ones(1 << 16, device=dev)
+        cring.allreduce_(x, name="block.warm")
+        torch.cuda.synchronize()
+        out = {}
+        for block in (False, True):
+            torch.cuda._sleep(200_000_000)  # the current stream is busy ~0.1 s
+            h = cring.allreduce_async_(x, name=f"block.{block}")
+            t0 = time.perf_counter()
+            cring.synchronize(h, block_host=block)
+            out[block] = time.perf_counter() - t0
+            torch.cuda.synchronize()
+        expect(out[False] < 0.05, f"synchronize() blocked the host {out[False]:.3f} s")
+        expect(out[True] > 0.03, f"block_host=True returned after {out[True]:.3f} s")
+        return f"synchronize {out[False] * 1e6:.0f} us, block_host=True {out[True] * 1e3:.1f} ms"
+
+    def lightning_fit() -> str:
+        try:
+            import lightning as L
+        except ImportError:
+            return "lightning is not installed (skipped)"
+        torch.manual_seed(0)
+        data = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
+
+        class Tiny(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Linear(8, 1)
+
+            def training_step(self, batch, _):
+                xb, yb = batch
+                return torch.nn.functional.mse_loss(self.net(xb), yb)
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        model = Tiny()
+        trainer = L.Trainer(
+            strategy="cring",
+            accelerator="gpu",
+            devices=1,
+            max_epochs=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+        )
+        trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=32))
+        expect(next(model.parameters()).device.type == "cuda", "the model is not on the GPU")
+        return "Trainer(strategy='cring', accelerator='gpu', devices=1).fit() ran"
+
+    check("nccl world 1: C fast path for torch CUDA tensors", c_fast_path)
+    check("nccl world 1: 100 small tensors fuse into at most 2 NCCL calls", fusion)
+    check("nccl world 1: synchronize() leaves the host free, block_host=True waits", host_blocking)
     check("nccl world 1: the collective is ordered after the producer's stream", stream_order)
     check("nccl world 1: no device-wide wait on the fast path", no_device_wait)
     check("nccl world 1: cring.torch DistributedOptimizer on CUDA", optimizer)
+    check("nccl world 1: Lightning fit on accelerator='gpu', devices=1", lightning_fit)
     after = _gpu.stats()
     check(
         "nccl world 1: one communicator, nothing staged through host memory",

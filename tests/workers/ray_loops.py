@@ -226,3 +226,69 @@ def lightning_fit(config: dict) -> None:
         },
     )
     ray.train.report({"train_loss": model.epoch_losses[-1], "rank": rank})
+
+
+def gpu_devices(config: dict) -> None:
+    """A use_gpu=True worker on a cluster that declares GPUs it does not have
+    (ray.init(num_gpus=2) on a CPU machine with the CPU build of torch):
+    report what Ray gave this worker, what cring's worker setup chose, and
+    which device the Lightning strategy would train on. torch's CUDA queries
+    are patched here, inside the worker, where a CPU build needs them."""
+    import contextlib
+    from unittest import mock
+
+    import lightning.pytorch as pl
+    import numpy as np
+    import torch
+
+    import cring
+    import cring.lightning  # noqa: F401  (registers the strategy name "cring")
+    from cring.ray import _worker
+
+    # What the loop's own thread got before it started (train_func_context):
+    # nothing to set on a torch without CUDA.
+    at_start = _worker.set_torch_device()
+    cring.init()
+    rank = cring.rank()
+    ranks = cring.allreduce(np.array([float(rank)]), op=cring.Sum)  # the job works
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    count = len([v for v in visible.split(",") if v.strip()])
+    current: list = []
+    with contextlib.ExitStack() as patched:
+        for name, fake in (
+            ("is_available", lambda: True),
+            ("device_count", lambda: count),
+            ("set_device", lambda d: current.append(str(d))),
+            ("get_device_capability", lambda d=None: (8, 0)),
+            ("get_device_name", lambda d=None: "fake GPU"),
+        ):
+            patched.enter_context(mock.patch.object(torch.cuda, name, fake))
+        set_by_setup = _worker.set_torch_device()  # as train_func_context runs it on a GPU
+        trainer = pl.Trainer(
+            strategy="cring",
+            accelerator="gpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=config["outdir"],
+        )
+        root_device = str(trainer.strategy.root_device)
+    _write(
+        config,
+        f"gpu{rank}.json",
+        {
+            "rank": rank,
+            "ray_gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+            "cuda_visible_devices": visible,
+            "cring_cuda_device": os.environ.get("CRING_CUDA_DEVICE"),
+            "local_rank": os.environ.get("CRING_LOCAL_RANK"),
+            "set_at_start": at_start,
+            "set_by_setup": set_by_setup,
+            "set_device_calls": current,
+            "lightning_root_device": root_device,
+            "sum_of_ranks": float(ranks[0]),
+        },
+    )
+    ray.train.report({"rank": rank})

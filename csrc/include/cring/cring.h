@@ -351,6 +351,12 @@ CRING_API const void *cring_handle_output(const cring_handle_t *handle, int inde
                                           size_t *bytes_out, const int64_t **first_dims_out);
 /* After a JOIN completes: the last rank to join. -1 otherwise. */
 CRING_API int64_t cring_handle_value(const cring_handle_t *handle);
+/* A completed CUDA request: the GPU layer's ordering event (a
+ * cring__gpu_event_t, csrc/gpu/gpu.h) recorded on cring's stream after the
+ * request's work, which a consumer's stream waits on; NULL for other
+ * requests, before completion and after a failure. Owned by the handle
+ * (valid until cring_handle_free). Thread-safe. */
+CRING_API void *cring_handle_device_event(const cring_handle_t *handle);
 /* Release the caller's reference. A handle still running is not cancelled:
  * its buffers must stay valid until it completes. */
 CRING_API void cring_handle_free(cring_handle_t *handle);

@@ -2,7 +2,7 @@
 
     import lightning as L
     import cring.lightning                  # registers the strategy name "cring"
-    trainer = L.Trainer(strategy="cring", accelerator="cpu", devices=2)
+    trainer = L.Trainer(strategy="cring", accelerator="gpu", devices=2)   # or "cpu"
     trainer.fit(model, datamodule=dm)
 
 Run ``python train.py`` (the strategy starts the other processes, as DDP does),

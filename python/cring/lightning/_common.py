@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ import torch
 import cring
 
 from ._environment import _CRingEnvironmentBase
+from ._launch import CUDA_DEVICE_VARIABLE, cuda_device_index
 
 # ---- reduce operations --------------------------------------------------------------------------
 
@@ -76,11 +78,15 @@ def _distributed() -> bool:
     return cring.is_initialized() and cring.size() > 1
 
 
-def _check_cpu(tensor: torch.Tensor, what: str) -> None:
-    if tensor.device.type != "cpu":
+# the device kinds the strategy trains on (cring's collectives take CPU and CUDA tensors)
+DEVICE_KINDS = ("cpu", "cuda")
+
+
+def _check_device(tensor: torch.Tensor, what: str) -> None:
+    if tensor.device.type not in DEVICE_KINDS:
         raise ValueError(
-            f"{what}: strategy 'cring' works on CPU tensors only for now, got a "
-            f"tensor on {tensor.device}"
+            f"{what}: strategy 'cring' works on CPU and CUDA tensors, got a tensor on "
+            f"{tensor.device}"
         )
 
 
@@ -95,7 +101,7 @@ def reduce(tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
     _check_group(group)
     if not isinstance(tensor, torch.Tensor) or not _distributed():
         return tensor
-    _check_cpu(tensor, "reduce")
+    _check_device(tensor, "reduce")
     with torch.no_grad():
         work = tensor.detach()
         if work.dtype == torch.bool:
@@ -133,7 +139,7 @@ def all_gather(tensor: torch.Tensor, group: Any = None, sync_grads: bool = False
         raise TypeError(f"all_gather needs a tensor, got {type(tensor).__name__}")
     if not cring.is_initialized():
         return tensor
-    _check_cpu(tensor, "all_gather")
+    _check_device(tensor, "all_gather")
     if sync_grads and tensor.requires_grad and torch.is_grad_enabled():
         return _AllGather.apply(tensor)
     with torch.no_grad():
@@ -176,7 +182,7 @@ def broadcast_module(module: torch.nn.Module, prefix: str) -> None:
             if t is None or id(t) in seen:
                 continue
             seen.add(id(t))
-            _check_cpu(t, f"parameter or buffer {name!r}")
+            _check_device(t, f"parameter or buffer {name!r}")
             target = t.detach()
             if not target.is_contiguous():
                 staged = target.contiguous()
@@ -268,7 +274,7 @@ class GradientAverager:
                 f"parameter {name!r} has a sparse gradient; cring has no sparse allreduce "
                 "(use a dense embedding, e.g. sparse=False)"
             )
-        _check_cpu(grad, f"gradient of {name!r}")
+        _check_device(grad, f"gradient of {name!r}")
         staged = None if grad.is_contiguous() else grad.contiguous()
         handle = cring.allreduce_async_(
             grad if staged is None else staged, op=cring.Average, name=name
@@ -348,6 +354,7 @@ class StrategyMixin:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self._timeout_s = timeout_s
         self._num_nodes = 1
+        self._root_device_cache: Optional[tuple] = None  # (inputs, device)
         self._owns_cring = False
 
     # ---- environment, devices, ranks -----------------------------------------------------------
@@ -367,7 +374,28 @@ class StrategyMixin:
 
     @property
     def root_device(self) -> torch.device:
-        return torch.device("cpu")
+        """This rank's device: the CPU, or the CUDA device cuda_device_index()
+        picks for its launch and local rank (the strategy's setup makes it the
+        current device, and the model lives there)."""
+        devices = self.parallel_devices
+        if not devices:
+            return torch.device("cpu")
+        first = torch.device(devices[0])
+        if first.type != "cuda":
+            return first
+        env = self.cluster_environment
+        key = (
+            tuple(str(d) for d in devices),
+            self.local_rank,
+            os.environ.get(CUDA_DEVICE_VARIABLE),
+        )
+        cached = getattr(self, "_root_device_cache", None)
+        if cached is None or cached[0] != key:
+            launch = env.launch if isinstance(env, _CRingEnvironmentBase) else None
+            requested = [torch.device(d).index or 0 for d in devices]
+            index = cuda_device_index(launch, self.local_rank, requested, torch.cuda.device_count)
+            cached = self._root_device_cache = (key, torch.device("cuda", index))
+        return cached[1]
 
     @property
     def num_nodes(self) -> int:
@@ -398,15 +426,17 @@ class StrategyMixin:
         for name in self._rank_zero_only_names:
             getattr(self._lib, name).rank = rank
 
-    def _check_cpu_devices(self) -> None:
-        if self.parallel_devices and {torch.device(d).type for d in self.parallel_devices} != {
-            "cpu"
-        }:
+    def _check_devices(self) -> None:
+        """CPU or CUDA devices, one kind per job (MPS, XLA and the rest are refused)."""
+        kinds = {torch.device(d).type for d in self.parallel_devices or ()}
+        if len(kinds) > 1 or not kinds <= set(DEVICE_KINDS):
             raise ValueError(
-                f"strategy 'cring' supports CPU devices only for now (its use of cring's CUDA "
-                f"path is not validated yet); got devices "
-                f"{self.parallel_devices}. Use {self._api}(accelerator='cpu', strategy='cring')"
+                f"strategy 'cring' trains on CPU or CUDA devices (one kind per job); got devices "
+                f"{self.parallel_devices}. Use {self._api}(accelerator='cpu', strategy='cring') "
+                f"or {self._api}(accelerator='gpu', strategy='cring') on NVIDIA GPUs"
             )
+        if kinds == {"cuda"}:
+            self.root_device  # noqa: B018  (a rank without a GPU fails here, not at fit)
 
     # ---- joining the job -----------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ class _NoBackwardSync:
 
 class _CRingFabricStrategyBase(_sharded.FabricSharding, _common.StrategyMixin):
     """Data-parallel training over cring for Lightning Fabric:
-    ``Fabric(strategy="cring", accelerator="cpu", devices=2)``.
+    ``Fabric(strategy="cring", accelerator="gpu", devices=2)`` (or "cpu").
 
     Processes are started as by the Trainer strategy (CRingStrategy). Every
     module given to fabric.setup() starts from rank 0's weights; during
@@ -76,7 +76,7 @@ class _CRingFabricStrategyBase(_sharded.FabricSharding, _common.StrategyMixin):
         self._assign_world_ranks()
 
     def _configure_launcher(self) -> None:
-        self._check_cpu_devices()
+        self._check_devices()
         env = self.cluster_environment
         env.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
         self._launcher = self._launcher_class(env, self.num_processes, self.num_nodes)

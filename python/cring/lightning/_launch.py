@@ -1,14 +1,15 @@
-# Which launcher started this process, read from the environment, and the
-# check of Trainer(devices=...) against it. Stdlib and cring._discovery only:
-# nothing here imports Lightning or torch, starts processes or communicates.
+# Which launcher started this process, read from the environment, the check
+# of Trainer(devices=...) against it, and which CUDA device each rank takes.
+# Stdlib and cring._discovery only: nothing here imports Lightning or torch,
+# starts processes or communicates.
 """Detection of an external launch (cringrun, Ray, Horovod, torchrun, MPI, SLURM)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from cring import _discovery
 
@@ -51,7 +52,7 @@ _LOCAL_VARIABLES = {
         ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "PMIX_LOCAL_SIZE"),
         (),
     ),
-    "slurm": (("SLURM_LOCALID",), (), ("SLURM_NODEID",)),
+    "slurm": (("SLURM_LOCALID",), ("SLURM_NTASKS_PER_NODE",), ("SLURM_NODEID",)),
 }
 
 
@@ -69,7 +70,12 @@ def external_launch(env: Optional[Mapping[str, str]] = None) -> Optional[Launch]
         raise ValueError(f"{source} says this is rank {rank} of {size}, which is out of range")
     local_rank_vars, local_size_vars, node_vars = _LOCAL_VARIABLES[source]
     local_rank = _int(env, *local_rank_vars)
-    local_size = _int(env, *local_size_vars)
+    try:
+        local_size = _int(env, *local_size_vars)
+    except ValueError:
+        if source != "slurm":
+            raise
+        local_size = None  # SLURM_NTASKS_PER_NODE such as "2(x3)": not one number
     node_rank = _int(env, *node_vars)
     if local_rank is None:
         local_rank = 0 if size == 1 else rank % local_size if local_size else 0
@@ -98,3 +104,72 @@ def check_devices(launch: Launch, num_devices: int, num_nodes: int) -> None:
             f"{num_devices * num_nodes} ranks, but {launch.source} started {launch.size}; use "
             f"devices=1, or num_nodes={launch.size // num_devices}"
         )
+
+
+# ---- which CUDA device this process trains on -----------------------------------------------
+
+# Set by cring.ray for a GPU worker: the index, among the worker's visible CUDA devices, of
+# the GPU Ray gave it. Anyone may set it under another launcher; Lightning's own launch
+# ignores it (every child would inherit the same value).
+CUDA_DEVICE_VARIABLE = "CRING_CUDA_DEVICE"
+
+
+def cuda_device_index(
+    launch: Optional[Launch],
+    local_rank: int,
+    requested: Sequence[int],
+    visible_count: Callable[[], int],
+    env: Optional[Mapping[str, str]] = None,
+) -> int:
+    """The index (among the visible CUDA devices) of the GPU this rank uses.
+
+    `requested` is what Lightning parsed from Trainer(devices=...) on this host
+    (devices=2 -> [0, 1], devices=[2, 3] -> [2, 3]); `visible_count` returns
+    torch.cuda.device_count() and is called only when needed.
+
+    - Lightning's own launch (launch is None): requested[local_rank], as DDP.
+    - An external launcher: CRING_CUDA_DEVICE when set (cring.ray sets it);
+      else requested[local_rank] when devices is the processes per host
+      (torchrun's convention); else, for devices=1, the local rank, or 0 when
+      a single device is visible (each rank has its own CUDA_VISIBLE_DEVICES,
+      as under Ray, `srun --gpus-per-task=1` or a wrapper script); a single
+      other device (devices=[k]) is used as given.
+    """
+    env = os.environ if env is None else env
+    if launch is None:
+        if not 0 <= local_rank < len(requested):
+            raise ValueError(
+                f"local rank {local_rank} has no CUDA device: the strategy was given "
+                f"{len(requested)} ({list(requested)})"
+            )
+        return requested[local_rank]
+    chosen = _int(env, CUDA_DEVICE_VARIABLE)
+    if chosen is not None:
+        if chosen < 0:
+            raise ValueError(f"{CUDA_DEVICE_VARIABLE}={chosen} is not a CUDA device index")
+        return chosen
+    if len(requested) > 1:
+        if not 0 <= local_rank < len(requested):
+            raise ValueError(
+                f"{launch.source} started local rank {local_rank}, but the strategy was given "
+                f"{len(requested)} CUDA devices ({list(requested)})"
+            )
+        return requested[local_rank]
+    if requested and requested[0] != 0:
+        return requested[0]
+    visible = visible_count()
+    if visible < 1:
+        raise ValueError(
+            f"no CUDA device is visible to local rank {local_rank} ({launch.source}); check "
+            "CUDA_VISIBLE_DEVICES, or use accelerator='cpu'"
+        )
+    if visible == 1:
+        return 0
+    if local_rank < visible:
+        return local_rank
+    raise ValueError(
+        f"{launch.source} started local rank {local_rank}, but this host shows only {visible} "
+        f"CUDA devices (one GPU per rank, cuda:<local rank>). Start at most {visible} processes "
+        f"per host, or give each process one GPU with CUDA_VISIBLE_DEVICES (several ranks on "
+        f"one GPU need CRING_GPU_OPERATIONS=host), or set {CUDA_DEVICE_VARIABLE} per process"
+    )

@@ -19,12 +19,14 @@ from ._environment import mark_failed
 class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
     """Data-parallel training over cring, Horovod-style, for Lightning's Trainer.
 
-        trainer = Trainer(strategy="cring", accelerator="cpu", devices=2)
+        trainer = Trainer(strategy="cring", accelerator="gpu", devices=2)   # or "cpu"
 
     One rank per process. Started as ``python train.py`` the strategy starts
     devices - 1 more copies of the script, as DDP does; under cringrun,
     mpirun, torchrun, srun or Ray (cring.ray) every process is one rank and
-    nothing more is started (use devices=1).
+    nothing more is started (use devices=1). On GPUs each rank trains on
+    cuda:<local rank> (under Ray: the GPU Ray gave the worker; with one
+    visible device: that one), made the current device before anything runs.
 
     Every rank starts from rank 0's weights. During backward each gradient's
     allreduce (an average) starts the moment autograd has produced it, and
@@ -42,7 +44,9 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
         shard_state: 1 or 2 shards the optimizer state (and, 2, the
             gradients) over the ranks, ZeRO-style (docs/sharded.md); 0 (default) does not.
         accelerator, parallel_devices, checkpoint_io, precision_plugin: as for
-            every Lightning strategy (CPU devices only for now).
+            every Lightning strategy (CPU or CUDA devices; precision "32",
+            "bf16-mixed", "16-mixed" with its gradient scaler, and the rest of
+            Lightning's plugins).
     """
 
     _api = "Trainer"
@@ -83,7 +87,7 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
 
     def _check_configuration(self) -> None:
         if self.accelerator is not None:
-            self._check_cpu_devices()
+            self._check_devices()
         if getattr(self, "_layer_sync", None) is not None:
             raise ValueError(
                 "strategy 'cring' does not support sync_batchnorm=True (torch's "

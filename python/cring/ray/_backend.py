@@ -4,7 +4,9 @@ On every start of a worker group it picks a fresh job id and secret, starts
 the rendezvous store inside rank 0's worker (on that worker's node, on a port
 the kernel chose, so nothing can race for it) and gives every worker the
 CRING_* variables that cringrun would set; cring.init() then needs no
-arguments. When the group stops it shuts cring down in every live worker.
+arguments. A GPU worker also gets CRING_CUDA_DEVICE, and its training loop
+starts with that GPU as torch's current device (train_func_context). When
+the group stops it shuts cring down in every live worker.
 The same Backend class serves Ray Train V1 and V2: both call on_start and
 on_shutdown with a worker group offering execute / execute_single(_async).
 """
@@ -67,6 +69,11 @@ class CRingConfig(BackendConfig):
     def backend_cls(self) -> type:
         return _CRingBackend
 
+    @property
+    def train_func_context(self) -> Any:
+        # the worker's GPU becomes the current device in the loop's own thread
+        return _worker.on_worker_device
+
     # `framework` stays None: Ray's run-state export knows only its own frameworks.
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,8 +123,9 @@ def worker_environments(
 
 
 class _CRingBackend(Backend):
-    # Every worker sees all GPUs given to the group on its node and picks
-    # cuda:local_rank, as with Horovod.
+    # Every worker sees all GPUs given to the group on its node (so NCCL can use
+    # peer-to-peer paths between them); set_env() finds the worker's own GPU
+    # among them (CRING_CUDA_DEVICE), and the loop starts with it current.
     share_cuda_visible_devices: bool = True
 
     def on_start(self, worker_group: Any, backend_config: CRingConfig) -> None:

@@ -27,7 +27,10 @@ class CRingTrainer(_DataParallelTrainer):
     rendezvous already in its environment, so that ``cring.init()`` (or
     ``cring.torch.init()``) needs no arguments. cring is shut down in every
     worker when the worker group stops; a group restarted after a failure
-    (``FailureConfig(max_failures=N)``) gets a fresh rendezvous.
+    (``FailureConfig(max_failures=N)``) gets a fresh rendezvous. With
+    ``ScalingConfig(use_gpu=True)`` each worker's GPU is torch's current CUDA
+    device when the loop starts (``torch.device("cuda")`` is that GPU), and
+    ``CRING_CUDA_DEVICE`` holds its index.
 
     Args:
         train_loop_per_worker: the function each worker runs, taking no

@@ -1,14 +1,17 @@
 """What the cring backend runs inside Ray Train worker processes.
 
 Plain functions, shipped to the workers by reference (this module is
-importable there because cring is). They only set the environment, hold rank
-0's rendezvous store and shut cring down; they never run a collective.
+importable there because cring is). They only set the environment (and the
+current CUDA device), hold rank 0's rendezvous store and shut cring down;
+they never run a collective.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any, Optional
 
 _lock = threading.Lock()
@@ -42,9 +45,67 @@ def start_store(secret: str) -> tuple[str, int]:
         return addr, _store_port
 
 
+# The index, among this worker's visible CUDA devices, of its GPU (read by the
+# Lightning strategy and set_torch_device(); the same name as cring.lightning's).
+CUDA_DEVICE_VARIABLE = "CRING_CUDA_DEVICE"
+
+
+def cuda_device_index(gpu_ids: list, visible: Optional[str]) -> Optional[int]:
+    """Where this worker's first GPU (`gpu_ids`, from ray.get_gpu_ids()) is
+    among the devices CUDA numbers for it (`visible`, CUDA_VISIBLE_DEVICES):
+    0 when Ray gave each worker its own, the position in the list when the
+    workers on a node share them (share_cuda_visible_devices). None without
+    a GPU, or when CUDA_VISIBLE_DEVICES does not list it (overridden)."""
+    if not gpu_ids:
+        return None
+    own = str(gpu_ids[0]).strip()
+    if visible is None or visible.strip() in ("", "NoDevFiles"):
+        # Ray left CUDA_VISIBLE_DEVICES alone: every device is visible, numbered as Ray numbers them
+        return int(own) if own.isdigit() else None
+    entries = [entry.strip() for entry in visible.split(",")]
+    return entries.index(own) if own in entries else None
+
+
 def set_env(env: dict[str, str]) -> None:
-    """Give this worker its CRING_* variables (read by cring.init())."""
+    """Give this worker its CRING_* variables (read by cring.init()), and
+    CRING_CUDA_DEVICE when Ray gave it a GPU (Ray has set
+    CUDA_VISIBLE_DEVICES by now)."""
+    import ray
+
     os.environ.update(env)
+    index = cuda_device_index(ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if index is None:
+        os.environ.pop(CUDA_DEVICE_VARIABLE, None)
+    else:
+        os.environ[CUDA_DEVICE_VARIABLE] = str(index)
+
+
+def set_torch_device() -> Optional[int]:
+    """Make this worker's GPU torch's current CUDA device in the calling
+    thread (the current device is per thread, so the trainer calls this in
+    the thread that runs the training loop). Returns the index, or None when
+    there is nothing to set: no GPU for this worker, torch missing, or a
+    torch without CUDA."""
+    value = os.environ.get(CUDA_DEVICE_VARIABLE)
+    if value is None:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    index = int(value)
+    torch.cuda.set_device(index)
+    return index
+
+
+@contextlib.contextmanager
+def on_worker_device() -> Iterator[None]:
+    """Ray's train_func_context for cring: entered in the thread that runs
+    the training loop, right before the loop (Ray's TorchConfig does the same)."""
+    set_torch_device()
+    yield
 
 
 def shutdown() -> None:

@@ -8,6 +8,7 @@ engine through _run; nothing here communicates on its own.
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import warnings
@@ -17,7 +18,7 @@ from typing import Any, Optional
 import torch
 
 import cring
-from cring import _core
+from cring import _C, _core
 
 from ._autograd import (
     _AllgatherFunction,
@@ -35,6 +36,7 @@ from ._basics import (
     ProcessSet,
     Sum,
     _check_process_set,
+    _internal_error,
     _run,
     global_process_set,
     rank,
@@ -140,7 +142,7 @@ def allreduce_async(
     )
 
 
-def allreduce_(
+def _allreduce_inplace(
     tensor: torch.Tensor,
     average: Optional[bool] = None,
     name: Optional[str] = None,
@@ -163,7 +165,7 @@ def allreduce_(
     )
 
 
-def allreduce_async_(
+def _allreduce_async_inplace(
     tensor: torch.Tensor,
     average: Optional[bool] = None,
     name: Optional[str] = None,
@@ -183,6 +185,27 @@ def allreduce_async_(
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
     )
+
+
+def _from_c(c_function: Any, python_function: Any, name: str) -> Any:
+    """c_function (cring._C) as this module's `name`: the Python one's
+    docstring and signature (through __wrapped__), called without a Python frame."""
+    wrapper = functools.partial(c_function)
+    functools.update_wrapper(wrapper, python_function)
+    wrapper.__name__ = wrapper.__qualname__ = name
+    return wrapper
+
+
+# allreduce_ and allreduce_async_ resolve Horovod's arguments in C and go on
+# to cring.allreduce_ / allreduce_async_ there, so a named torch CUDA tensor
+# reaches the engine's queue without a Python frame; what C does not resolve
+# (average=, another process set) comes back to the functions above.
+_C.torch_allreduce_fallback = _allreduce_inplace
+_C.torch_allreduce_async_fallback = _allreduce_async_inplace
+_C.torch_error_hook = _internal_error
+_C.torch_global_process_set = global_process_set
+allreduce_ = _from_c(_C.torch_allreduce_, _allreduce_inplace, "allreduce_")
+allreduce_async_ = _from_c(_C.torch_allreduce_async_, _allreduce_async_inplace, "allreduce_async_")
 
 
 def grouped_allreduce(
