@@ -158,3 +158,20 @@ def test_lightning_fabric_saves_and_loads(tmp_path, stage):
     for r in range(2):
         res = json.loads((tmp_path / "fabric" / f"rank{r}.json").read_text())
         assert res["failures"] == [], res["failures"]
+
+
+def test_lightning_refusals_without_processes():
+    """The strategies' shard_state must be 0, 1 or 2, and stage 2 refuses a
+    gradient scaler (precision '16-mixed' on GPUs), which reads .grad."""
+    pytest.importorskip("lightning")
+    from types import SimpleNamespace
+
+    from cring.lightning import _sharded
+
+    for bad in (3, -1, True, "2"):
+        with pytest.raises(ValueError, match="shard_state"):
+            _sharded.check_shard_state(bad)
+    with pytest.raises(ValueError, match="16-mixed"):
+        _sharded._refuse_scaler(2, SimpleNamespace(scaler=object()))
+    _sharded._refuse_scaler(1, SimpleNamespace(scaler=object()))
+    _sharded._refuse_scaler(2, SimpleNamespace(scaler=None))

@@ -22,6 +22,17 @@ def check_shard_state(shard_state: Any) -> int:
     return int(shard_state)
 
 
+def _refuse_scaler(shard_state: int, precision: Any) -> None:
+    """Stage 2 leaves .grad None, where a gradient scaler (precision
+    "16-mixed") looks for infinities and unscales: refuse it at setup."""
+    if shard_state == 2 and getattr(precision, "scaler", None) is not None:
+        raise ValueError(
+            "strategy 'cring' with shard_state=2 keeps only a slice of each gradient, which "
+            "the gradient scaler of precision '16-mixed' cannot check or unscale: use "
+            "precision 'bf16-mixed' or '32', or shard_state=1"
+        )
+
+
 def is_sharded(optimizer: Any) -> bool:
     return getattr(optimizer, "_zero_stage", 0) > 0
 
@@ -86,6 +97,7 @@ class TrainerSharding:
         super().setup_optimizers(trainer)  # type: ignore[misc]
         if not self._shard_state:
             return
+        _refuse_scaler(self._shard_state, getattr(self, "precision_plugin", None))
         if self._shard_state == 2 and getattr(trainer, "gradient_clip_val", None):
             raise ValueError(
                 "strategy 'cring' with shard_state=2 keeps only a slice of each gradient, so "
@@ -124,6 +136,7 @@ class FabricSharding:
         optimizer = super().setup_optimizer(optimizer)  # type: ignore[misc]
         if not self._shard_state:
             return optimizer
+        _refuse_scaler(self._shard_state, getattr(self, "precision", None))
         index = len(self._sharded_optimizers)
         optimizer = wrap(optimizer, self._shard_state, f"fabric.zero{index}")
         self._sharded_optimizers.append(optimizer)
