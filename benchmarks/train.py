@@ -14,6 +14,12 @@ Rounds alternate between the cases so that drift on a shared machine hits
 all of them alike; each figure is the median over rounds. At the end the
 two distributed models, trained on the same batches, must agree.
 
+The sharded run (same job, --part zero): the same MLP with cring's
+DistributedOptimizer unsharded, with shard_state=1 (ZeRO stage 1: optimizer
+state sharded) and shard_state=2 (gradients too), and torch's
+ZeroRedundancyOptimizer behind DDP over gloo, rounds alternating; the four
+models train on the same batches and must agree at the end.
+
 The scaling run (same job): a compute-bound model (a small CNN on 32x32
 images, 0.24M parameters, batch 32 per rank), one thread per rank. Rounds
 alternate between
@@ -26,9 +32,10 @@ and the throughput ratio is (2 x batch / t_pair) / (batch / t_solo); data
 parallelism on two cores can at best double it.
 
 Targets (issue 7): cring / DDP steps/s >= 1.3; scaling ratio >= 1.8.
+Target (issue 18): shard_state=1 step time <= 1.15 x the unsharded one.
 
 Prints tables, writes benchmarks/results/train.csv. Run it as
-    python benchmarks/train.py [--quick] [--part comm|scaling ...]
+    python benchmarks/train.py [--quick] [--part comm|zero|scaling ...]
 (it starts its two ranks itself).
 """
 
@@ -47,6 +54,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 COMM_TARGET = 1.3  # cring DistributedOptimizer steps/s over DDP-gloo's, at least
 SCALING_TARGET = 1.8  # 2 ranks x 1 thread over 1 rank x 1 thread throughput, at least
+ZERO_TARGET = 1.15  # cring shard_state=1 step time over the unsharded one's, at most
 LAUNCHER_VARS = (
     "CRING_RANK",
     "CRING_SIZE",
@@ -108,6 +116,8 @@ def worker(args: argparse.Namespace) -> None:
     rows: list = []  # (case, seconds per step or "", value)
     if "comm" in args.part:
         rows += comm_heavy(args)
+    if "zero" in args.part:
+        rows += sharded(args)
     if "scaling" in args.part:
         rows += scaling(args)
     if cring.rank() == 0:
@@ -119,9 +129,44 @@ def worker(args: argparse.Namespace) -> None:
     cring.shutdown()
 
 
+DIM_IN, CLASSES = 512, 16  # the communication-heavy MLP's input and output widths
+
+
+def init_gloo() -> None:
+    """torch.distributed over gloo beside cring: rank 0 picks the port."""
+    import numpy as np
+    import torch.distributed as dist
+
+    import cring
+
+    port = np.zeros(1, np.int64)  # rank 0 picks gloo's port and tells the others
+    if cring.rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port[0] = s.getsockname()[1]
+    cring.broadcast_(port, 0, name="gloo.port")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{int(port[0])}",
+        rank=cring.rank(),
+        world_size=cring.size(),
+    )
+
+
+def make_mlp(args: argparse.Namespace) -> torch.nn.Module:  # noqa: F821
+    """The communication-heavy MLP (~21M parameters by default), seeded."""
+    import torch
+
+    torch.manual_seed(0)
+    layers: list = [torch.nn.Linear(DIM_IN, args.width), torch.nn.ReLU()]
+    for _ in range(args.layers - 2):
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(args.width, CLASSES))
+    return torch.nn.Sequential(*layers)
+
+
 def comm_heavy(args: argparse.Namespace) -> list:
     """cring DistributedOptimizer against DDP over gloo; returns CSV rows."""
-    import numpy as np
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -131,26 +176,12 @@ def comm_heavy(args: argparse.Namespace) -> list:
     from cring.torch import DistributedOptimizer, broadcast_parameters
 
     rank, size = cring.rank(), cring.size()
+    init_gloo()
 
-    port = np.zeros(1, np.int64)  # rank 0 picks gloo's port and tells the others
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port[0] = s.getsockname()[1]
-    cring.broadcast_(port, 0, name="gloo.port")
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{int(port[0])}", rank=rank, world_size=size
-    )
-
-    width, dim_in, classes = args.width, 512, 16
+    width, dim_in, classes = args.width, DIM_IN, CLASSES
 
     def make_model() -> torch.nn.Module:
-        torch.manual_seed(0)
-        layers: list = [torch.nn.Linear(dim_in, width), torch.nn.ReLU()]
-        for _ in range(args.layers - 2):
-            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-        layers.append(torch.nn.Linear(width, classes))
-        return torch.nn.Sequential(*layers)
+        return make_mlp(args)
 
     def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -275,6 +306,137 @@ def comm_heavy(args: argparse.Namespace) -> list:
     if agree > 1e-4:
         raise SystemExit(f"cring and DDP training disagree: relative difference {agree:.2e}")
     return csv_rows
+
+
+def sharded(args: argparse.Namespace) -> list:
+    """Sharded optimizer state on the communication-heavy MLP: cring's
+    DistributedOptimizer unsharded, with shard_state=1 and 2, and torch's
+    ZeroRedundancyOptimizer (stage 1) behind DDP over gloo; returns CSV rows."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    import cring
+    from cring.torch import DistributedOptimizer, broadcast_parameters
+
+    rank, size = cring.rank(), cring.size()
+    init_gloo()
+
+    def sgd_args() -> dict:
+        return {"lr": 1e-3, "momentum": 0.9}
+
+    g = torch.Generator().manual_seed(1 + rank)  # each rank its own data
+    batches = [
+        (
+            torch.randn(args.batch, DIM_IN, generator=g),
+            torch.randint(0, CLASSES, (args.batch,), generator=g),
+        )
+        for _ in range(4)
+    ]
+
+    def ours(stage: int, prefix: str) -> tuple:
+        model = make_mlp(args)
+        broadcast_parameters(model.state_dict(), root_rank=0)
+        opt = DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), **sgd_args()),
+            named_parameters=[(f"{prefix}.{n}", p) for n, p in model.named_parameters()],
+            shard_state=stage,
+        )
+        return model, opt
+
+    def torch_zero() -> tuple:
+        model = DistributedDataParallel(make_mlp(args))
+        opt = ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.SGD, **sgd_args()
+        )
+        return model, opt
+
+    setups = {
+        "cring": ours(0, "z0"),
+        "stage1": ours(1, "z1"),
+        "stage2": ours(2, "z2"),
+        "torch_zero": torch_zero(),
+    }
+    counter = dict.fromkeys(setups, 0)
+
+    def step(name: str) -> None:
+        model, opt = setups[name]
+        x, y = batches[counter[name] % len(batches)]
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        counter[name] += 1
+
+    def timed(name: str) -> float:
+        cring.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step(name)
+        return (time.perf_counter() - t0) / args.steps
+
+    for name in setups:  # warm-up, in lockstep so that every model sees the same batches
+        for _ in range(2):
+            step(name)
+    samples: dict = {name: [] for name in setups}
+    for _ in range(args.rounds):
+        for name in setups:
+            samples[name].append(timed(name))
+    t = {name: statistics.median(v) for name, v in samples.items()}
+
+    # all four trained on the same batches in the same order: they must agree
+    ref = torch.cat([p.detach().reshape(-1) for p in setups["cring"][0].parameters()])
+    agree = {}
+    for name in ("stage1", "stage2", "torch_zero"):
+        got = torch.cat([p.detach().reshape(-1) for p in setups[name][0].parameters()])
+        agree[name] = float((got - ref).abs().max() / ref.abs().max())
+    dist.destroy_process_group()
+
+    labels = [
+        ("cring DistributedOptimizer (unsharded)", "cring"),
+        ("cring shard_state=1 (ZeRO stage 1)", "stage1"),
+        ("cring shard_state=2 (ZeRO stage 2)", "stage2"),
+        ("torch ZeroRedundancyOptimizer + DDP, gloo", "torch_zero"),
+    ]
+    ratio1, ratio2 = t["stage1"] / t["cring"], t["stage2"] / t["cring"]
+    rows = [(f"zero: {label}", f"{t[name]:.6g}", f"{1 / t[name]:.4g}") for label, name in labels]
+    rows += [
+        ("zero: stage 1 / unsharded step time", "", f"{ratio1:.4g}"),
+        ("zero: stage 2 / unsharded step time", "", f"{ratio2:.4g}"),
+        (
+            "zero: torch ZeroRedundancyOptimizer / cring stage 1 step time",
+            "",
+            f"{t['torch_zero'] / t['stage1']:.4g}",
+        ),
+    ]
+    if rank == 0:
+        n_params = sum(p.numel() for p in setups["cring"][0].parameters())
+        print(
+            f"\nsharded optimizer state: {size} ranks, the same MLP ({n_params / 1e6:.1f}M "
+            f"parameters), batch {args.batch} per rank, SGD with momentum, median of "
+            f"{args.rounds} rounds of {args.steps} steps\n"
+        )
+        print(f"{'case':44s} {'ms/step':>9s} {'steps/s':>9s}")
+        for label, name in labels:
+            print(f"{label:44s} {t[name] * 1e3:9.1f} {1 / t[name]:9.2f}")
+        print(
+            f"\nstage 1 / unsharded step time: {ratio1:.3f} (target <= {ZERO_TARGET}: "
+            f"{'PASS' if ratio1 <= ZERO_TARGET else f'MISS by {ratio1 / ZERO_TARGET - 1:.0%}'})"
+        )
+        print(f"stage 2 / unsharded step time: {ratio2:.3f}")
+        print(
+            f"torch ZeroRedundancyOptimizer (gloo) / cring stage 1 step time: "
+            f"{t['torch_zero'] / t['stage1']:.2f}"
+        )
+        print(
+            "after the same steps, relative difference to the unsharded model: "
+            + ", ".join(f"{k} {v:.1e}" for k, v in agree.items())
+            + "\n"
+        )
+    if max(agree.values()) > 1e-4:
+        raise SystemExit(f"sharded and unsharded training disagree: {agree}")
+    return rows
 
 
 def scaling(args: argparse.Namespace) -> list:
@@ -419,9 +581,11 @@ def main() -> int:
     parser.add_argument(
         "--part",
         nargs="+",
-        choices=("comm", "scaling"),
-        default=["comm", "scaling"],
-        help="comm: cring vs DDP-gloo steps/s; scaling: 2 ranks vs 1 rank",
+        choices=("comm", "zero", "scaling"),
+        default=["comm", "zero", "scaling"],
+        help="comm: cring vs DDP-gloo steps/s; zero: sharded optimizer state "
+        "(shard_state=1, 2) vs unsharded and vs torch's "
+        "ZeroRedundancyOptimizer over gloo; scaling: 2 ranks vs 1 rank",
     )
     parser.add_argument("--cnn-width", type=int, default=32, help="scaling run: CNN width")
     parser.add_argument("--cnn-batch", type=int, default=32, help="scaling run: per-rank batch")

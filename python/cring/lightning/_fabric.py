@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import _common
+from . import _common, _sharded
 
 
 class _NoBackwardSync:
@@ -25,11 +25,14 @@ class _NoBackwardSync:
         if not enabled:
             yield
             return
-        with _common.sync_paused(self._strategy._averagers.get(id(module))):
+        with (
+            _common.sync_paused(self._strategy._averagers.get(id(module))),
+            _sharded.paused(self._strategy._sharded_optimizers),
+        ):
             yield
 
 
-class _CRingFabricStrategyBase(_common.StrategyMixin):
+class _CRingFabricStrategyBase(_sharded.FabricSharding, _common.StrategyMixin):
     """Data-parallel training over cring for Lightning Fabric:
     ``Fabric(strategy="cring", accelerator="gpu", devices=2)`` (or "cpu").
 
@@ -39,6 +42,8 @@ class _CRingFabricStrategyBase(_common.StrategyMixin):
     autograd produces it, and backward returns with averaged gradients
     (so fabric.clip_gradients() clips the average). Inside
     fabric.no_backward_sync(model) backward does not communicate.
+    shard_state=1 or 2 shards the optimizers' state (and, 2, the gradients)
+    over the ranks, ZeRO-style (docs/sharded.md).
     """
 
     _api = "Fabric"
@@ -52,8 +57,10 @@ class _CRingFabricStrategyBase(_common.StrategyMixin):
         checkpoint_io: Any = None,
         precision: Any = None,
         timeout_s: Optional[float] = None,
+        shard_state: int = 0,
     ) -> None:
         self._cluster_environment = None
+        self._shard_state = _sharded.check_shard_state(shard_state)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -82,7 +89,8 @@ class _CRingFabricStrategyBase(_common.StrategyMixin):
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         index = len(self._averagers)
         _common.broadcast_module(module, f"fabric.{index}.initial")
-        self._averagers[id(module)] = _common.GradientAverager(module, f"fabric.{index}.grad")
+        if not self._shard_state:  # else the sharded optimizers' hooks reduce
+            self._averagers[id(module)] = _common.GradientAverager(module, f"fabric.{index}.grad")
         return module
 
     def module_to_device(self, module: torch.nn.Module) -> None:
@@ -96,6 +104,7 @@ class _CRingFabricStrategyBase(_common.StrategyMixin):
         for averager in self._averagers.values():
             if averager.enabled:
                 averager.wait()
+        _sharded.synchronize(self._sharded_optimizers)
         self.precision.post_backward(tensor, module)
 
     def all_reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:

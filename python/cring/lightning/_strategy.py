@@ -12,11 +12,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import _common
+from . import _common, _sharded
 from ._environment import mark_failed
 
 
-class _CRingStrategyBase(_common.StrategyMixin):
+class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
     """Data-parallel training over cring, Horovod-style, for Lightning's Trainer.
 
         trainer = Trainer(strategy="cring", accelerator="gpu", devices=2)   # or "cpu"
@@ -41,6 +41,8 @@ class _CRingStrategyBase(_common.StrategyMixin):
             launchers above.
         timeout_s: bound on every wait for a peer (rendezvous, collectives);
             default CRING_TIMEOUT_SECONDS or 600.
+        shard_state: 1 or 2 shards the optimizer state (and, 2, the
+            gradients) over the ranks, ZeRO-style (docs/sharded.md); 0 (default) does not.
         accelerator, parallel_devices, checkpoint_io, precision_plugin: as for
             every Lightning strategy (CPU or CUDA devices; precision "32",
             "bf16-mixed", "16-mixed" with its gradient scaler, and the rest of
@@ -58,8 +60,10 @@ class _CRingStrategyBase(_common.StrategyMixin):
         checkpoint_io: Any = None,
         precision_plugin: Any = None,
         timeout_s: Optional[float] = None,
+        shard_state: int = 0,
     ) -> None:
         self._cluster_environment = None
+        self._shard_state = _sharded.check_shard_state(shard_state)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -118,7 +122,8 @@ class _CRingStrategyBase(_common.StrategyMixin):
         _common.broadcast_module(self.model, "lightning.initial")  # every rank starts from rank 0's
         if fitting:
             self.setup_optimizers(trainer)
-            self._averager = _common.GradientAverager(self.model, "lightning.grad")
+            if not self._shard_state:  # else the sharded optimizers' hooks reduce
+                self._averager = _common.GradientAverager(self.model, "lightning.grad")
         self.setup_precision_plugin()
         if fitting:
             self._lib.optimizers_to_device(self.optimizers, self.root_device)
@@ -153,7 +158,7 @@ class _CRingStrategyBase(_common.StrategyMixin):
     def block_backward_sync(self) -> Iterator[None]:
         """Within this context backward does not communicate: gradients only
         accumulate locally (Lightning uses it for accumulate_grad_batches)."""
-        with _common.sync_paused(self._averager):
+        with _common.sync_paused(self._averager), _sharded.paused(self.optimizers):
             yield
 
     def optimizer_step(

@@ -23,6 +23,8 @@ import torch
 
 import cring
 
+from . import sharded as _sharded
+
 __all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state"]
 
 _ZERO_GRAD_IN_FLIGHT = (
@@ -83,6 +85,8 @@ def _split_list(items: list, n: int) -> list:
 class _DistributedOptimizer:
     """Mixed in front of the wrapped optimizer's class (see DistributedOptimizer)."""
 
+    _cring_paused = False  # True: the hooks do nothing (a strategy's no-sync context)
+
     # ---- construction ------------------------------------------------------------------------
 
     def _cring_setup(
@@ -130,7 +134,7 @@ class _DistributedOptimizer:
                     params.append(p)
         names = self._cring_names = _parameter_names(self.param_groups, named_parameters)
         trainable = [p for p in params if p.requires_grad]
-        self._cring_units = _make_units(trainable, names, groups)
+        self._cring_units = self._cring_make_units(trainable, names, groups)
         self._cring_unit_of = {p: unit for unit in self._cring_units for p in unit.params}
         self._cring_delay = {p: self.backward_passes_per_step for p in trainable}
         self._cring_handles: dict = {}  # _Unit -> [(cring.Handle, [_Entry]), ...]
@@ -142,6 +146,14 @@ class _DistributedOptimizer:
         # Hooks are registered even for one rank: an elastic job can grow
         # later. With one rank they do nothing (checked per call).
         self._cring_register_hooks(trainable)
+
+    def _cring_make_units(self, trainable: list, names: dict, groups: Any) -> list:
+        """What each hook-started reduction carries (the sharded path buckets)."""
+        return _make_units(trainable, names, groups)
+
+    def _cring_wrapped_step(self, closure: Optional[Callable[[], Any]]) -> Any:
+        """The wrapped optimizer's step (the sharded path steps slices)."""
+        return super().step(closure)  # type: ignore[misc]
 
     def _cring_register_hooks(self, trainable: list) -> None:
         me = weakref.ref(self)
@@ -171,7 +183,7 @@ class _DistributedOptimizer:
     # ---- the hook: one gradient is final ---------------------------------------------------
 
     def _cring_grad_ready(self, p: torch.Tensor) -> None:
-        if cring.size() == 1:
+        if cring.size() == 1 or self._cring_paused:
             return
         with self._cring_lock:
             unit = self._cring_unit_of.get(p)
@@ -306,13 +318,13 @@ class _DistributedOptimizer:
         produces are reduced before the wrapped step uses them."""
         if not self._cring_should_synchronize:
             self._cring_synchronized = False
-            return super().step(closure)  # type: ignore[misc]
+            return self._cring_wrapped_step(closure)
         if closure is None:
             if self._cring_synchronized:
                 warnings.warn(_STEP_AFTER_SYNCHRONIZE, stacklevel=2)
             self.synchronize()
             self._cring_synchronized = False
-            return super().step()  # type: ignore[misc]
+            return self._cring_wrapped_step(None)
         if self._cring_handles or self._cring_touched:
             self.synchronize()  # an earlier backward's gradients
 
@@ -323,7 +335,7 @@ class _DistributedOptimizer:
 
         self._cring_synchronized = False
         try:
-            return super().step(synchronized_closure)  # type: ignore[misc]
+            return self._cring_wrapped_step(synchronized_closure)
         finally:
             self._cring_synchronized = False
 
@@ -457,16 +469,19 @@ def _make_units(trainable: list, names: dict, groups: Any) -> list:
 _CLASSES: dict = {}
 
 
-def _distributed_class(base: type) -> type:
-    cls = _CLASSES.get(base)
+def _distributed_class(base: type, sharded: bool) -> type:
+    cls = _CLASSES.get((base, sharded))
     if cls is None:
         # the wrapped class's name, so that repr() and logs read as before
+        mixins = (
+            (_sharded.ShardedMixin, _DistributedOptimizer) if sharded else (_DistributedOptimizer,)
+        )
         cls = type(
             base.__name__,
-            (_DistributedOptimizer, base),
-            {"__module__": __name__, "__qualname__": base.__qualname__},
+            (*mixins, base),
+            {"__module__": __name__, "__qualname__": base.__qualname__, "_cring_base": base},
         )
-        _CLASSES[base] = cls
+        _CLASSES[(base, sharded)] = cls
     return cls
 
 
@@ -479,6 +494,7 @@ def DistributedOptimizer(
     gradient_predivide_factor: float = 1.0,
     groups: Any = None,
     sparse_as_dense: bool = False,
+    shard_state: int = 0,
 ) -> torch.optim.Optimizer:
     """Wrap `optimizer` so that gradients are reduced over all ranks before
     each step, as horovod.torch.DistributedOptimizer does.
@@ -516,6 +532,16 @@ def DistributedOptimizer(
             result is made sparse again). Without it a sparse gradient raises
             NotImplementedError: cring has no sparse allreduce.
 
+        shard_state: 0 (default): every rank holds the whole optimizer state.
+            1 or 2 (ZeRO stages 1 and 2, docs/sharded.md): each rank keeps the
+            state of its own slice of every parameter and steps only that
+            slice; the updated slices are allgathered within step(). Stage 1
+            allreduces gradients as above; stage 2 reduce-scatters them, so a
+            rank keeps only its slice (p.grad is None after synchronize()).
+            Needs an element-wise optimizer (SGD, Adam, AdamW, ...; not LBFGS);
+            state_dict() is then a collective giving the unsharded state, and
+            load_state_dict() takes one saved at any world size.
+
     Parameters that do not require grad are left alone. A trainable
     parameter with no gradient at step() gets a zero gradient that is
     reduced like the others (another rank may have one), as in Horovod.
@@ -539,11 +565,15 @@ def DistributedOptimizer(
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    cls = _distributed_class(type(optimizer))
+    shard_state = _sharded.check_arguments(optimizer, shard_state, groups)
+    cls = _distributed_class(type(optimizer), shard_state > 0)
     wrapped = cls.__new__(cls)
     # share everything the original holds (param_groups, state, defaults, hooks) instead of
-    # re-running its __init__, which may need arguments we do not know
-    wrapped.__dict__.update(optimizer.__dict__)
+    # re-running its __init__, which may need arguments we do not know; not an LR scheduler's
+    # patch of the original's step, which would bypass ours (the wrapper gets its own)
+    wrapped.__dict__.update(_sharded.adopt_instance_state(wrapped, optimizer))
+    if shard_state:
+        wrapped._zero_begin(shard_state)
     wrapped._cring_setup(
         named_parameters,
         compression,
@@ -553,6 +583,8 @@ def DistributedOptimizer(
         groups,
         sparse_as_dense,
     )
+    if shard_state:
+        wrapped._zero_setup()
     return wrapped
 
 
