@@ -11,6 +11,7 @@ Not supported (they raise NotImplementedError): process sets other than
 global_process_set, and Adasum.
 """
 
+from .functions import broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import (
     Adasum,
     Average,
@@ -83,7 +84,7 @@ from .mpi_ops import (
     stop_timeline,
     synchronize,
 )
-from .optimizer import DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
+from .optimizer import DistributedOptimizer
 
 __all__ = [
     "Adasum",

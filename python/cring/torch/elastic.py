@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from .. import elastic as _elastic
+from .functions import broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import broadcast_object, rank
-from .optimizer import broadcast_optimizer_state, broadcast_parameters
 
 ElasticError = _elastic.ElasticError
 HostsUpdatedInterrupt = _elastic.HostsUpdatedInterrupt
