@@ -33,6 +33,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -470,6 +471,21 @@ def two_ranks(mode: str, tmp: Path) -> None:
         print(f"FAIL {mode} world 2 exited {proc.returncode}:\n{proc.stderr[-4000:]}")
 
 
+def lightning_against_ddp() -> str:
+    """The Lightning fits of lightning_gpu_check.py (its own processes and
+    per-case timeouts): cring's final weights against strategy="ddp"."""
+    script = Path(__file__).resolve().parent / "lightning_gpu_check.py"
+    out = Path(tempfile.gettempdir()) / "lightning_gpu.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    expect(proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:])
+    return proc.stdout[-1500:]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -508,6 +524,7 @@ def main() -> int:
     tmp = Path(args.out).resolve().parent / "gpu_checks_ranks"
     two_ranks("host", tmp)
     two_ranks("nccl" if gpus >= 2 else "nccl-one-gpu", tmp)
+    check("Lightning: tests/gpu/lightning_gpu_check.py (cring vs ddp)", lightning_against_ddp)
     failed = [r for r in RESULTS if not r["ok"]]
     with open(args.out, "w") as f:
         json.dump({"info": info, "results": RESULTS}, f, indent=1, default=str)
