@@ -31,15 +31,7 @@ PyObject *cring__pyext_not_initialized(module_state *s) {
 }
 
 const char *cring__pyext_collective_label(int c) {
-    switch (c) {
-    case CRING_COLL_ALLREDUCE: return "allreduce";
-    case CRING_COLL_BROADCAST: return "broadcast";
-    case CRING_COLL_ALLGATHER: return "allgather";
-    case CRING_COLL_REDUCESCATTER: return "reducescatter";
-    case CRING_COLL_ALLTOALL: return "alltoall";
-    case CRING_COLL_JOIN: return "join";
-    default: return "barrier";
-    }
+    return cring_collective_name((cring_collective_t)c);
 }
 
 PyObject *cring__pyext_raise_handle(module_state *s, cring_handle_t *h, cring_status_t st,

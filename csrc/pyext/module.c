@@ -146,14 +146,27 @@ static int module_exec(PyObject *m) {
     if (cring__pyext_store_init(m, s) < 0) return -1;   /* store_bindings.c */
     if (cring__pyext_handles_init(m, s) < 0) return -1; /* handles.c */
     if (PyModule_AddFunctions(m, cring__pyext_submit_functions) < 0) return -1; /* submit.c */
-    for (int c = CRING_COLL_ALLREDUCE; c <= CRING_COLL_JOIN; c++) {
-        static const char *const names[] = {"",          "ALLREDUCE",     "BROADCAST",
-                                            "ALLGATHER", "REDUCESCATTER", "BARRIER",
-                                            "ALLTOALL",  "JOIN"};
-        if (PyModule_AddIntConstant(m, names[c], c) < 0) return -1;
+    /* The collectives, from cring.h's table: _C.ALLREDUCE ... and
+     * _C.COLLECTIVE_NAMES {value: "allreduce", ...}. */
+    PyObject *names = PyDict_New();
+    if (!names) return -1;
+#define CRING__EXPORT_COLLECTIVE(name, value, str)                                                 \
+    if (PyModule_AddIntConstant(m, #name, value) < 0) goto names_error;                            \
+    {                                                                                              \
+        PyObject *k = PyLong_FromLong(value), *v = PyUnicode_FromString(str);                      \
+        int bad = !k || !v || PyDict_SetItem(names, k, v) < 0;                                     \
+        Py_XDECREF(k);                                                                             \
+        Py_XDECREF(v);                                                                             \
+        if (bad) goto names_error;                                                                 \
     }
+    CRING_COLLECTIVE_MAP(CRING__EXPORT_COLLECTIVE)
+#undef CRING__EXPORT_COLLECTIVE
+    if (PyModule_AddObject(m, "COLLECTIVE_NAMES", names) < 0) goto names_error;
     if (cring__pyext_gpu_init(m, s) < 0) return -1; /* cring._C.gpu (gpu.c) */
     return 0;
+names_error:
+    Py_DECREF(names);
+    return -1;
 }
 
 static int module_traverse(PyObject *m, visitproc visit, void *arg) {
