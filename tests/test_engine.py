@@ -171,7 +171,7 @@ def test_stall_shutdown_fails_pending_handles(tmp_path):
     elapsed = float(re.search(r"after ([\d.]+) s", failed[0]).group(1))
     assert 1.9 <= elapsed < 15, failed[0]
     assert "never_tensor" in failed[0] and "CRING_STALL_SHUTDOWN_SECONDS=2" in failed[0]
-    assert any(line.startswith("rank 0: refused after 0.0 s: CRingError") for line in rank0), out
+    assert any(line.startswith("rank 0: refused after 0.0 s: TimeoutError") for line in rank0), out
     assert any(
         line.startswith("rank 1: ") and "Error" in line and "stalled" in line
         for line in rank_lines(proc.stdout, 1)

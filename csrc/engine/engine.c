@@ -34,9 +34,11 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
                                    cring_handle_t **handle_out) {
     *handle_out = NULL;
     submit_error[0] = 0;
+    /* The cause's status (peer failure, time-out), so a submission after a
+     * peer left raises what the pending collectives raised. */
     if (atomic_load(&e->broken) != CRING_OK)
-        return cring__engine_submit_fail(CRING_ERR_BROKEN, "the engine failed earlier: %s",
-                                         e->broken_msg);
+        return cring__engine_submit_fail((cring_status_t)atomic_load(&e->broken),
+                                         "the engine failed earlier: %s", e->broken_msg);
     CRING_CHECK(cring__req_validate(e, q));
     req_t *r = cring__req_make(e, q, e->size);
     cring_handle_t *h = atomic_exchange(&e->spare.handle, NULL);

@@ -324,8 +324,9 @@ CRING_API cring_comm_t *cring_engine_comm(cring_engine_t *engine);
 /* Queue a request (the engine copies everything but the buffers, which the
  * caller keeps valid until the handle is done). Errors, with *handle_out NULL
  * and a message in cring_engine_error_message(): ERR_INVALID_ARGUMENT (bad
- * request, or the name is already in flight on this rank), ERR_CLOSED,
- * ERR_BROKEN. Thread-safe. */
+ * request, or the name is already in flight on this rank), ERR_CLOSED, and
+ * after a transport failure the status that broke the engine (ERR_PEER_FAILURE,
+ * ERR_TIMEOUT, ...). Thread-safe. */
 CRING_API cring_status_t cring_engine_submit(cring_engine_t *engine, const cring_request_t *req,
                                              cring_handle_t **handle_out);
 /* Message for the last submit error in this thread. */
