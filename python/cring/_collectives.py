@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import sys as _sys
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as _np
 from numpy import ndarray as _ndarray
@@ -89,38 +89,14 @@ def _is_torch(x: Any) -> bool:
 
 
 def _cuda_submit(
-    stream: int,
-    collective: int,
-    name: str,
-    pairs: list,
-    finish: Callable[[Any], Any],
-    *,
-    op: Any = 0,
-    root: int = 0,
-    prescale: float = 1.0,
-    postscale: float = 1.0,
-    wire: Optional[str] = None,
-    caller_waits: bool = False,
+    stream: int, collective: int, name: str, pairs: list, finish: Any, **options: Any
 ) -> Handle:
-    """_submit for CUDA tensors on the NCCL path: exported for `stream` (the
-    caller's, from _gpu.nccl_stream), on which the submission records the
-    event the engine's CUDA backend waits for; at synchronize() the caller's
-    current stream waits on the collective's completion event (in C)."""
+    """_submit for CUDA tensors on the NCCL path, on the caller's `stream`
+    (from _gpu.nccl_stream) and with the tensors' device current; at
+    synchronize() the caller's current stream waits on the collective's
+    completion event (in C)."""
     with _gpu.device_guard(pairs[0][0]):
-        h = _C.submit(
-            collective,
-            name,
-            pairs,
-            op,
-            root,
-            float(prescale),
-            float(postscale),
-            wire,
-            _CALLER_WAITS if caller_waits else _ASYNC,
-            None,
-            stream,
-        )
-    return Handle(h, finish)
+        return _submit(collective, name, pairs, finish, stream=stream, **options)
 
 
 def _allreduce_async(

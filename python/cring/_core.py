@@ -209,10 +209,13 @@ def _submit(
     postscale: float = 1.0,
     wire: Optional[str] = None,
     caller_waits: bool = False,
+    stream: Optional[int] = None,
 ) -> Handle:
     """Submit one request to the engine (NotInitializedError before init());
-    the C submission binds and checks every argument once."""
-    h = _C.submit(
+    the C submission binds and checks every argument once. `stream`: CUDA
+    tensors on the NCCL path are exported for it and the submission records
+    there the event the engine's CUDA backend waits for."""
+    args = [
         collective,
         name,
         pairs,
@@ -222,5 +225,7 @@ def _submit(
         float(postscale),
         wire,
         _CALLER_WAITS if caller_waits else _ASYNC,
-    )
-    return Handle(h, finish)
+    ]
+    if stream is not None:
+        args += [None, stream]
+    return Handle(_C.submit(*args), finish)
