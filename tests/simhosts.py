@@ -17,8 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 _FAKE_SSH = r'''#!{python}
 """Fake ssh: `ssh [options] HOST COMMAND...` runs COMMAND with sh -c inside
@@ -92,7 +93,7 @@ class SimHosts:
         self._holders: dict[str, subprocess.Popen] = {}
         self.pids: dict[str, int] = {}
 
-    def __enter__(self) -> "SimHosts":
+    def __enter__(self) -> SimHosts:
         try:
             for name in self.names:
                 self._start(name)
