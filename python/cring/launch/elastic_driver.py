@@ -20,6 +20,7 @@ from .cli import Options
 from .job import (
     FAILED_RANK_OUTPUT_TIMEOUT_S,
     OUTPUT_THREAD_JOIN_TIMEOUT_S,
+    HostsPlan,
     Job,
     Rank,
     count_processes,
@@ -81,8 +82,10 @@ class ElasticJob(Job):
     more and a failure ends the job as without --elastic.
     """
 
-    def __init__(self, options: Options, env: dict[str, str], job_id: str) -> None:
-        super().__init__(options, env)
+    def __init__(
+        self, options: Options, env: dict[str, str], job_id: str, hosts: HostsPlan | None = None
+    ) -> None:
+        super().__init__(options, env, hosts)
         self._keys = protocol.Keys(job_id)
         self._store: Any = None
         self._generation = -1
@@ -131,7 +134,7 @@ class ElasticJob(Job):
 
     def _client(self) -> Any:
         return protocol.StoreClient(
-            "127.0.0.1", int(self._env["CRING_PORT"]), self._env["CRING_SECRET"], 10.0
+            self._env["CRING_ADDR"], int(self._env["CRING_PORT"]), self._env["CRING_SECRET"], 10.0
         )
 
     # -- requests from workers -------------------------------------------------
