@@ -35,7 +35,7 @@ _READ_BYTES = 4096
 
 def _say(text):
     try:
-        os.write(2, ("cringrun (remote): " + text + "\n").encode("utf-8", "replace"))
+        os.write(2, f"cringrun (remote): {text}\n".encode("utf-8", "replace"))
     except OSError:
         pass
 
@@ -77,7 +77,7 @@ def main(argv):
     try:
         spec, pending = _read_spec(b"")
     except (ValueError, OSError) as exc:
-        _say("cannot read the launcher's spec on stdin: %s" % exc)
+        _say(f"cannot read the launcher's spec on stdin: {exc}")
         return 1
     if spec is None:
         return 1  # the launcher went away before it sent anything
@@ -89,7 +89,7 @@ def main(argv):
         try:
             os.chdir(cwd)
         except OSError as exc:
-            _say("warning: cannot cd to %s (%s); running in %s" % (cwd, exc.strerror, os.getcwd()))
+            _say(f"warning: cannot cd to {cwd} ({exc.strerror}); running in {os.getcwd()}")
 
     received = []
     wake_read, wake_write = os.pipe()
@@ -103,7 +103,7 @@ def main(argv):
     try:
         child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     except (OSError, ValueError) as exc:
-        _say("cannot start %s: %s" % (command[0], getattr(exc, "strerror", None) or exc))
+        _say(f"cannot start {command[0]}: {getattr(exc, 'strerror', None) or exc}")
         if isinstance(exc, FileNotFoundError):
             return 127
         return 126 if isinstance(exc, PermissionError) else 1
