@@ -476,3 +476,79 @@ def test_stopping_cringrun_leaves_no_process_on_any_host(hosts, tmp_path, how) -
     assert left == {}, f"processes left on the hosts after {how}: {left}"
     for _, pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+ELASTIC_WORKER = """
+    import json, os, socket, sys, time
+    import numpy as np
+    import cring
+    import cring.elastic
+
+    steps, slots_file, shrink_at, out = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    cring.init()
+    state = cring.elastic.ObjectState(step=0, sizes=[], sums_ok=True)
+
+    @cring.elastic.run
+    def train(state):
+        while state.step < steps:
+            x = np.ones(4, np.float64)
+            cring.allreduce_(x, op=cring.Sum, name="ones")
+            state.sums_ok = state.sums_ok and bool(np.all(x == cring.size()))
+            if state.step == shrink_at and cring.rank() == 0 and cring.size() == 3:
+                with open(slots_file + ".tmp", "w") as f:
+                    f.write("hostA:1\\nhostB:1\\n")  # hostC leaves the job
+                os.replace(slots_file + ".tmp", slots_file)
+            state.sizes.append(cring.size())
+            state.step += 1
+            time.sleep(0.05)
+            state.commit()
+
+    train(state)
+    with open(f"{out}/{socket.gethostname()}.json", "w") as f:
+        json.dump({"rank": cring.rank(), "size": cring.size(), "sizes": state.sizes,
+                   "sums_ok": state.sums_ok}, f)
+"""
+
+
+@needs_hosts
+def test_elastic_host_removed_by_discovery_the_job_goes_on(hosts, tmp_path) -> None:
+    slots = tmp_path / "slots"
+    slots.write_text("hostA:1\nhostB:1\nhostC:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f'#!/bin/sh\ncat "{slots}"\n')
+    discover.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    steps, shrink_at = 40, 5
+    command = script(tmp_path, "elastic", ELASTIC_WORKER)
+    result = launch(
+        [
+            "--elastic",
+            "-np",
+            "3",
+            "--min-np",
+            "2",
+            "-H",
+            "hostA:1,hostB:1,hostC:1",
+            "--host-discovery-script",
+            str(discover),
+            "--discovery-interval",
+            "0.2",
+            *remote_args(hosts),
+            *command,
+            str(steps),
+            str(slots),
+            str(shrink_at),
+            str(out),
+        ],
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "host discovery: stopping 1 worker (2 on hostC)" in result.stderr, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["hostA.json", "hostB.json"]
+    for name in ("hostA", "hostB"):
+        report = json.loads((out / f"{name}.json").read_text())
+        assert report["size"] == 2 and report["sums_ok"], report
+        assert len(report["sizes"]) == steps
+        assert report["sizes"][:shrink_at] == [3] * shrink_at and report["sizes"][-1] == 2
+    assert wait_empty(hosts, HOSTS) == {}
