@@ -190,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--host-discovery-script",
         metavar="SCRIPT",
         help=(
-            "executable printing one 'host[:slots]' line per host; workers are added "
-            "while this host has more slots than running workers (only this host is used)"
+            "executable printing one 'host[:slots]' line per host; workers are added on "
+            "free slots (only this host's, unless -H/--hostfile is given: then hosts are "
+            "added and removed)"
         ),
     )
     elastic.add_argument(
