@@ -322,7 +322,10 @@ def test_environment_is_forwarded_only_with_x(hosts, tmp_path) -> None:
     reports = prefixed_json(result.stdout, "ENV ")
     assert sorted(reports) == [0, 1, 2]
     secrets_seen = {r["CRING_SECRET"] for r in reports.values()}
-    assert len(secrets_seen) == 1 and re.fullmatch(r"[0-9a-f]{32}", secrets_seen.pop())
+    assert len(secrets_seen) == 1
+    secret = secrets_seen.pop()
+    assert re.fullmatch(r"[0-9a-f]{32}", secret)
+    assert secret not in hosts.ssh_log.read_text(), "the secret went through stdin"
     for rank, report in reports.items():
         assert report["CRING_RANK"] == str(rank) and report["CRING_SIZE"] == "3"
         assert (report["CRING_LOCAL_RANK"], report["CRING_LOCAL_SIZE"]) == ("0", "1")
@@ -484,7 +487,8 @@ ELASTIC_WORKER = """
     import cring
     import cring.elastic
 
-    steps, slots_file, shrink_at, out = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    steps, slots_file, change_at, new_slots, out = sys.argv[1:]
+    steps, change_at = int(steps), int(change_at)
     cring.init()
     state = cring.elastic.ObjectState(step=0, sizes=[], sums_ok=True)
 
@@ -494,9 +498,10 @@ ELASTIC_WORKER = """
             x = np.ones(4, np.float64)
             cring.allreduce_(x, op=cring.Sum, name="ones")
             state.sums_ok = state.sums_ok and bool(np.all(x == cring.size()))
-            if state.step == shrink_at and cring.rank() == 0 and cring.size() == 3:
+            if state.step == change_at and cring.rank() == 0 and not os.path.exists(out + "/x"):
+                open(out + "/x", "w").close()  # once
                 with open(slots_file + ".tmp", "w") as f:
-                    f.write("hostA:1\\nhostB:1\\n")  # hostC leaves the job
+                    f.write(new_slots.replace(",", "\\n") + "\\n")
                 os.replace(slots_file + ".tmp", slots_file)
             state.sizes.append(cring.size())
             state.step += 1
@@ -510,45 +515,83 @@ ELASTIC_WORKER = """
 """
 
 
-@needs_hosts
-def test_elastic_host_removed_by_discovery_the_job_goes_on(hosts, tmp_path) -> None:
+def run_elastic(tmp_path: Path, sim, first: str, later: str, steps: int, change_at: int):
+    """An elastic job of 1 worker per host in `first` ('hostA:1,hostB:1'); at
+    step change_at rank 0 makes the discovery script print `later` instead."""
     slots = tmp_path / "slots"
-    slots.write_text("hostA:1\nhostB:1\nhostC:1\n")
+    slots.write_text(first.replace(",", "\n") + "\n")
     discover = tmp_path / "discover.sh"
     discover.write_text(f'#!/bin/sh\ncat "{slots}"\n')
     discover.chmod(0o755)
     out = tmp_path / "out"
     out.mkdir()
-    steps, shrink_at = 40, 5
     command = script(tmp_path, "elastic", ELASTIC_WORKER)
+    np_ = str(first.count(",") + 1)
     result = launch(
         [
             "--elastic",
             "-np",
-            "3",
+            np_,
             "--min-np",
             "2",
+            "--max-np",
+            "3",
             "-H",
-            "hostA:1,hostB:1,hostC:1",
+            first,
             "--host-discovery-script",
             str(discover),
             "--discovery-interval",
             "0.2",
-            *remote_args(hosts),
+            *remote_args(sim),
             *command,
             str(steps),
             str(slots),
-            str(shrink_at),
+            str(change_at),
+            later,
             str(out),
         ],
         timeout=180,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    reports = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    return result, reports
+
+
+@needs_hosts
+def test_elastic_host_removed_by_discovery_the_job_goes_on(hosts, tmp_path) -> None:
+    steps, shrink_at = 40, 5
+    result, reports = run_elastic(
+        tmp_path, hosts, "hostA:1,hostB:1,hostC:1", "hostA:1,hostB:1", steps, shrink_at
+    )
     assert "host discovery: stopping 1 worker (2 on hostC)" in result.stderr, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["hostA.json", "hostB.json"]
-    for name in ("hostA", "hostB"):
-        report = json.loads((out / f"{name}.json").read_text())
+    assert sorted(reports) == ["hostA", "hostB"]
+    for report in reports.values():
         assert report["size"] == 2 and report["sums_ok"], report
         assert len(report["sizes"]) == steps
         assert report["sizes"][:shrink_at] == [3] * shrink_at and report["sizes"][-1] == 2
     assert wait_empty(hosts, HOSTS) == {}
+
+
+@needs_hosts
+def test_elastic_host_added_by_discovery_gets_a_worker(hosts, tmp_path) -> None:
+    steps, grow_at = 40, 5
+    result, reports = run_elastic(
+        tmp_path, hosts, "hostA:1,hostB:1", "hostA:1,hostB:1,hostC:1", steps, grow_at
+    )
+    assert "host discovery: adding 1 worker (hostC)" in result.stderr, result.stderr
+    assert sorted(reports) == ["hostA", "hostB", "hostC"]
+    for report in reports.values():
+        assert report["size"] == 3 and report["sums_ok"], report
+        assert len(report["sizes"]) == steps
+        assert report["sizes"][:grow_at] == [2] * grow_at and report["sizes"][-1] == 3
+    assert wait_empty(hosts, HOSTS) == {}
+
+
+@needs_hosts
+def test_an_unknown_host_fails_the_job_with_the_remote_shell_code(hosts, tmp_path) -> None:
+    command = script(tmp_path, "sleeper", SLEEPER)
+    result = launch(["-H", "hostA:1,nosuchhost:1", *remote_args(hosts), *command])
+    assert result.returncode == 255, result.stderr
+    assert "rank 1 on nosuchhost exited with code 255 (the remote shell's code" in result.stderr
+    assert "[1] ssh: Could not resolve hostname nosuchhost" in result.stderr
+    assert wait_empty(hosts, ["hostA"]) == {}

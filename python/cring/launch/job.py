@@ -32,6 +32,8 @@ OUTPUT_THREAD_JOIN_TIMEOUT_S = 5.0
 # After a remote rank was told to die (SIGKILL), how long its ssh client gets
 # to report the exit before the launcher kills the client itself.
 _REMOTE_EXIT_TIMEOUT_S = 10.0
+# ssh's exit status when it fails itself (no connection, authentication).
+_REMOTE_SHELL_FAILED = 255
 
 
 def start_store(secret: str, addr: str = "127.0.0.1") -> tuple[Any, int]:
@@ -291,6 +293,8 @@ class Job:
             self._pump.wait_closed(FAILED_RANK_OUTPUT_TIMEOUT_S, rank=failed.rank)
         others = len(self._running())
         summary = f"rank {failed.rank}{failed.where()} {describe_status(status)}"
+        if failed.control is not None and status == _REMOTE_SHELL_FAILED:
+            summary += " (the remote shell's code when it cannot connect or start the command)"
         if others:
             summary += f"; stopping the other {count_processes(others)}"
         self.message(summary)
@@ -319,10 +323,11 @@ class Job:
         if self._pump is not None:
             self._pump.wait_closed(_OUTPUT_DRAIN_TIMEOUT_S)
         self._signal_groups(signal.SIGKILL)  # stragglers started by the ranks
+        remote_deadline = time.monotonic() + _REMOTE_EXIT_TIMEOUT_S
         for rank in self._ranks:
             if rank.control is not None:  # the wrapper has been told to kill
                 try:
-                    rank.process.wait(timeout=_REMOTE_EXIT_TIMEOUT_S)
+                    rank.process.wait(timeout=max(0.0, remote_deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     self.message(
                         f"rank {rank.rank}{rank.where()} did not report its exit; "
