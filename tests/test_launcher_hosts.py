@@ -130,6 +130,7 @@ def wait_empty(sim: simhosts.SimHosts, names: list[str], timeout_s: float = 15.0
 def test_hosts_and_hostfile_parsing() -> None:
     from cring.launch.hosts import HostSlots, parse_hostfile_text, parse_hosts
 
+    assert parse_hosts("[::1]:2,[fe80::1]") == [HostSlots("::1", 2), HostSlots("fe80::1", 1)]
     assert parse_hosts("hostA:4,hostB:2,hostC") == [
         HostSlots("hostA", 4),
         HostSlots("hostB", 2),
@@ -595,3 +596,52 @@ def test_an_unknown_host_fails_the_job_with_the_remote_shell_code(hosts, tmp_pat
     assert "rank 1 on nosuchhost exited with code 255 (the remote shell's code" in result.stderr
     assert "[1] ssh: Could not resolve hostname nosuchhost" in result.stderr
     assert wait_empty(hosts, ["hostA"]) == {}
+
+
+INTERRUPTIBLE = """
+    import socket, time
+    print("READY", flush=True)
+    try:
+        time.sleep(120)
+    except KeyboardInterrupt:
+        print(f"INTERRUPTED on {socket.gethostname()}", flush=True)
+        raise SystemExit(3)
+"""
+
+
+@needs_hosts
+def test_ctrl_c_reaches_remote_ranks_as_sigint(hosts, tmp_path) -> None:
+    command = script(tmp_path, "interruptible", INTERRUPTIBLE)
+    launcher = subprocess.Popen(
+        [*LAUNCHER, "-H", "hostA:1,hostB:1", *remote_args(hosts), *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert launcher.stdout is not None
+        ready = 0
+        deadline = time.monotonic() + TIMEOUT_S
+        while ready < 2 and time.monotonic() < deadline:
+            line = launcher.stdout.readline()
+            if not line:
+                break
+            ready += line.endswith("READY\n")
+        assert ready == 2
+        launcher.send_signal(signal.SIGINT)
+        stdout, stderr = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 130, stderr
+    assert "[0] INTERRUPTED on hostA" in stdout and "[1] INTERRUPTED on hostB" in stdout, stdout
+    assert wait_empty(hosts, ["hostA", "hostB"]) == {}
+
+
+def test_x_with_a_value_sets_it_for_local_ranks_too(tmp_path) -> None:
+    command = script(tmp_path, "x", "import os; print(os.environ.get('HL_X'))")
+    result = launch(["-np", "1", "-x", "HL_X=from -x", *command])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[0] from -x"]

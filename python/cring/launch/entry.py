@@ -64,7 +64,6 @@ def _hosts_plan(options: Options, variables: dict[str, str]) -> HostsPlan | None
         placements=assign_ranks(options.hosts, options.num_proc),
         shell=shell,
         remote_env=remote_env,
-        local_overrides={name: value for name, value in options.exports if value is not None},
     )
 
 

@@ -79,8 +79,10 @@ def parse_hosts(text: str) -> list[HostSlots]:
         if not item:
             raise ValueError(f"{where}: empty host entry")
         name, sep, slots_text = item.rpartition(":")
-        if not sep:
+        if not sep or item.endswith("]"):  # no slots ('[::1]' too)
             name, slots_text = item, "1"
+        if name.startswith("[") and name.endswith("]"):  # an IPv6 address
+            name = name[1:-1]
         entries.append((_check_name(name, where), _slots_of(slots_text, where), item))
     return _merge(entries)
 

@@ -64,8 +64,6 @@ class HostsPlan:
     # What remote ranks get on top of their login environment (remote.py's
     # forwarded_environment plus the job's CRING_* variables).
     remote_env: dict[str, str]
-    # -x VAR=value settings, which local ranks get too.
-    local_overrides: dict[str, str] = field(default_factory=dict)
     local_names: frozenset[str] = field(default_factory=local_host_names)
 
     def is_local(self, host: str | None) -> bool:
@@ -183,8 +181,7 @@ class Job:
         else:
             argv = self._options.command
             env = dict(self._env)
-            if plan is not None:
-                env.update(plan.local_overrides)
+            env.update({name: value for name, value in self._options.exports if value is not None})
             env.update(variables)
             stdin = None if label == 0 else subprocess.DEVNULL
         try:
