@@ -31,9 +31,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def placement(nhosts: int, per_host: int, layout: str = "block") -> list[int]:
-    """Host index of every rank: 'block' (ranks 0..L-1 on host 0, ...) or
-    'cyclic' (rank r on host r % nhosts)."""
+def placement(nhosts: int, per_host: int, layout="block") -> list[int]:
+    """Host index of every rank: 'block' (ranks 0..L-1 on host 0, ...),
+    'cyclic' (rank r on host r % nhosts), or a list of host indices."""
+    if isinstance(layout, (list, tuple)):
+        return list(layout)
     size = nhosts * per_host
     if layout == "cyclic":
         return [r % nhosts for r in range(size)]
@@ -52,7 +54,7 @@ class Job:
         argv: Sequence[str],
         outdir: Path,
         env: Optional[dict] = None,
-        layout: str = "block",
+        layout="block",
         timeout_s: float = 30.0,
     ):
         self.hosts = hosts
@@ -141,7 +143,7 @@ def run(
     args: Sequence[str],
     outdir: Path,
     env: Optional[dict] = None,
-    layout: str = "block",
+    layout="block",
     timeout_s: float = 120.0,
     cring_timeout_s: float = 30.0,
 ) -> tuple[list[Optional[int]], list[Optional[dict]], str]:

@@ -214,6 +214,41 @@ static cring_status_t local_broadcast(cring_comm_t *c, void *buf, size_t nbytes,
     return cring__shm_broadcast(c->shm, c->local_rank, c->local_size, buf, nbytes, root);
 }
 
+/* The transports name peers by their rank in the sub-communicator: say what
+ * those numbers mean in global ranks (a user knows only those). */
+static cring_status_t annotate(cring_comm_t *c, cring_status_t st, int across) {
+    if (st == CRING_OK || st == CRING_ERR_INVALID_ARGUMENT || st == CRING_ERR_NO_MEMORY ||
+        st == CRING_ERR_NOT_SUPPORTED)
+        return st;
+    const struct cring__hier *h = c->hier;
+    const int L = c->local_size;
+    char map[400];
+    size_t used = 0;
+    int n = across ? h->nhosts : L;
+    for (int i = 0; i < n && used + 24 < sizeof map; i++) {
+        int g = across ? h->rank_at[i * L + c->local_rank] : h->rank_at[h->host * L + i];
+        used += (size_t)snprintf(map + used, sizeof map - used, "%s%d=%d", i ? " " : "", i, g);
+    }
+    char text[sizeof c->err.text];
+    snprintf(text, sizeof text, "%s", c->err.text);
+    cring__fail(&c->err, st,
+                "%s [rank %d, hierarchical: %s, so the ranks named are %s (as global ranks: %s)]",
+                text, c->rank, across ? "between hosts" : "within its host",
+                across ? "host indices" : "local ranks", map);
+    return st;
+}
+
+#define LOCAL(call)                                                                                \
+    do {                                                                                           \
+        cring_status_t st_ = (call);                                                               \
+        if (st_ != CRING_OK) return annotate(c, st_, 0);                                           \
+    } while (0)
+#define CROSS(call)                                                                                \
+    do {                                                                                           \
+        cring_status_t st_ = (call);                                                               \
+        if (st_ != CRING_OK) return annotate(c, st_, 1);                                           \
+    } while (0)
+
 /* n split into L near-even parts: len[l], off[l] (off has L+1 entries). */
 static void split_even(size_t n, int L, size_t *len, size_t *off) {
     off[0] = 0;
@@ -232,8 +267,8 @@ static cring_status_t hier_allreduce(cring_comm_t *c, const void *send, void *re
     const cring_op_t sum_op = op == CRING_AVERAGE ? CRING_SUM : op;
     const int L = c->local_size, l = c->local_rank;
     if (count * es <= c->tree_max_bytes || count < (size_t)L) {
-        CRING_CHECK(local_allreduce(c, send, recv, count, dtype, sum_op));
-        CRING_CHECK(cring__comm_p2p_allreduce(c, recv, recv, count, dtype, sum_op));
+        LOCAL(local_allreduce(c, send, recv, count, dtype, sum_op));
+        CROSS(cring__comm_p2p_allreduce(c, recv, recv, count, dtype, sum_op));
         if (op == CRING_AVERAGE) cring__reduce_average(dtype, recv, count, c->size);
         return CRING_OK;
     }
@@ -241,10 +276,11 @@ static cring_status_t hier_allreduce(cring_comm_t *c, const void *send, void *re
     split_even(count, L, len, off);
     for (int q = 0; q < L; q++) bytes[q] = len[q] * es;
     char *own = (char *)recv + off[l] * es;
-    CRING_CHECK(local_reducescatter(c, send, own, len, dtype, sum_op));
-    CRING_CHECK(cring__comm_p2p_allreduce(c, own, own, len[l], dtype, sum_op));
+    LOCAL(local_reducescatter(c, send, own, len, dtype, sum_op));
+    CROSS(cring__comm_p2p_allreduce(c, own, own, len[l], dtype, sum_op));
     if (op == CRING_AVERAGE) cring__reduce_average(dtype, own, len[l], c->size);
-    return local_allgatherv(c, own, bytes[l], recv, bytes);
+    LOCAL(local_allgatherv(c, own, bytes[l], recv, bytes));
+    return CRING_OK;
 }
 
 static cring_status_t hier_reducescatter(cring_comm_t *c, const void *send, void *recv,
@@ -276,8 +312,8 @@ static cring_status_t hier_reducescatter(cring_comm_t *c, const void *send, void
     }
     for (int hh = 0; hh < H; hh++) cross_counts[hh] = counts[h->rank_at[hh * L + l]];
     char *own = pack + local_off[l] * es;
-    CRING_CHECK(local_reducescatter(c, pack, own, local_counts, dtype, sum_op));
-    CRING_CHECK(
+    LOCAL(local_reducescatter(c, pack, own, local_counts, dtype, sum_op));
+    CROSS(
         cring__ring_reducescatter(c->p2p, &c->scratch, own, recv, cross_counts, dtype, sum_op));
     if (op == CRING_AVERAGE) cring__reduce_average(dtype, recv, counts[c->rank], P);
     return CRING_OK;
@@ -304,9 +340,9 @@ static cring_status_t hier_allgatherv(cring_comm_t *c, const void *send, size_t 
     for (int hh = 0; hh < H; hh++) cross_bytes[hh] = recv_bytes[h->rank_at[hh * L + l]];
     CRING_CHECK(cring__scratch_reserve(&h->pack, total));
     char *pack = h->pack.ptr;
-    CRING_CHECK(
+    CROSS(
         cring__ring_allgatherv(c->p2p, send, send_bytes, pack + local_off[l], cross_bytes));
-    CRING_CHECK(local_allgatherv(c, pack + local_off[l], local_bytes[l], pack, local_bytes));
+    LOCAL(local_allgatherv(c, pack + local_off[l], local_bytes[l], pack, local_bytes));
     char *out = recv;
     size_t pos = 0;
     for (int q = 0; q < L; q++)
@@ -322,19 +358,23 @@ static cring_status_t hier_broadcast(cring_comm_t *c, void *buf, size_t nbytes, 
     if (nbytes == 0) return CRING_OK;
     const int L = c->local_size, l = c->local_rank;
     const int root_host = c->host_of[root], here = c->hier->host == root_host;
-    if (here) CRING_CHECK(local_broadcast(c, buf, nbytes, c->local_of[root]));
-    if (nbytes <= c->tree_max_bytes || nbytes < (size_t)L)
-        return cring__ring_broadcast(c->p2p, buf, nbytes, root_host);
+    if (here) LOCAL(local_broadcast(c, buf, nbytes, c->local_of[root]));
+    if (nbytes <= c->tree_max_bytes || nbytes < (size_t)L) {
+        CROSS(cring__ring_broadcast(c->p2p, buf, nbytes, root_host));
+        return CRING_OK;
+    }
     size_t len[HIER_MAX_L], off[HIER_MAX_L + 1];
     split_even(nbytes, L, len, off);
     char *mine = (char *)buf + off[l];
-    CRING_CHECK(cring__ring_broadcast(c->p2p, mine, len[l], root_host));
-    return here ? CRING_OK : local_allgatherv(c, mine, len[l], buf, len);
+    CROSS(cring__ring_broadcast(c->p2p, mine, len[l], root_host));
+    if (!here) LOCAL(local_allgatherv(c, mine, len[l], buf, len));
+    return CRING_OK;
 }
 
 static cring_status_t hier_barrier(cring_comm_t *c) {
-    CRING_CHECK(cring__shm_barrier(c->shm));
-    return cring__p2p_barrier(c->p2p);
+    LOCAL(cring__shm_barrier(c->shm));
+    CROSS(cring__p2p_barrier(c->p2p));
+    return CRING_OK;
 }
 
 /* Alltoallv in two stages (see the top). M(q, r): bytes rank q sends rank r. */
@@ -384,7 +424,7 @@ static cring_status_t hier_alltoallv(cring_comm_t *c, const void *send, void *re
             memcpy(A + pos, in + soff[r], M(me, r));
             pos += M(me, r);
         }
-    CRING_CHECK(cring__p2p_alltoallv(c->p2p, A, B, cross_m));
+    CROSS(cring__p2p_alltoallv(c->p2p, A, B, cross_m));
     pos = 0;
     for (int y = 0; y < L; y++) /* C: what arrived, by destination local rank */
         for (int a = 0; a < H; a++) {
@@ -400,7 +440,7 @@ static cring_status_t hier_alltoallv(cring_comm_t *c, const void *send, void *re
         received += local_m[y * L + l];
     }
     cring__comm_count_shm(c, sent, received);
-    CRING_CHECK(cring__shm_alltoallv(c->shm, l, L, C, D, local_m));
+    LOCAL(cring__shm_alltoallv(c->shm, l, L, C, D, local_m));
     pos = 0;
     for (int x = 0; x < L; x++) /* D: from local rank x, blocks of (0,x), (1,x), ... */
         for (int a = 0; a < H; a++) {
