@@ -20,7 +20,7 @@
 #define SHM_MAX_RANKS CRING__SHM_MAX_RANKS
 /* p2p allreduce: recursive doubling up to this many bytes, the ring above
  * (CRING_TREE_MAX_BYTES overrides; measured in docs/scaling.md). */
-#define DEFAULT_TREE_MAX_BYTES ((size_t)16 * 1024)
+#define DEFAULT_TREE_MAX_BYTES ((size_t)64 * 1024)
 #define DEFAULT_TIMEOUT_S 600.0
 #define DEFAULT_SHM_WINDOW_BYTES (4u << 20)
 
