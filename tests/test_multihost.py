@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 import simhosts
-from conftest import rank_results, run_ranks
 from multihost_ranks import run
+
+from conftest import rank_results, run_ranks
 
 pytestmark = pytest.mark.skipif(
     simhosts.unavailable() is not None, reason=str(simhosts.unavailable())
@@ -31,9 +32,7 @@ def _run(tmp_path, nhosts, per_host, mode, *args, env=None, layout="block", crin
 
 
 @pytest.mark.parametrize("hierarchical", [True, False], ids=["hier", "flat"])
-@pytest.mark.parametrize(
-    "nhosts,layout", [(2, "block"), (3, "cyclic")], ids=["2x2", "3x2-cyclic"]
-)
+@pytest.mark.parametrize("nhosts,layout", [(2, "block"), (3, "cyclic")], ids=["2x2", "3x2-cyclic"])
 def test_every_collective_across_hosts(tmp_path, nhosts, layout, hierarchical):
     env = None if hierarchical else {"CRING_HIERARCHICAL": "0"}
     codes, results, logs = _run(tmp_path, nhosts, 2, "collectives", env=env, layout=layout)

@@ -62,8 +62,8 @@ struct cring_comm {
     cring__scratch_t scratch;
     cring__desc_t *descs; /* size entries, for agreement */
     uint64_t agreements;
-    _Atomic int broken;         /* CRING_OK while usable, else the status that broke it */
-    int wake_fd;                /* eventfd for waking an idle TCP rank; -1 with shm */
+    _Atomic int broken;                /* CRING_OK while usable, else the status that broke it */
+    int wake_fd;                       /* eventfd for waking an idle TCP rank; -1 with shm */
     const struct cring__comm_ops *ops; /* the transport's table, chosen once at init */
     /* every rank's host index (hosts numbered by their lowest rank) and
      * local rank; nhosts hosts; hosts_even: each has local_size ranks */
@@ -86,10 +86,10 @@ static inline void cring__comm_count_shm(cring_comm_t *c, size_t sent, size_t re
     atomic_store_explicit(&c->shm_bytes_sent,
                           atomic_load_explicit(&c->shm_bytes_sent, memory_order_relaxed) + sent,
                           memory_order_relaxed);
-    atomic_store_explicit(
-        &c->shm_bytes_received,
-        atomic_load_explicit(&c->shm_bytes_received, memory_order_relaxed) + received,
-        memory_order_relaxed);
+    atomic_store_explicit(&c->shm_bytes_received,
+                          atomic_load_explicit(&c->shm_bytes_received, memory_order_relaxed) +
+                              received,
+                          memory_order_relaxed);
 }
 /* Allreduce over c->p2p: recursive doubling up to c->tree_max_bytes, else the ring. */
 cring_status_t cring__comm_p2p_allreduce(cring_comm_t *c, const void *send, void *recv,

@@ -92,8 +92,8 @@ cring_status_t cring__hier_setup(cring_comm_t *c, const cring_config_t *cfg,
     h->host = c->host_of[c->rank];
     h->rank_at = calloc((size_t)P, sizeof *h->rank_at);
     h->desc_bytes = calloc((size_t)P, sizeof *h->desc_bytes);
-    h->table = calloc(3 * (size_t)P + 2 * (size_t)H * (size_t)H + (size_t)L * (size_t)L,
-                      sizeof *h->table);
+    h->table =
+        calloc(3 * (size_t)P + 2 * (size_t)H * (size_t)H + (size_t)L * (size_t)L, sizeof *h->table);
     if (!h->rank_at || !h->desc_bytes || !h->table) {
         c->hier = h; /* freed by cring__hier_destroy */
         cring__hier_destroy(c);
@@ -185,8 +185,7 @@ static cring_status_t local_allreduce(cring_comm_t *c, const void *send, void *r
                                       cring_dtype_t dtype, cring_op_t op) {
     size_t bytes = count * cring_dtype_size(dtype);
     cring__comm_count_shm(c, bytes, bytes);
-    return cring__shm_allreduce(c->shm, c->local_rank, c->local_size, send, recv, count, dtype,
-                                op);
+    return cring__shm_allreduce(c->shm, c->local_rank, c->local_size, send, recv, count, dtype, op);
 }
 
 static cring_status_t local_reducescatter(cring_comm_t *c, const void *send, void *recv,
@@ -313,8 +312,7 @@ static cring_status_t hier_reducescatter(cring_comm_t *c, const void *send, void
     for (int hh = 0; hh < H; hh++) cross_counts[hh] = counts[h->rank_at[hh * L + l]];
     char *own = pack + local_off[l] * es;
     LOCAL(local_reducescatter(c, pack, own, local_counts, dtype, sum_op));
-    CROSS(
-        cring__ring_reducescatter(c->p2p, &c->scratch, own, recv, cross_counts, dtype, sum_op));
+    CROSS(cring__ring_reducescatter(c->p2p, &c->scratch, own, recv, cross_counts, dtype, sum_op));
     if (op == CRING_AVERAGE) cring__reduce_average(dtype, recv, counts[c->rank], P);
     return CRING_OK;
 }
@@ -340,8 +338,7 @@ static cring_status_t hier_allgatherv(cring_comm_t *c, const void *send, size_t 
     for (int hh = 0; hh < H; hh++) cross_bytes[hh] = recv_bytes[h->rank_at[hh * L + l]];
     CRING_CHECK(cring__scratch_reserve(&h->pack, total));
     char *pack = h->pack.ptr;
-    CROSS(
-        cring__ring_allgatherv(c->p2p, send, send_bytes, pack + local_off[l], cross_bytes));
+    CROSS(cring__ring_allgatherv(c->p2p, send, send_bytes, pack + local_off[l], cross_bytes));
     LOCAL(local_allgatherv(c, pack + local_off[l], local_bytes[l], pack, local_bytes));
     char *out = recv;
     size_t pos = 0;
@@ -462,8 +459,7 @@ static void hier_wake(cring_comm_t *c) { cring__tcp_ops.wake(c); }
 static void hier_announce(cring_comm_t *c, uint64_t round) { cring__shm_announce(c->shm, round); }
 static void hier_set_driving(cring_comm_t *c, int on) { cring__shm_set_driving(c->shm, on); }
 static int hier_peer_waiting(cring_comm_t *c, uint64_t rounds_done) {
-    return cring__shm_peer_announced(c->shm) > rounds_done ||
-           c->p2p->ops->idle_wait(c->p2p, -1, 0);
+    return cring__shm_peer_announced(c->shm) > rounds_done || c->p2p->ops->idle_wait(c->p2p, -1, 0);
 }
 static uint64_t hier_wake_token(cring_comm_t *c) { return 0; }
 static int hier_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {

@@ -105,7 +105,8 @@ static cring_status_t shm_reducescatter(cring_comm_t *c, const void *send, void 
                                         const size_t *counts, cring_dtype_t dtype, cring_op_t op) {
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += counts[r];
-    cring__comm_count_shm(c, total * cring_dtype_size(dtype), counts[c->rank] * cring_dtype_size(dtype));
+    cring__comm_count_shm(c, total * cring_dtype_size(dtype),
+                          counts[c->rank] * cring_dtype_size(dtype));
     return cring__shm_reducescatter(c->shm, c->rank, c->size, send, recv, counts, dtype, op);
 }
 static cring_status_t shm_barrier_op(cring_comm_t *c) { return cring__shm_barrier(c->shm); }
@@ -238,4 +239,3 @@ const struct cring__comm_ops cring__tcp_ops = {
     tcp_idle_wait,
     tcp_idle_wait_local,
 };
-
