@@ -33,6 +33,13 @@ cring_status_t cring__p2p_barrier(cring__p2p_t *p2p);
 cring_status_t cring__p2p_alltoallv(cring__p2p_t *p2p, const void *send, void *recv,
                                     const size_t *matrix);
 
+/* ---- latency-bound allreduce over p2p (algo/tree.c) ------------------------- */
+/* Recursive doubling: ceil(log2 P) (+2 when P is not a power of two) whole-
+ * vector exchanges. Same contract as cring__ring_allreduce; uses count
+ * elements of scratch. */
+cring_status_t cring__tree_allreduce(cring__p2p_t *p2p, cring__scratch_t *scratch, const void *send,
+                                     void *recv, size_t count, cring_dtype_t dtype, cring_op_t op);
+
 /* ---- owner-slice algorithms over shared memory (algo/shm_coll.c) ----------- */
 cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const void *send,
                                     void *recv, size_t count, cring_dtype_t dtype, cring_op_t op);

@@ -13,67 +13,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../algo/agree.h"
-#include "../algo/algo.h"
 #include "../common/net.h"
 #include "../reduce/reduce.h"
-#include "comm_internal.h"
+#include "comm_impl.h"
 
-#define SHM_MAX_RANKS 64
+#define SHM_MAX_RANKS CRING__SHM_MAX_RANKS
+/* p2p allreduce: recursive doubling up to this many bytes, the ring above
+ * (CRING_TREE_MAX_BYTES overrides; measured in docs/scaling.md). */
+#define DEFAULT_TREE_MAX_BYTES ((size_t)64 * 1024)
 #define DEFAULT_TIMEOUT_S 600.0
 #define DEFAULT_SHM_WINDOW_BYTES (4u << 20)
-
-/* A transport's collectives and idle-wait primitives (tables below). */
-struct comm_ops {
-    const char *name; /* "self", "shm", "tcp" */
-    /* The idle wait also returns when a peer's data arrives, so a thread that
-     * is not driving must not use it while another thread of this rank drives
-     * (it would spin on the driver's input). */
-    int idle_wait_sees_peer_input;
-    cring_status_t (*agree)(cring_comm_t *c, cring__desc_t *d);
-    cring_status_t (*allreduce)(cring_comm_t *c, const void *send, void *recv, size_t count,
-                                cring_dtype_t dtype, cring_op_t op);
-    cring_status_t (*broadcast)(cring_comm_t *c, void *buf, size_t nbytes, int root);
-    cring_status_t (*allgatherv)(cring_comm_t *c, const void *send, size_t send_bytes, void *recv,
-                                 const size_t *recv_bytes);
-    cring_status_t (*reducescatter)(cring_comm_t *c, const void *send, void *recv,
-                                    const size_t *counts, cring_dtype_t dtype, cring_op_t op);
-    cring_status_t (*barrier)(cring_comm_t *c);
-    cring_status_t (*alltoallv)(cring_comm_t *c, const void *send, void *recv,
-                                const size_t *matrix);
-    /* NULL when the transport cannot gather small blocks in one exchange */
-    cring_status_t (*gather_small)(cring_comm_t *c, const void *mine, size_t bytes,
-                                   const void **ptrs_out, size_t *lens_out);
-    size_t (*gather_small_max)(const cring_comm_t *c);
-    void (*wake)(cring_comm_t *c);
-    void (*announce)(cring_comm_t *c, uint64_t round);
-    void (*set_driving)(cring_comm_t *c, int on);
-    int (*peer_waiting)(cring_comm_t *c, uint64_t rounds_done);
-    uint64_t (*wake_token)(cring_comm_t *c);
-    int (*idle_wait)(cring_comm_t *c, uint64_t token, double max_wait_s);
-    int (*idle_wait_local)(cring_comm_t *c, uint64_t token, double max_wait_s);
-};
-
-static const struct comm_ops self_ops, shm_ops, tcp_ops;
-
-struct cring_comm {
-    int rank, size;
-    int local_rank, local_size;
-    int cross_rank, cross_size;
-    double timeout_s;
-    cring_store_server_t *server; /* when this rank serves the store */
-    cring_store_t *store;
-    cring__p2p_t *p2p; /* exactly one of p2p and shm is set */
-    cring__shm_t *shm;
-    cring__scratch_t scratch;
-    cring__desc_t *descs; /* size entries, for agreement */
-    uint64_t agreements;
-    _Atomic int broken;         /* CRING_OK while usable, else the status that broke it */
-    int wake_fd;                /* eventfd for waking an idle TCP rank; -1 with shm */
-    const struct comm_ops *ops; /* the transport's table, chosen once at init */
-    char key_prefix[256];
-    cring__errmsg_t err;
-};
 
 void cring_config_init(cring_config_t *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -130,6 +79,30 @@ static cring_status_t exchange_topology(cring_comm_t *c) {
         if (r < c->rank) c->local_rank++;
         c->local_size++;
     }
+    /* Every rank's host (numbered by the host's lowest rank) and local rank,
+     * for the hierarchical collectives. */
+    size_t nranks = c->size > 0 ? (size_t)c->size : 1;
+    c->host_of = calloc(nranks, sizeof *c->host_of);
+    c->local_of = calloc(nranks, sizeof *c->local_of);
+    if (!c->host_of || !c->local_of) {
+        st = cring__fail(&c->err, CRING_ERR_NO_MEMORY, "out of memory");
+        goto cleanup;
+    }
+    c->nhosts = 0;
+    for (int r = 0; r < c->size; r++) {
+        c->host_of[r] = -1;
+        c->local_of[r] = 0;
+        for (int q = 0; q < r; q++) {
+            if (strcmp(ids[q], ids[r]) != 0) continue;
+            c->host_of[r] = c->host_of[q];
+            c->local_of[r]++;
+        }
+        if (c->host_of[r] < 0) c->host_of[r] = c->nhosts++;
+    }
+    c->hosts_even = 1;
+    for (int r = 0; r < c->size; r++)
+        if (c->local_of[r] >= c->local_size) c->hosts_even = 0;
+    if (c->nhosts * c->local_size != c->size) c->hosts_even = 0;
     /* Local rank of every rank, to group the ranks that share ours. */
     c->cross_rank = c->cross_size = 0;
     for (int r = 0; r < c->size; r++) {
@@ -148,9 +121,9 @@ cleanup:
     return st;
 }
 
-/* Every rank says whether it got the shared-memory transport; all use it only
- * if all did. */
-static cring_status_t all_ranks_ok(cring_comm_t *c, const char *what, int ok, int *all_ok) {
+/* Every rank says whether something worked for it (the shared-memory
+ * transport, the hierarchical setup); all use it only if all did. */
+cring_status_t cring__comm_vote(cring_comm_t *c, const char *what, int ok, int *all_ok) {
     char key[512];
     snprintf(key, sizeof key, "%s/%s/%d", c->key_prefix, what, c->rank);
     CRING_CHECK(cring_store_set(c->store, key, ok ? "1" : "0", 1));
@@ -164,6 +137,11 @@ static cring_status_t all_ranks_ok(cring_comm_t *c, const char *what, int ok, in
         free(v);
     }
     return CRING_OK;
+}
+
+size_t cring__comm_shm_window_bytes(void) {
+    long window = cring__env_long("CRING_SHM_WINDOW_BYTES", DEFAULT_SHM_WINDOW_BYTES);
+    return window < 8192 ? 8192 : (size_t)window;
 }
 
 static cring_status_t choose_transport(cring_comm_t *c, const cring_config_t *cfg) {
@@ -189,11 +167,9 @@ static cring_status_t choose_transport(cring_comm_t *c, const cring_config_t *cf
                            "the shared-memory transport supports at most %d ranks", SHM_MAX_RANKS);
     if (cfg->transport != CRING_TRANSPORT_TCP && one_host && c->size > 1 &&
         c->size <= SHM_MAX_RANKS) {
-        size_t window = (size_t)cring__env_long("CRING_SHM_WINDOW_BYTES", DEFAULT_SHM_WINDOW_BYTES);
-        if (window < 8192) window = 8192;
-        cring_status_t st = cring__shm_create(&init, window, &c->shm);
+        cring_status_t st = cring__shm_create(&init, cring__comm_shm_window_bytes(), &c->shm);
         int all_ok = 0;
-        CRING_CHECK(all_ranks_ok(c, "shm_ok", st == CRING_OK, &all_ok));
+        CRING_CHECK(cring__comm_vote(c, "shm_ok", st == CRING_OK, &all_ok));
         if (all_ok) return CRING_OK;
         cring__shm_destroy(c->shm);
         c->shm = NULL;
@@ -213,6 +189,10 @@ static cring_status_t choose_transport(cring_comm_t *c, const cring_config_t *cf
     }
     snprintf(prefix, sizeof prefix, "%s", c->key_prefix);
     init.key_prefix = prefix;
+    if (cfg->transport == CRING_TRANSPORT_AUTO && !one_host) {
+        CRING_CHECK(cring__hier_setup(c, cfg, &init));
+        if (c->hier) return CRING_OK;
+    }
     return cring__tcp_create(&init, &c->p2p);
 }
 
@@ -246,7 +226,9 @@ cring_status_t cring_comm_init(const cring_config_t *cfg, cring_comm_t **comm_ou
     c->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : DEFAULT_TIMEOUT_S;
     c->local_size = c->cross_size = 1;
     c->wake_fd = -1;
-    c->ops = &self_ops;
+    c->ops = &cring__self_ops;
+    long tree_max = cring__env_long("CRING_TREE_MAX_BYTES", (long)DEFAULT_TREE_MAX_BYTES);
+    c->tree_max_bytes = tree_max < 0 ? 0 : (size_t)tree_max;
     snprintf(c->key_prefix, sizeof c->key_prefix, "%s",
              cfg->job_key && *cfg->job_key ? cfg->job_key : "cring");
     c->descs = calloc((size_t)c->size, sizeof *c->descs);
@@ -281,7 +263,8 @@ cring_status_t cring_comm_init(const cring_config_t *cfg, cring_comm_t **comm_ou
         }
     }
     /* Everyone is connected: one barrier over the transport proves it. */
-    c->ops = c->shm ? &shm_ops : &tcp_ops;
+    c->ops = c->hier ? &cring__hier_ops : c->shm ? &cring__shm_ops : &cring__tcp_ops;
+    if (c->hier) CRING_CHECK_GOTO(cring__hier_start(c), st, cleanup);
     st = c->ops->barrier(c);
 
 cleanup:
@@ -298,6 +281,7 @@ cleanup:
 
 void cring_comm_destroy(cring_comm_t *c) {
     if (!c) return;
+    cring__hier_destroy(c); /* first: its thread watches the segment */
     if (c->p2p) c->p2p->ops->destroy(c->p2p);
     cring__shm_leave(c->shm); /* peers still waiting for this rank learn it left */
     cring__shm_destroy(c->shm);
@@ -306,6 +290,8 @@ void cring_comm_destroy(cring_comm_t *c) {
     cring__scratch_free(&c->scratch);
     if (c->wake_fd >= 0) close(c->wake_fd);
     free(c->descs);
+    free(c->host_of);
+    free(c->local_of);
     free(c);
 }
 
@@ -376,214 +362,23 @@ static cring_status_t check_reduce_args(cring_comm_t *c, cring_dtype_t dtype, cr
     return CRING_OK;
 }
 
-/* ---- one table per transport --------------------------------------------------
- * Each transport's collectives (without agreement) and idle-wait primitives,
- * chosen once at init: no collective asks which transport it runs on. */
-
-/* one rank: every collective is a copy */
-static cring_status_t self_agree(cring_comm_t *c, cring__desc_t *d) { return CRING_OK; }
-static cring_status_t self_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
-                                     cring_dtype_t dtype, cring_op_t op) {
-    if (send != recv && count) memcpy(recv, send, count * cring_dtype_size(dtype));
-    return CRING_OK;
-}
-static cring_status_t self_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
-    return CRING_OK;
-}
-static cring_status_t self_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes,
-                                      void *recv, const size_t *recv_bytes) {
-    if (send != recv && send_bytes) memcpy(recv, send, send_bytes);
-    return CRING_OK;
-}
-static cring_status_t self_reducescatter(cring_comm_t *c, const void *send, void *recv,
-                                         const size_t *counts, cring_dtype_t dtype, cring_op_t op) {
-    if (counts[0]) memcpy(recv, send, counts[0] * cring_dtype_size(dtype));
-    return CRING_OK;
-}
-static cring_status_t self_barrier(cring_comm_t *c) { return CRING_OK; }
-static cring_status_t self_alltoallv(cring_comm_t *c, const void *send, void *recv,
-                                     const size_t *matrix) {
-    if (matrix[0]) memcpy(recv, send, matrix[0]);
-    return CRING_OK;
-}
-static cring_status_t self_gather_small(cring_comm_t *c, const void *mine, size_t bytes,
-                                        const void **ptrs_out, size_t *lens_out) {
-    ptrs_out[0] = mine;
-    if (lens_out) lens_out[0] = bytes;
-    return CRING_OK;
-}
-static size_t self_gather_small_max(const cring_comm_t *c) { return (size_t)-1; }
-static void self_wake(cring_comm_t *c) {}
-static void self_announce(cring_comm_t *c, uint64_t round) {}
-static void self_set_driving(cring_comm_t *c, int on) {}
-static int self_peer_waiting(cring_comm_t *c, uint64_t rounds_done) { return 0; }
-static uint64_t self_wake_token(cring_comm_t *c) { return 0; }
-/* nothing to wait for but a local wake, which needs no transport: sleep
- * briefly and let the caller look again */
-static int self_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
-    struct timespec ts = {0, 1000000};
-    if (max_wait_s > 0) nanosleep(&ts, NULL);
-    return 1;
-}
-
-static const struct comm_ops self_ops = {
-    "self",
-    0,
-    self_agree,
-    self_allreduce,
-    self_broadcast,
-    self_allgatherv,
-    self_reducescatter,
-    self_barrier,
-    self_alltoallv,
-    self_gather_small,
-    self_gather_small_max,
-    self_wake,
-    self_announce,
-    self_set_driving,
-    self_peer_waiting,
-    self_wake_token,
-    self_idle_wait,
-    self_idle_wait,
-};
-
-/* shared memory */
-static cring_status_t shm_agree(cring_comm_t *c, cring__desc_t *d) {
-    return cring__agree_shm(c->shm, c->rank, c->size, c->agreements, d, c->descs);
-}
-static cring_status_t shm_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
-                                    cring_dtype_t dtype, cring_op_t op) {
-    return cring__shm_allreduce(c->shm, c->rank, c->size, send, recv, count, dtype, op);
-}
-static cring_status_t shm_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
-    return cring__shm_broadcast(c->shm, c->rank, c->size, buf, nbytes, root);
-}
-static cring_status_t shm_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes,
-                                     void *recv, const size_t *recv_bytes) {
-    return cring__shm_allgatherv(c->shm, c->rank, c->size, send, send_bytes, recv, recv_bytes);
-}
-static cring_status_t shm_reducescatter(cring_comm_t *c, const void *send, void *recv,
-                                        const size_t *counts, cring_dtype_t dtype, cring_op_t op) {
-    return cring__shm_reducescatter(c->shm, c->rank, c->size, send, recv, counts, dtype, op);
-}
-static cring_status_t shm_barrier_op(cring_comm_t *c) { return cring__shm_barrier(c->shm); }
-static cring_status_t shm_alltoallv(cring_comm_t *c, const void *send, void *recv,
-                                    const size_t *matrix) {
-    return cring__shm_alltoallv(c->shm, c->rank, c->size, send, recv, matrix);
-}
-static cring_status_t shm_gather_small(cring_comm_t *c, const void *mine, size_t bytes,
-                                       const void **ptrs_out, size_t *lens_out) {
-    return cring__shm_gather_small(c->shm, c->rank, c->size, mine, bytes, ptrs_out, lens_out);
-}
-static size_t shm_gather_small_max(const cring_comm_t *c) {
-    return cring__shm_gather_small_max(c->shm, c->size);
-}
-static void shm_wake(cring_comm_t *c) { cring__shm_ring(c->shm, c->rank); }
-static void shm_announce(cring_comm_t *c, uint64_t round) { cring__shm_announce(c->shm, round); }
-static void shm_set_driving(cring_comm_t *c, int on) { cring__shm_set_driving(c->shm, on); }
-static int shm_peer_waiting(cring_comm_t *c, uint64_t rounds_done) {
-    return cring__shm_peer_announced(c->shm) > rounds_done;
-}
-static uint64_t shm_wake_token(cring_comm_t *c) { return cring__shm_bell(c->shm); }
-static int shm_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
-    cring__shm_idle_wait(c->shm, (uint32_t)token, max_wait_s);
-    return cring__shm_bell(c->shm) != (uint32_t)token;
-}
-
-static const struct comm_ops shm_ops = {
-    "shm",
-    0,
-    shm_agree,
-    shm_allreduce,
-    shm_broadcast,
-    shm_allgatherv,
-    shm_reducescatter,
-    shm_barrier_op,
-    shm_alltoallv,
-    shm_gather_small,
-    shm_gather_small_max,
-    shm_wake,
-    shm_announce,
-    shm_set_driving,
-    shm_peer_waiting,
-    shm_wake_token,
-    shm_idle_wait,
-    shm_idle_wait,
-};
-
-/* TCP: ring algorithms over point-to-point links; an eventfd wakes an idle rank */
-static cring_status_t tcp_agree(cring_comm_t *c, cring__desc_t *d) {
-    return cring__agree_p2p(c->p2p, d, c->descs);
-}
-static cring_status_t tcp_allreduce(cring_comm_t *c, const void *send, void *recv, size_t count,
-                                    cring_dtype_t dtype, cring_op_t op) {
+cring_status_t cring__comm_p2p_allreduce(cring_comm_t *c, const void *send, void *recv,
+                                         size_t count, cring_dtype_t dtype, cring_op_t op) {
+    if (count * cring_dtype_size(dtype) <= c->tree_max_bytes)
+        return cring__tree_allreduce(c->p2p, &c->scratch, send, recv, count, dtype, op);
     return cring__ring_allreduce(c->p2p, &c->scratch, send, recv, count, dtype, op);
 }
-static cring_status_t tcp_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
-    return nbytes ? cring__ring_broadcast(c->p2p, buf, nbytes, root) : CRING_OK;
-}
-static cring_status_t tcp_allgatherv(cring_comm_t *c, const void *send, size_t send_bytes,
-                                     void *recv, const size_t *recv_bytes) {
-    return cring__ring_allgatherv(c->p2p, send, send_bytes, recv, recv_bytes);
-}
-static cring_status_t tcp_reducescatter(cring_comm_t *c, const void *send, void *recv,
-                                        const size_t *counts, cring_dtype_t dtype, cring_op_t op) {
-    return cring__ring_reducescatter(c->p2p, &c->scratch, send, recv, counts, dtype, op);
-}
-static cring_status_t tcp_barrier(cring_comm_t *c) { return cring__p2p_barrier(c->p2p); }
-static cring_status_t tcp_alltoallv(cring_comm_t *c, const void *send, void *recv,
-                                    const size_t *matrix) {
-    return cring__p2p_alltoallv(c->p2p, send, recv, matrix);
-}
-static void tcp_wake(cring_comm_t *c) {
-    uint64_t one = 1;
-    ssize_t w = write(c->wake_fd, &one, sizeof one);
-    (void)w; /* EAGAIN means it is already signalled */
-}
-static void tcp_announce(cring_comm_t *c, uint64_t round) {} /* peers see the data itself */
-static void tcp_set_driving(cring_comm_t *c, int on) {}
-static int tcp_peer_waiting(cring_comm_t *c, uint64_t rounds_done) {
-    return c->p2p->ops->idle_wait(c->p2p, -1, 0);
-}
-static uint64_t tcp_wake_token(cring_comm_t *c) { return 0; }
-static int drain_wake_fd(cring_comm_t *c) {
-    uint64_t drained;
-    int woken = 0;
-    while (read(c->wake_fd, &drained, sizeof drained) > 0) woken = 1;
-    return woken;
-}
-static int tcp_idle_wait(cring_comm_t *c, uint64_t token, double max_wait_s) {
-    int peer_input = c->p2p->ops->idle_wait(c->p2p, c->wake_fd, max_wait_s);
-    int woken = drain_wake_fd(c);
-    return peer_input || woken;
-}
-static int tcp_idle_wait_local(cring_comm_t *c, uint64_t token, double max_wait_s) {
-    struct pollfd pfd = {.fd = c->wake_fd, .events = POLLIN};
-    int ms = max_wait_s > 2e6 ? 2000000000 : (int)(max_wait_s * 1000.0);
-    int woken = poll(&pfd, 1, ms < 0 ? 0 : ms) > 0;
-    return drain_wake_fd(c) || woken;
-}
 
-static const struct comm_ops tcp_ops = {
-    "tcp",
-    1,
-    tcp_agree,
-    tcp_allreduce,
-    tcp_broadcast,
-    tcp_allgatherv,
-    tcp_reducescatter,
-    tcp_barrier,
-    tcp_alltoallv,
-    NULL,
-    NULL,
-    tcp_wake,
-    tcp_announce,
-    tcp_set_driving,
-    tcp_peer_waiting,
-    tcp_wake_token,
-    tcp_idle_wait,
-    tcp_idle_wait_local,
-};
+void cring__comm_traffic(const cring_comm_t *c, cring__comm_traffic_t *out) {
+    memset(out, 0, sizeof *out);
+    if (c->p2p) {
+        out->tcp_bytes_sent = atomic_load_explicit(&c->p2p->bytes_sent, memory_order_relaxed);
+        out->tcp_bytes_received =
+            atomic_load_explicit(&c->p2p->bytes_received, memory_order_relaxed);
+    }
+    out->shm_bytes_sent = atomic_load_explicit(&c->shm_bytes_sent, memory_order_relaxed);
+    out->shm_bytes_received = atomic_load_explicit(&c->shm_bytes_received, memory_order_relaxed);
+}
 
 /* ---- collectives without agreement (the engine's entry points) -------------- */
 

@@ -39,6 +39,15 @@ int cring__comm_idle_wait_sees_peer_input(const cring_comm_t *comm);
 /* The communicator's bound on every wait (cring_config.timeout_s). */
 double cring__comm_timeout_s(const cring_comm_t *comm);
 
+/* Payload bytes this rank moved per transport since init: TCP as sent and
+ * received on its sockets, shared memory as given to and taken from its
+ * collectives. Thread-safe read (the values may lag a running collective). */
+typedef struct cring__comm_traffic {
+    uint64_t tcp_bytes_sent, tcp_bytes_received;
+    uint64_t shm_bytes_sent, shm_bytes_received;
+} cring__comm_traffic_t;
+void cring__comm_traffic(const cring_comm_t *comm, cring__comm_traffic_t *out);
+
 /* CRING_OK while usable, else the status that broke it. Thread-safe read. */
 cring_status_t cring__comm_broken(const cring_comm_t *comm);
 /* Detail of the last failure (owned by comm). */

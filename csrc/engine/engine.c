@@ -448,6 +448,12 @@ void cring_engine_get_stats(cring_engine_t *e, cring_engine_stats_t *out) {
     out->fused_tensors = atomic_load(&e->stats.fused_tensors);
     out->cache_hits = atomic_load(&e->stats.cache_hits);
     out->errors = atomic_load(&e->stats.errors);
+    cring__comm_traffic_t traffic;
+    cring__comm_traffic(e->comm, &traffic);
+    out->tcp_bytes_sent = traffic.tcp_bytes_sent;
+    out->tcp_bytes_received = traffic.tcp_bytes_received;
+    out->shm_bytes_sent = traffic.shm_bytes_sent;
+    out->shm_bytes_received = traffic.shm_bytes_received;
 }
 
 cring_status_t cring_engine_timeline(cring_engine_t *e, const char *path) {

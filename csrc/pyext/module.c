@@ -81,9 +81,12 @@ static PyObject *py_engine_stats(PyObject *module, PyObject *unused) {
     if (!s->engine) return cring__pyext_not_initialized(s);
     cring_engine_stats_t st;
     cring_engine_get_stats(s->engine, &st);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K}", "cycles", st.cycles, "collectives",
-                         st.collectives, "tensors", st.tensors, "fused_tensors", st.fused_tensors,
-                         "cache_hits", st.cache_hits, "errors", st.errors);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "cycles", st.cycles,
+                         "collectives", st.collectives, "tensors", st.tensors, "fused_tensors",
+                         st.fused_tensors, "cache_hits", st.cache_hits, "errors", st.errors,
+                         "tcp_bytes_sent", st.tcp_bytes_sent, "tcp_bytes_received",
+                         st.tcp_bytes_received, "shm_bytes_sent", st.shm_bytes_sent,
+                         "shm_bytes_received", st.shm_bytes_received);
 }
 
 static PyObject *py_timeline(PyObject *module, PyObject *args) {

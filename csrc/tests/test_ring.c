@@ -310,21 +310,28 @@ typedef struct allreduce_case {
     cring_op_t op;
     size_t count;
     int in_place;
+    int tree; /* recursive doubling (algo/tree.c) instead of the ring */
     void *send[MAX_RANKS], *recv[MAX_RANKS];
 } allreduce_case_t;
 
 static cring_status_t allreduce_rank(void *ctx, cring__p2p_t *p2p, cring__scratch_t *scratch) {
     allreduce_case_t *c = ctx;
     int r = p2p->rank;
+    if (c->tree)
+        return cring__tree_allreduce(p2p, scratch, c->send[r],
+                                     c->in_place ? c->send[r] : c->recv[r], c->count, c->dtype,
+                                     c->op);
     return cring__ring_allreduce(p2p, scratch, c->send[r], c->in_place ? c->send[r] : c->recv[r],
                                  c->count, c->dtype, c->op);
 }
 
-static void check_allreduce(int size, cring_dtype_t dt, cring_op_t op, size_t count, int in_place) {
+static void check_allreduce_with(int size, cring_dtype_t dt, cring_op_t op, size_t count,
+                                 int in_place, int tree) {
     static uint64_t seed = 1;
     seed++;
     size_t es = cring_dtype_size(dt), bytes = count * es;
-    allreduce_case_t c = {.dtype = dt, .op = op, .count = count, .in_place = in_place};
+    allreduce_case_t c = {
+        .dtype = dt, .op = op, .count = count, .in_place = in_place, .tree = tree};
     void *inputs[MAX_RANKS];
     for (int r = 0; r < size; r++) {
         c.send[r] = malloc(bytes + 1);
@@ -341,8 +348,8 @@ static void check_allreduce(int size, cring_dtype_t dt, cring_op_t op, size_t co
     reference(dt, op, size, inputs, 0, count, want, seed);
     for (int r = 0; r < size; r++) {
         char what[96];
-        snprintf(what, sizeof what, "allreduce %s %s count %zu%s", cring_dtype_name(dt),
-                 cring_op_name(op), count, in_place ? " in place" : "");
+        snprintf(what, sizeof what, "%s allreduce %s %s count %zu%s", tree ? "tree" : "ring",
+                 cring_dtype_name(dt), cring_op_name(op), count, in_place ? " in place" : "");
         expect_bytes(what, size, r, in_place ? c.send[r] : c.recv[r], want, bytes);
         if (!in_place)
             expect_bytes("allreduce left send alone", size, r, c.send[r], inputs[r], bytes);
@@ -351,6 +358,10 @@ static void check_allreduce(int size, cring_dtype_t dt, cring_op_t op, size_t co
         free(inputs[r]);
     }
     free(want);
+}
+
+static void check_allreduce(int size, cring_dtype_t dt, cring_op_t op, size_t count, int in_place) {
+    check_allreduce_with(size, dt, op, count, in_place, 0);
 }
 
 /* ---- reducescatter ------------------------------------------------------------------------- */
@@ -611,6 +622,16 @@ int main(void) {
         for (size_t b = 0; b < sizeof big / sizeof big[0]; b++)
             for (int in_place = 0; in_place < 2; in_place++, cases++)
                 check_allreduce(size, big[b].dtype, big[b].op, BIG_COUNT, in_place);
+        /* recursive doubling (powers of two and the fold for the others):
+         * every dtype x op at 33 elements (in place or not), 0 and 1, a larger
+         * count for the kernels that matter */
+        for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++)
+            for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++, cases++)
+                check_allreduce_with(size, dtypes[d], ops[o], 33, (int)(d + o) % 2, 1);
+        check_allreduce_with(size, CRING_FLOAT32, CRING_SUM, 0, 0, 1);
+        check_allreduce_with(size, CRING_UINT8, CRING_MIN, 1, 0, 1);
+        for (size_t b = 0; b < sizeof big / sizeof big[0]; b++, cases++)
+            check_allreduce_with(size, big[b].dtype, big[b].op, 4099, b % 2, 1);
 
         /* reducescatter: all zero; uneven with zeros; total < size; large uneven */
         size_t zeros[MAX_RANKS] = {0}, uneven[MAX_RANKS], tiny[MAX_RANKS] = {0}, large[MAX_RANKS];

@@ -252,6 +252,17 @@ static cring_status_t tcp_sendrecv(cring__p2p_t *p2p, int send_peer, const void 
             if (pfd[i].revents & POLLPRI)
                 note_reason(t, i == 0 && speer >= 0 ? speer : rpeer, pfd[i].fd);
     }
+    /* one writer (the driving thread): a plain relaxed add, no locked op */
+    if (do_send)
+        atomic_store_explicit(&p2p->bytes_sent,
+                              atomic_load_explicit(&p2p->bytes_sent, memory_order_relaxed) +
+                                  send_bytes,
+                              memory_order_relaxed);
+    if (do_recv)
+        atomic_store_explicit(&p2p->bytes_received,
+                              atomic_load_explicit(&p2p->bytes_received, memory_order_relaxed) +
+                                  recv_bytes,
+                              memory_order_relaxed);
     return CRING_OK;
 }
 

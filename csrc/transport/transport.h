@@ -7,6 +7,7 @@
 #ifndef CRING_TRANSPORT_H
 #define CRING_TRANSPORT_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,6 +57,9 @@ struct cring__p2p {
     const cring__p2p_ops_t *ops;
     int rank;
     int size;
+    /* Payload bytes moved by completed sendrecv calls (written only by the
+     * thread that drives the transport; read from any thread). */
+    _Atomic uint64_t bytes_sent, bytes_received;
 };
 
 /* Build a full mesh of TCP connections: each rank listens on an ephemeral port,

@@ -145,7 +145,10 @@ def cross_size() -> int:
 
 
 def transport() -> str:
-    """'shm', 'tcp' or 'self' (one rank): what the collectives run over."""
+    """What the collectives run over: 'shm' (one host), 'tcp' (the flat ring),
+    'hier(shm+tcp)' (ranks on several hosts, several on each: shared memory
+    within a host, TCP across; CRING_HIERARCHICAL=0 forces the flat ring) or
+    'self' (one rank)."""
     return _topo("transport")
 
 
@@ -171,7 +174,9 @@ def barrier() -> None:
 def engine_stats() -> dict:
     """Counters of the background engine: negotiation cycles, data
     collectives run (a fused batch counts once), tensors completed, tensors
-    that went through the fusion buffer, response-cache hits, errors."""
+    that went through the fusion buffer, response-cache hits, errors; and the
+    payload bytes this rank moved per transport (tcp_bytes_sent/_received on
+    its sockets, shm_bytes_sent/_received through shared memory)."""
     _require_init()
     return dict(_C.engine_stats())
 

@@ -309,6 +309,11 @@ typedef struct cring_engine_stats {
     uint64_t fused_tensors; /* tensors that went through the fusion buffer */
     uint64_t cache_hits;    /* requests negotiated from the response cache */
     uint64_t errors;        /* requests that completed with an error */
+    /* Payload bytes this rank moved since init, per transport: TCP as sent
+     * and received on its sockets, shared memory as given to and taken from
+     * its collectives (a hierarchical communicator uses both). */
+    uint64_t tcp_bytes_sent, tcp_bytes_received;
+    uint64_t shm_bytes_sent, shm_bytes_received;
 } cring_engine_stats_t;
 
 /* Start the engine thread; it takes ownership of comm (destroyed by
