@@ -34,11 +34,11 @@ from ._core import (
     Handle,
     _name,
     _op,
+    _ps_id,
+    _ps_size_rank,
     _require_init,
     _submit,
     _wire,
-    rank,
-    size,
     synchronize,
 )
 from ._tensors import dlpack_source, empty_like, result_like
@@ -100,6 +100,7 @@ def _cuda_submit(
 
 
 def _allreduce_async(
+    ps: int,
     tensors: list,
     in_place: bool,
     op: Any,
@@ -114,7 +115,7 @@ def _allreduce_async(
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
         _require_init()
-        if _gpu.host_staged(tensors, name):
+        if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
             wires = {_wire(compression, _gpu.info(x, name)[1]) for x in tensors}
             return _gpu.host_reduce_like(
                 _submit,
@@ -128,6 +129,7 @@ def _allreduce_async(
                 postscale=postscale_factor,
                 caller_waits=caller_waits,
                 wire=wires.pop() if len(wires) == 1 else None,
+                process_set=ps,
             )
         stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
         submit, info = functools.partial(_cuda_submit, stream), _gpu.info
@@ -142,6 +144,7 @@ def _allreduce_async(
                     wire,
                     grouped,
                     lambda casts: _allreduce_async(
+                        ps,
                         casts,
                         True,
                         op,
@@ -180,6 +183,7 @@ def _allreduce_async(
         postscale=postscale_factor,
         wire=wire,
         caller_waits=caller_waits,
+        process_set=ps,
     )
 
 
@@ -190,13 +194,16 @@ def allreduce_async(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Handle:
     """Start an allreduce into a new tensor; synchronize() returns it."""
+    ps = _ps_id(process_set)
     return _allreduce_async(
+        ps,
         [tensor],
         False,
         op,
-        _name("allreduce", name),
+        _name("allreduce", name, ps),
         compression,
         prescale_factor,
         postscale_factor,
@@ -212,14 +219,17 @@ def _allreduce_async_inplace_general(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Handle:
     """allreduce_async_ for what _C.allreduce_async_ does not do itself
     (everything but a named torch CUDA tensor on the NCCL path)."""
+    ps = _ps_id(process_set)
     return _allreduce_async(
+        ps,
         [tensor],
         True,
         op,
-        _name("allreduce", name),
+        _name("allreduce", name, ps),
         compression,
         prescale_factor,
         postscale_factor,
@@ -252,16 +262,19 @@ def allreduce(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Any:
     """Return a new tensor of the caller's kind holding the reduction of
     `tensor` over all ranks; the input is unchanged.
     op: cring.Average (default, as in Horovod), Sum, Min, Max or Product."""
+    ps = _ps_id(process_set)
     return synchronize(
         _allreduce_async(
+            ps,
             [tensor],
             False,
             op,
-            _name("allreduce", name),
+            _name("allreduce", name, ps),
             compression,
             prescale_factor,
             postscale_factor,
@@ -278,13 +291,16 @@ def _allreduce_inplace_general(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Any:
     """allreduce_ for what _C.allreduce_ does not do itself: generated names,
     compression and scaling, CUDA tensors and other libraries' tensors."""
-    name = _name("allreduce", name)
+    ps = _ps_id(process_set)
+    name = _name("allreduce", name, ps)
     if not _plain(compression, prescale_factor, postscale_factor) or _gpu.is_cuda(tensor):
         return synchronize(
             _allreduce_async(
+                ps,
                 [tensor],
                 True,
                 op,
@@ -297,7 +313,7 @@ def _allreduce_inplace_general(
             )
         )
     src = tensor if type(tensor) is _ndarray else dlpack_source(tensor)
-    _C.submit(_C.ALLREDUCE, name, [(src, src)], op, 0, 1.0, 1.0, None, _WAIT_HERE)
+    _C.submit(_C.ALLREDUCE, name, [(src, src)], op, 0, 1.0, 1.0, None, _WAIT_HERE, None, None, ps)
     return tensor
 
 
@@ -311,20 +327,24 @@ allreduce_ = _C.allreduce_
 
 
 def grouped_allreduce_async(
+    ps,
     tensors: Sequence[Any],
     op: int = Average,
     name: Optional[str] = None,
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Handle:
     """Start one allreduce over a list of tensors, negotiated and run as one
     unit; synchronize() returns the list of results."""
+    ps = _ps_id(process_set)
     return _allreduce_async(
+        ps,
         list(tensors),
         False,
         op,
-        _name("grouped_allreduce", name),
+        _name("grouped_allreduce", name, ps),
         compression,
         prescale_factor,
         postscale_factor,
@@ -340,13 +360,16 @@ def grouped_allreduce_async_(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Handle:
     """In-place form of grouped_allreduce_async."""
+    ps = _ps_id(process_set)
     return _allreduce_async(
+        ps,
         list(tensors),
         True,
         op,
-        _name("grouped_allreduce", name),
+        _name("grouped_allreduce", name, ps),
         compression,
         prescale_factor,
         postscale_factor,
@@ -362,14 +385,17 @@ def grouped_allreduce(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> list:
     """Allreduce a list of tensors as one unit; returns new tensors."""
+    ps = _ps_id(process_set)
     return synchronize(
         _allreduce_async(
+            ps,
             list(tensors),
             False,
             op,
-            _name("grouped_allreduce", name),
+            _name("grouped_allreduce", name, ps),
             compression,
             prescale_factor,
             postscale_factor,
@@ -386,14 +412,17 @@ def grouped_allreduce_(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> list:
     """Allreduce a list of tensors as one unit, in place; returns the list."""
+    ps = _ps_id(process_set)
     return synchronize(
         _allreduce_async(
+            ps,
             list(tensors),
             True,
             op,
-            _name("grouped_allreduce", name),
+            _name("grouped_allreduce", name, ps),
             compression,
             prescale_factor,
             postscale_factor,
@@ -404,16 +433,17 @@ def grouped_allreduce_(
 
 
 def _broadcast_async(
-    tensor: Any, root_rank: int, name: str, in_place: bool, caller_waits: bool
+    ps: int, tensor: Any, root_rank: int, name: str, in_place: bool, caller_waits: bool
 ) -> Handle:
     _require_init()
     root = int(root_rank)  # the C submission checks its range
     submit, info = _submit, _info
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.is_cuda(tensor):
-        if not 0 <= root < size():
-            raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size {size()}")
-        if _gpu.host_staged([tensor], name):
+        n = _ps_size_rank(0)[0]
+        if not ps and not 0 <= root < n:
+            raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size {n}")
+        if ps or _gpu.host_staged([tensor], name):  # another process set: staged (docs)
             return _gpu.host_reduce_like(
                 _submit,
                 _C.BROADCAST,
@@ -423,12 +453,19 @@ def _broadcast_async(
                 False,
                 root=root,
                 caller_waits=caller_waits,
+                process_set=ps,
             )
         submit, info = functools.partial(_cuda_submit, _gpu.nccl_stream([tensor], name)), _gpu.info
     src = dlpack_source(tensor)
     if in_place:
         return submit(
-            _C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root, caller_waits=caller_waits
+            _C.BROADCAST,
+            name,
+            [(src, src)],
+            lambda h: tensor,
+            root=root,
+            caller_waits=caller_waits,
+            process_set=ps,
         )
     shape, dtype_name = info(tensor, name)
     out = empty_like(tensor, shape, dtype_name)
@@ -439,37 +476,57 @@ def _broadcast_async(
         lambda h: out,
         root=root,
         caller_waits=caller_waits,
+        process_set=ps,
     )
 
 
-def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
+def broadcast_async(
+    tensor: Any, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """Start a broadcast into a new tensor."""
-    return _broadcast_async(tensor, root_rank, _name("broadcast", name), False, False)
+    ps = _ps_id(process_set)
+    return _broadcast_async(ps, tensor, root_rank, _name("broadcast", name, ps), False, False)
 
 
-def broadcast_async_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
+def broadcast_async_(
+    tensor: Any, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """Start an in-place broadcast."""
-    return _broadcast_async(tensor, root_rank, _name("broadcast", name), True, False)
+    ps = _ps_id(process_set)
+    return _broadcast_async(ps, tensor, root_rank, _name("broadcast", name, ps), True, False)
 
 
-def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
+def broadcast(
+    tensor: Any, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> Any:
     """Return a new tensor holding root_rank's values; the input is unchanged."""
-    return synchronize(_broadcast_async(tensor, root_rank, _name("broadcast", name), False, True))
+    ps = _ps_id(process_set)
+    return synchronize(
+        _broadcast_async(ps, tensor, root_rank, _name("broadcast", name, ps), False, True)
+    )
 
 
-def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
+def broadcast_(
+    tensor: Any, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> Any:
     """Overwrite `tensor` on every rank with root_rank's values; returns it."""
-    return synchronize(_broadcast_async(tensor, root_rank, _name("broadcast", name), True, True))
+    ps = _ps_id(process_set)
+    return synchronize(
+        _broadcast_async(ps, tensor, root_rank, _name("broadcast", name, ps), True, True)
+    )
 
 
-def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> Handle:
+def _allgather_async(
+    ps: int, tensors: list, name: str, grouped: bool, caller_waits: bool
+) -> Handle:
     _require_init()
+    p = _ps_size_rank(ps)[0]
     submit, info, like = _submit, _info, result_like
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
-        if _gpu.host_staged(tensors, name):
+        if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
             return _gpu.host_allgather(
-                _submit, list(tensors), name, grouped, size(), caller_waits=caller_waits
+                _submit, list(tensors), name, grouped, p, caller_waits=caller_waits, process_set=ps
             )
         submit = functools.partial(_cuda_submit, _gpu.nccl_stream(tensors, name))
         info, like = _gpu.info, _gpu.result_like
@@ -479,38 +536,47 @@ def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool
     def finish(h: Any) -> Any:
         outs = []
         for i, (x, (shape, dtype_name)) in enumerate(zip(tensors, infos)):
-            dims = _C.first_dims(h, i, size())
+            dims = _C.first_dims(h, i, p)
             outs.append(like(x, h, i, (sum(dims),) + tuple(shape[1:]), dtype_name))
         return outs if grouped else outs[0]
 
-    return submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits)
+    return submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits, process_set=ps)
 
 
-def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
+def allgather_async(tensor: Any, name: Optional[str] = None, process_set: Any = None) -> Handle:
     """Start an allgather; synchronize() returns the concatenated tensor."""
-    return _allgather_async([tensor], _name("allgather", name), False, False)
+    ps = _ps_id(process_set)
+    return _allgather_async(ps, [tensor], _name("allgather", name, ps), False, False)
 
 
-def allgather(tensor: Any, name: Optional[str] = None) -> Any:
+def allgather(tensor: Any, name: Optional[str] = None, process_set: Any = None) -> Any:
     """Concatenate every rank's tensor along the first dimension (which may
     differ between ranks); trailing dimensions and dtype must match. A 0-d
     tensor gathers as one row."""
-    return synchronize(_allgather_async([tensor], _name("allgather", name), False, True))
+    ps = _ps_id(process_set)
+    return synchronize(_allgather_async(ps, [tensor], _name("allgather", name, ps), False, True))
 
 
-def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None) -> Handle:
+def grouped_allgather_async(
+    ps, tensors: Sequence[Any], name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """Start an allgather of several tensors as one unit."""
-    return _allgather_async(list(tensors), _name("grouped_allgather", name), True, False)
+    ps = _ps_id(process_set)
+    return _allgather_async(ps, list(tensors), _name("grouped_allgather", name, ps), True, False)
 
 
-def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None) -> list:
+def grouped_allgather(
+    tensors: Sequence[Any], name: Optional[str] = None, process_set: Any = None
+) -> list:
     """Allgather several tensors as one unit; returns a list."""
+    ps = _ps_id(process_set)
     return synchronize(
-        _allgather_async(list(tensors), _name("grouped_allgather", name), True, True)
+        _allgather_async(ps, list(tensors), _name("grouped_allgather", name, ps), True, True)
     )
 
 
 def _reducescatter_async(
+    ps: int,
     tensors: list,
     op: Any,
     name: str,
@@ -520,11 +586,11 @@ def _reducescatter_async(
     caller_waits: bool,
 ) -> Handle:
     _require_init()
-    p, r = size(), rank()
+    p, r = _ps_size_rank(ps)
     submit, info = _submit, _info
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
-        if _gpu.host_staged(tensors, name):
+        if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
             return _gpu.host_reducescatter(
                 _submit,
                 list(tensors),
@@ -536,6 +602,7 @@ def _reducescatter_async(
                 prescale=prescale_factor,
                 postscale=postscale_factor,
                 caller_waits=caller_waits,
+                process_set=ps,
             )
         stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
         submit, info = functools.partial(_cuda_submit, stream), _gpu.info
@@ -559,6 +626,7 @@ def _reducescatter_async(
         prescale=prescale_factor,
         postscale=postscale_factor,
         caller_waits=caller_waits,
+        process_set=ps,
     )
 
 
@@ -568,10 +636,19 @@ def reducescatter_async(
     name: Optional[str] = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Handle:
     """Start a reducescatter; synchronize() returns this rank's part."""
+    ps = _ps_id(process_set)
     return _reducescatter_async(
-        [tensor], op, _name("reducescatter", name), False, prescale_factor, postscale_factor, False
+        ps,
+        [tensor],
+        op,
+        _name("reducescatter", name, ps),
+        False,
+        prescale_factor,
+        postscale_factor,
+        False,
     )
 
 
@@ -581,15 +658,18 @@ def reducescatter(
     name: Optional[str] = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Any:
     """Reduce `tensor` over all ranks and return this rank's part of the
     result, split along the first dimension: with n rows and P ranks, rank r
     gets n // P rows, plus one if r < n % P."""
+    ps = _ps_id(process_set)
     return synchronize(
         _reducescatter_async(
+            ps,
             [tensor],
             op,
-            _name("reducescatter", name),
+            _name("reducescatter", name, ps),
             False,
             prescale_factor,
             postscale_factor,
@@ -599,17 +679,21 @@ def reducescatter(
 
 
 def grouped_reducescatter_async(
+    ps,
     tensors: Sequence[Any],
     op: int = Average,
     name: Optional[str] = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Handle:
     """Start a reducescatter of several tensors as one unit."""
+    ps = _ps_id(process_set)
     return _reducescatter_async(
+        ps,
         list(tensors),
         op,
-        _name("grouped_reducescatter", name),
+        _name("grouped_reducescatter", name, ps),
         True,
         prescale_factor,
         postscale_factor,
@@ -623,13 +707,16 @@ def grouped_reducescatter(
     name: Optional[str] = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> list:
     """Reducescatter several tensors as one unit; returns a list."""
+    ps = _ps_id(process_set)
     return synchronize(
         _reducescatter_async(
+            ps,
             list(tensors),
             op,
-            _name("grouped_reducescatter", name),
+            _name("grouped_reducescatter", name, ps),
             True,
             prescale_factor,
             postscale_factor,
@@ -638,8 +725,9 @@ def grouped_reducescatter(
     )
 
 
-def _alltoall_async(tensor: Any, splits: Any, name: str, caller_waits: bool) -> Handle:
+def _alltoall_async(ps: int, tensor: Any, splits: Any, name: str, caller_waits: bool) -> Handle:
     _require_init()
+    p = _ps_size_rank(ps)[0]
     shape, dtype_name = _info(tensor, name)
     if not shape:
         raise ValueError(f"tensor '{name}': alltoall needs at least one dimension")
@@ -647,7 +735,7 @@ def _alltoall_async(tensor: Any, splits: Any, name: str, caller_waits: bool) -> 
         splits = [int(s) for s in (splits.tolist() if hasattr(splits, "tolist") else splits)]
 
     def finish(h: Any) -> Any:
-        received = _C.first_dims(h, 0, size())
+        received = _C.first_dims(h, 0, p)
         return result_like(tensor, h, 0, (sum(received),) + tuple(shape[1:]), dtype_name), received
 
     h = _C.submit(
@@ -661,21 +749,29 @@ def _alltoall_async(tensor: Any, splits: Any, name: str, caller_waits: bool) -> 
         None,
         _CALLER_WAITS if caller_waits else _ASYNC,
         splits,
+        None,
+        ps,
     )
     return Handle(h, finish)
 
 
-def alltoall_async(tensor: Any, splits: Any = None, name: Optional[str] = None) -> Handle:
+def alltoall_async(
+    tensor: Any, splits: Any = None, name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """Start an alltoall; synchronize() returns (output, received_splits)."""
-    return _alltoall_async(tensor, splits, _name("alltoall", name), False)
+    ps = _ps_id(process_set)
+    return _alltoall_async(ps, tensor, splits, _name("alltoall", name, ps), False)
 
 
-def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None) -> tuple:
+def alltoall(
+    tensor: Any, splits: Any = None, name: Optional[str] = None, process_set: Any = None
+) -> tuple:
     """Scatter rows of `tensor` to every rank and gather what they send.
 
     `splits[j]` rows (in order, along the first dimension) go to rank j;
     without splits the first dimension is divided evenly (it must divide by
-    size()). Returns ``(output, received_splits)``: the rows received from
+    the number of ranks). Returns ``(output, received_splits)``: the rows received from
     every rank in rank order, and how many came from each. Trailing
     dimensions and dtype must match on every rank."""
-    return synchronize(_alltoall_async(tensor, splits, _name("alltoall", name), True))
+    ps = _ps_id(process_set)
+    return synchronize(_alltoall_async(ps, tensor, splits, _name("alltoall", name, ps), True))
