@@ -327,7 +327,6 @@ allreduce_ = _C.allreduce_
 
 
 def grouped_allreduce_async(
-    ps,
     tensors: Sequence[Any],
     op: int = Average,
     name: Optional[str] = None,
@@ -558,7 +557,7 @@ def allgather(tensor: Any, name: Optional[str] = None, process_set: Any = None) 
 
 
 def grouped_allgather_async(
-    ps, tensors: Sequence[Any], name: Optional[str] = None, process_set: Any = None
+    tensors: Sequence[Any], name: Optional[str] = None, process_set: Any = None
 ) -> Handle:
     """Start an allgather of several tensors as one unit."""
     ps = _ps_id(process_set)
@@ -679,7 +678,6 @@ def reducescatter(
 
 
 def grouped_reducescatter_async(
-    ps,
     tensors: Sequence[Any],
     op: int = Average,
     name: Optional[str] = None,

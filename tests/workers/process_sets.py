@@ -68,6 +68,13 @@ def values(ps):
     assert got[:, 0].tolist() == members and list(received) == [1] * n
     handle = cring.allreduce_async(np.ones(3), op=cring.Sum, process_set=ps)
     assert cring.synchronize(handle).tolist() == [n] * 3
+    hs = [
+        cring.grouped_allreduce_async([np.ones(2)], op=cring.Sum, process_set=ps),
+        cring.grouped_allgather_async([np.array([me])], process_set=ps),
+        cring.grouped_reducescatter_async([np.ones((n, 1))], op=cring.Sum, process_set=ps),
+    ]
+    got = [cring.synchronize(h)[0].tolist() for h in hs]
+    assert got == [[n, n], members, [[n]]], got
     cring.barrier(process_set=ps)
     out["size"], out["rank"] = n, r
     return out
