@@ -34,8 +34,6 @@ from ._collectives import (
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    alltoall,
-    alltoall_async,
     broadcast,
     broadcast_,
     broadcast_async,
@@ -46,10 +44,6 @@ from ._collectives import (
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
-    grouped_reducescatter,
-    grouped_reducescatter_async,
-    reducescatter,
-    reducescatter_async,
 )
 from ._core import (  # the shared types (cring._core sits below the API)
     Adasum,
@@ -75,6 +69,14 @@ from ._core import (  # the shared types (cring._core sits below the API)
     synchronize,
 )
 from ._gpu import cuda_available, nccl_available
+from ._scatter import (
+    alltoall,
+    alltoall_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+)
 
 __version__ = "0.1.0"
 
