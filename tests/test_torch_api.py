@@ -229,10 +229,8 @@ def test_errors_raised_before_any_communication():
     x = torch.ones(3)
     with pytest.raises(ValueError, match="supersedes average"):
         hvd.allreduce(x, average=True, op=hvd.Sum)
-    with pytest.raises(NotImplementedError, match="process sets are not supported"):
+    with pytest.raises(ValueError, match="not registered"):
         hvd.allreduce(x, process_set=hvd.ProcessSet([0, 1]))
-    with pytest.raises(NotImplementedError, match="process sets are not supported"):
-        hvd.init(process_sets=[hvd.ProcessSet([0])])
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd.allreduce(x, op=hvd.Adasum)
     # not initialised: a ValueError, as in Horovod, and not a HorovodInternalError

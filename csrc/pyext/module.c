@@ -47,6 +47,7 @@ static PyObject *py_init(PyObject *module, PyObject *args, PyObject *kwargs) {
     Py_END_ALLOW_THREADS if (st != CRING_OK) return cring__pyext_raise(s, st, "cring.init failed",
                                                                        detail);
     s->engine = engine;
+    if (cring__pyext_psets_configure(s, &cfg) < 0) return NULL; /* process_sets.c */
     Py_RETURN_NONE;
 }
 
@@ -54,6 +55,7 @@ static PyObject *py_init(PyObject *module, PyObject *args, PyObject *kwargs) {
  * what dropped handles kept alive. */
 static PyObject *py_shutdown(PyObject *module, PyObject *unused) {
     module_state *s = cring__pyext_state(module);
+    cring__pyext_psets_stop_all(s); /* process sets before the global engine */
     cring_engine_t *engine = s->engine;
     s->engine = NULL; /* with the GIL held: no submission sees it any more */
     Py_BEGIN_ALLOW_THREADS cring_engine_stop(engine);
@@ -149,6 +151,7 @@ static int module_exec(PyObject *m) {
     if (cring__pyext_store_init(m, s) < 0) return -1;   /* store_bindings.c */
     if (cring__pyext_handles_init(m, s) < 0) return -1; /* handles.c */
     if (PyModule_AddFunctions(m, cring__pyext_submit_functions) < 0) return -1; /* submit.c */
+    if (PyModule_AddFunctions(m, cring__pyext_process_set_functions) < 0) return -1;
     /* The collectives, from cring.h's table: _C.ALLREDUCE ... and
      * _C.COLLECTIVE_NAMES {value: "allreduce", ...}. */
     PyObject *names = PyDict_New();
@@ -202,6 +205,7 @@ static int module_clear(PyObject *m) {
 
 static void module_free(void *m) {
     module_state *s = cring__pyext_state((PyObject *)m);
+    cring__pyext_psets_free(s); /* process sets before the global engine */
     if (s->engine) {
         cring_engine_stop(s->engine);
         s->engine = NULL;

@@ -18,6 +18,28 @@ typedef struct cring__pyext_dropped {
     void *cuda_stream; /* waits on its completion before the views go */
 } cring__pyext_dropped_t;
 
+/* One process set (process_sets.c): its global ranks, ascending, and its
+ * engine when this rank is a member (NULL otherwise). */
+typedef struct {
+    int id;
+    int nranks;
+    int *ranks; /* PyMem_Raw */
+    cring_engine_t *engine;
+} cring__pyext_pset_t;
+
+/* The registry of process sets and the global init's configuration they
+ * derive their own from (strings copied, PyMem_Raw). */
+typedef struct {
+    cring__pyext_pset_t *sets;
+    int nsets;
+    char *store_addr, *secret, *job_key;
+    int store_port;
+    cring_transport_kind_t transport;
+    double timeout_s;
+    int rank;            /* this process's global rank */
+    unsigned generation; /* sets built since init: part of each set's store keys */
+} cring__pyext_psets_t;
+
 typedef struct {
     cring_engine_t *engine; /* NULL until init(); changed only with the GIL held */
     PyObject *CRingError;
@@ -30,6 +52,7 @@ typedef struct {
     PyTypeObject *OutputBufferType;
     PyTypeObject *HandleType;
     cring__pyext_dropped_t *dropped; /* handles dropped while in flight (GIL held) */
+    cring__pyext_psets_t psets;      /* process sets (process_sets.c; GIL held) */
 } module_state;
 
 static inline module_state *cring__pyext_state(PyObject *module) {
@@ -96,6 +119,24 @@ extern PyMethodDef cring__pyext_handle_functions[];
 
 /* ---- submit.c ---------------------------------------------------------------- */
 extern PyMethodDef cring__pyext_submit_functions[];
+
+/* ---- process_sets.c ---------------------------------------------------------- */
+/* Keep what a process set's communicator needs of the global init's config
+ * (after a successful init). 0, or -1 with MemoryError. */
+int cring__pyext_psets_configure(module_state *s, const cring_config_t *cfg);
+/* The engine of process set `id` (0: the global one) and, for another set,
+ * its entry in *set (NULL for the global one). NULL with the error set:
+ * NotInitializedError, or ValueError for an unknown set or a rank outside it
+ * ("rank 3 is not in process set 2 (ranks [0, 1])"). Needs the GIL. */
+cring_engine_t *cring__pyext_pset_engine(module_state *s, int id, const cring__pyext_pset_t **set);
+/* Global rank `root` as a rank of `set`, or -1 with ValueError naming `name`. */
+int cring__pyext_pset_root(module_state *s, const cring__pyext_pset_t *set, int root,
+                           const char *name);
+/* Stop every set's engine (before the global one's); the registry is empty after. */
+void cring__pyext_psets_stop_all(module_state *s);
+/* stop_all, and free the kept configuration (module teardown). */
+void cring__pyext_psets_free(module_state *s);
+extern PyMethodDef cring__pyext_process_set_functions[];
 
 /* ---- store_bindings.c ------------------------------------------------------ */
 int cring__pyext_store_init(PyObject *module, module_state *s);

@@ -73,11 +73,11 @@ static void drop_views(module_state *s, cring_handle_t *h, cring__dl_ref_t *view
  * (then *nviews is set to 0). A CUDA request's stream (the caller's) then
  * waits on its completion: no host wait for the device. Returns 0, or -1
  * with the error set. */
-static int submit_wait_here(module_state *s, const cring_request_t *req, cring__dl_ref_t *views,
-                            int *nviews) {
+static int submit_wait_here(module_state *s, cring_engine_t *engine, const cring_request_t *req,
+                            cring__dl_ref_t *views, int *nviews) {
     cring_handle_t *handle;
     if (s->dropped) cring__pyext_sweep(s, 0);
-    cring_status_t st = cring_engine_submit(s->engine, req, &handle);
+    cring_status_t st = cring_engine_submit(engine, req, &handle);
     if (st != CRING_OK) {
         cring__pyext_raise_submit(s, st, req->collective, req->name);
         return -1;
@@ -224,7 +224,7 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
                 return NULL;
             }
             int nviews = 1;
-            int rc = submit_wait_here(s, &req, &ref, &nviews);
+            int rc = submit_wait_here(s, s->engine, &req, &ref, &nviews);
             if (nviews) cring__dl_release(&ref);
             return rc < 0 ? NULL : Py_NewRef(v[0]);
         }
@@ -433,7 +433,8 @@ static int cuda_device(const cring__dl_ref_t *ref, Py_ssize_t index, cring_devic
 }
 
 /* submit(collective, name, tensors, op, root, prescale, postscale, compression,
- *        caller_waits[, splits[, stream]]) -> Handle, or None once done when caller_waits is 2
+ *        caller_waits[, splits[, stream[, process_set]]]) -> Handle, or None once done when
+ *        caller_waits is 2
  * tensors: list of (send, recv) pairs; recv None for allgather and alltoall
  * (splits: None or one row count per rank), recv is send
  * for in-place operations. op: as for allreduce_ (ignored unless the
@@ -442,22 +443,36 @@ static int cuda_device(const cring__dl_ref_t *ref, Py_ssize_t index, cring_devic
  * allocates nothing on the Python heap for up to STACK_TENSORS tensors).
  * stream: None for CPU tensors; for CUDA tensors the cudaStream_t (an int, 0
  * the legacy default stream) the caller's work is ordered on: the tensors are
- * exported for it and the engine's CUDA backend enqueues on it. */
+ * exported for it and the engine's CUDA backend enqueues on it.
+ * process_set: a process set's id (0, the default: the global set); its own
+ * engine runs the request, ranks (root, splits) count within the set, and
+ * root is given as a global rank (Horovod's rule). */
 static PyObject *py_submit(PyObject *module, PyObject *args) {
     module_state *s = cring__pyext_state(module);
-    int coll, root, caller_waits;
+    int coll, root, caller_waits, process_set = 0;
     const char *name, *compression;
     PyObject *list, *op_obj, *splits_obj = Py_None, *stream_obj = Py_None;
     double prescale, postscale;
-    if (!PyArg_ParseTuple(args, "isO!Oiddzi|OO", &coll, &name, &PyList_Type, &list, &op_obj, &root,
+    if (!PyArg_ParseTuple(args, "isO!Oiddzi|OOi", &coll, &name, &PyList_Type, &list, &op_obj, &root,
                           &prescale, &postscale, &compression, &caller_waits, &splits_obj,
-                          &stream_obj))
+                          &stream_obj, &process_set))
         return NULL;
     int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
     int op = reduces ? parse_op(op_obj) : 0; /* an argument error before "not initialized" */
     if (op < 0) return NULL;
     if (!s->engine) return cring__pyext_not_initialized(s);
     cring_engine_t *engine = s->engine;
+    if (process_set != 0) { /* process_sets.c: another set's engine, or the error */
+        const cring__pyext_pset_t *set;
+        if (!(engine = cring__pyext_pset_engine(s, process_set, &set))) return NULL;
+        if (coll == CRING_COLL_BROADCAST && (root = cring__pyext_pset_root(s, set, root, name)) < 0)
+            return NULL;
+        if (coll == CRING_COLL_JOIN) {
+            PyErr_SetString(PyExc_ValueError,
+                            "join() runs on the global process set only (as in Horovod)");
+            return NULL;
+        }
+    }
     int size = cring_comm_size(cring_engine_comm(engine));
     int rank = cring_comm_rank(cring_engine_comm(engine));
     Py_ssize_t n = PyList_GET_SIZE(list);
@@ -576,7 +591,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                            .splits = splits,
                            .device = device};
     if (caller_waits == 2) {
-        if (submit_wait_here(s, &req, refs, &nrefs) == 0) result = Py_NewRef(Py_None);
+        if (submit_wait_here(s, engine, &req, refs, &nrefs) == 0) result = Py_NewRef(Py_None);
         goto done; /* the views are released below, after the engine is done */
     }
     if (s->dropped) cring__pyext_sweep(s, 0);
@@ -662,7 +677,7 @@ PyMethodDef cring__pyext_submit_functions[] = {
      "cring.torch.allreduce_async_ (Horovod's arguments) forwarded to allreduce_async_ in C"},
     {"submit", py_submit, METH_VARARGS,
      "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
-     "compression, caller_waits[, splits[, stream]]) -> Handle"},
+     "compression, caller_waits[, splits[, stream[, process_set]]]) -> Handle"},
     {"tensor_info", py_tensor_info, METH_VARARGS, "(shape, dtype name, read_only) via DLPack"},
     {"copy", py_copy, METH_VARARGS, "copy(src, dst[, name]): copy between DLPack tensors"},
     {NULL, NULL, 0, NULL}};

@@ -11,6 +11,7 @@ Importing cring never imports torch, Lightning or Ray.
 """
 
 from ._api import (
+    add_process_set,
     barrier,
     cross_rank,
     cross_size,
@@ -20,6 +21,7 @@ from ._api import (
     join,
     local_rank,
     local_size,
+    remove_process_set,
     shutdown,
     start_timeline,
     stop_timeline,
@@ -32,8 +34,6 @@ from ._collectives import (
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    alltoall,
-    alltoall_async,
     broadcast,
     broadcast_,
     broadcast_async,
@@ -44,10 +44,6 @@ from ._collectives import (
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
-    grouped_reducescatter,
-    grouped_reducescatter_async,
-    reducescatter,
-    reducescatter_async,
 )
 from ._core import (  # the shared types (cring._core sits below the API)
     Adasum,
@@ -61,16 +57,26 @@ from ._core import (  # the shared types (cring._core sits below the API)
     MismatchError,
     NotInitializedError,
     PeerFailureError,
+    ProcessSet,
     Product,
     ReduceOp,
     Sum,
     TimeoutError,
+    global_process_set,
     poll,
     rank,
     size,
     synchronize,
 )
 from ._gpu import cuda_available, nccl_available
+from ._scatter import (
+    alltoall,
+    alltoall_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+)
 
 __version__ = "0.1.0"
 
@@ -86,10 +92,12 @@ __all__ = [
     "MismatchError",
     "NotInitializedError",
     "PeerFailureError",
+    "ProcessSet",
     "Product",
     "ReduceOp",
     "Sum",
     "TimeoutError",
+    "add_process_set",
     "allgather",
     "allgather_async",
     "allreduce",
@@ -106,6 +114,7 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "engine_stats",
+    "global_process_set",
     "grouped_allgather",
     "grouped_allgather_async",
     "grouped_allreduce",
@@ -123,6 +132,7 @@ __all__ = [
     "rank",
     "reducescatter",
     "reducescatter_async",
+    "remove_process_set",
     "shutdown",
     "size",
     "start_timeline",

@@ -6,22 +6,32 @@ cring._core.
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Iterable
 from typing import Any, Optional
+
+import numpy as _np
 
 from . import (
     _C,
     _discovery,  # CUDA tensors (see the marked branches below)
 )
+from ._collectives import allgather_async
 from ._core import (
     _CALLER_WAITS,
     Handle,
+    ProcessSet,
     _name,
     _name_counters,
+    _process_sets,
+    _ps_id,
+    _ps_size_rank,
     _require_init,
     _submit,
     _topo,
     _topology,
+    global_process_set,
     rank,
     size,
     synchronize,
@@ -53,12 +63,35 @@ def init(
     secret: Optional[str] = None,
     transport: Optional[str] = None,
     timeout_s: Optional[float] = None,
+    process_sets: Optional[Iterable[Any]] = None,
 ) -> None:
     """Join the job: find rank and size (arguments, then environment), meet the
     other ranks at the rendezvous store and connect the transports.
+    `process_sets`: ProcessSets (or lists of global ranks) to add at once,
+    in order, as add_process_set() does; every rank must pass the same.
 
     Calling init() again while initialised does nothing (as in Horovod).
     """
+    _init(rank, size, addr, port, secret, transport, timeout_s)
+    seen: dict = {}
+    for ps in process_sets or ():
+        ps = ps if isinstance(ps, ProcessSet) else ProcessSet(ps)
+        if ps.process_set_id is not None:
+            continue  # added already (a second init() call)
+        if tuple(ps.ranks) in seen:  # Horovod leaves a second copy unregistered
+            continue
+        seen[tuple(ps.ranks)] = add_process_set(ps)
+
+
+def _init(
+    rank: Optional[int],
+    size: Optional[int],
+    addr: Optional[str],
+    port: Optional[int],
+    secret: Optional[str],
+    transport: Optional[str],
+    timeout_s: Optional[float],
+) -> None:
     global _generation, _plan_server
     with _state_lock:
         if _C.is_initialized():
@@ -104,6 +137,7 @@ def init(
         _topology.clear()
         _topology.update(_C.topology())
         _name_counters.clear()
+        global_process_set.ranks = list(range(plan.size))
 
 
 def shutdown() -> None:
@@ -113,7 +147,10 @@ def shutdown() -> None:
     exits, so that peers re-initialising first find the next generation."""
     global _plan_server
     with _state_lock:
-        _C.shutdown()
+        _C.shutdown()  # every process set's engine, then the global one
+        for ps in _process_sets.values():
+            ps._invalidate()
+        _process_sets.clear()
         if _plan_server is not None:
             _plan_server.stop()
             _plan_server = None
@@ -166,9 +203,107 @@ def join() -> int:
     return synchronize(Handle(h, lambda h: int(h.value())))
 
 
-def barrier() -> None:
-    """Return once every rank has called barrier()."""
-    synchronize(_submit(_C.BARRIER, _name("barrier", None), [], lambda h: None, caller_waits=True))
+def barrier(process_set: Any = None) -> None:
+    """Return once every rank (of `process_set`, default all) has called barrier()."""
+    ps = _ps_id(process_set)
+    name = _name("barrier", None, ps)
+    synchronize(_submit(_C.BARRIER, name, [], lambda h: None, caller_waits=True, process_set=ps))
+
+
+# ---- process sets: agreed over the global set, then built in C -------------------------------
+
+_ps_lock = threading.Lock()
+
+
+def _agree(what: str, mine: dict) -> list:
+    """Every rank's `mine` (JSON), gathered over the global engine, in rank order."""
+    payload = _np.frombuffer(json.dumps(mine).encode(), dtype=_np.uint8).copy()
+    name = _name(f"process_set.{what}", None)
+    h_sizes = allgather_async(_np.array([payload.size], dtype=_np.int64), name=f"{name}.sz")
+    h_bytes = allgather_async(payload, name=f"{name}.t")
+    counts = synchronize(h_sizes)
+    data = synchronize(h_bytes).tobytes()
+    out, start = [], 0
+    for n in counts.tolist():
+        out.append(json.loads(data[start : start + n].decode()))
+        start += n
+    return out
+
+
+def _disagreement(what: str, entries: list, key: str) -> Optional[str]:
+    groups: dict = {}
+    for r, e in enumerate(entries):
+        groups.setdefault(json.dumps(e[key]), []).append(r)
+    if len(groups) == 1:
+        return None
+    parts = [f"rank(s) {ranks} gave {value}" for value, ranks in groups.items()]
+    return f"cring.{what}: every rank must pass the same {key}, but " + "; ".join(parts)
+
+
+def add_process_set(process_set: Any) -> ProcessSet:
+    """Register a process set: a ProcessSet or a list of global ranks; returns
+    the registered ProcessSet. Collective over all ranks, as in Horovod: every
+    rank calls it, in the same order, with the same ranks (ranks outside the
+    set too). A disagreement, a duplicate of a registered set, or a bad rank
+    raises ValueError on every rank. Members get the set's own communicator
+    and engine; collectives on disjoint sets run at the same time."""
+    _require_init()
+    with _ps_lock:
+        ps, error = None, None
+        try:
+            ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+            if ps.process_set_id is not None:
+                error = f"{ps!r} is registered already"
+        except ValueError as e:
+            error = str(e)
+        next_id = max(_process_sets, default=0) + 1
+        mine = {"ranks": None if ps is None else ps.ranks, "id": next_id, "error": error}
+        entries = _agree("add", mine)
+        errors = [f"rank {r}: {e['error']}" for r, e in enumerate(entries) if e["error"]]
+        if errors:
+            raise ValueError("cring.add_process_set failed: " + "; ".join(errors))
+        for key in ("ranks", "id"):
+            message = _disagreement("add_process_set", entries, key)
+            if message:
+                raise ValueError(message)
+        ranks = entries[0]["ranks"]
+        n = size()
+        if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < n for r in ranks):
+            raise ValueError(
+                f"cring.add_process_set: {ranks} must be distinct ranks in [0, {n}), at least one"
+            )
+        if ranks == list(range(n)) or any(p.ranks == ranks for p in _process_sets.values()):
+            raise ValueError(f"cring.add_process_set: a process set with ranks {ranks} exists")
+        _C.process_set_add(next_id, ranks)
+        ps.process_set_id = next_id
+        _process_sets[next_id] = ps
+        return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Stop and forget a process set (collective over all ranks, like
+    add_process_set). Returns False for the global set or one not registered
+    (on every rank: all must pass the same); the object is then unregistered."""
+    _require_init()
+    ps_id = getattr(process_set, "process_set_id", None)
+    with _ps_lock:
+        entries = _agree("remove", {"id": ps_id, "error": None})
+        message = _disagreement("remove_process_set", entries, "id")
+        if message:
+            raise ValueError(message)
+        if not ps_id or _process_sets.get(ps_id) is None:
+            return False
+        _process_sets.pop(ps_id)._invalidate()
+        for key in [k for k in _name_counters if isinstance(k, tuple) and k[1] == ps_id]:
+            del _name_counters[key]  # a later set may get this id with other members
+        if process_set is not None:
+            process_set._invalidate()
+        return bool(_C.process_set_remove(ps_id))
+
+
+def process_set_size_rank(process_set: Any = None) -> tuple:
+    """(size, rank) of this process in `process_set` (default: the global set)."""
+    return _ps_size_rank(_ps_id(process_set))
 
 
 def engine_stats() -> dict:

@@ -1,6 +1,8 @@
 """The collectives on NumPy, torch or any DLPack tensor: allreduce,
-broadcast, allgather, reducescatter, alltoall, each synchronous, asynchronous
-and (where Horovod has them) grouped or in place.
+broadcast and allgather, each synchronous, asynchronous and (where Horovod
+has them) grouped or in place; reducescatter and alltoall, which split rows
+among the ranks, are in cring._scatter. Every one takes `process_set=`
+(None: every rank), whose own engine then runs it.
 
 Thin: output allocation of the caller's kind, names, and submission to the C
 engine (cring._C), which negotiates, fuses and runs every collective with the
@@ -26,19 +28,17 @@ from . import (
     _gpu,  # CUDA tensors (see the marked branches below)
 )
 from ._core import (
-    _ASYNC,
-    _CALLER_WAITS,
     _WAIT_HERE,
     Average,
     Compression,
     Handle,
     _name,
     _op,
+    _ps_id,
+    _ps_size_rank,
     _require_init,
     _submit,
     _wire,
-    rank,
-    size,
     synchronize,
 )
 from ._tensors import dlpack_source, empty_like, result_like
@@ -100,6 +100,7 @@ def _cuda_submit(
 
 
 def _allreduce_async(
+    ps: int,
     tensors: list,
     in_place: bool,
     op: Any,
@@ -114,7 +115,7 @@ def _allreduce_async(
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
         _require_init()
-        if _gpu.host_staged(tensors, name):
+        if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
             wires = {_wire(compression, _gpu.info(x, name)[1]) for x in tensors}
             return _gpu.host_reduce_like(
                 _submit,
@@ -128,6 +129,7 @@ def _allreduce_async(
                 postscale=postscale_factor,
                 caller_waits=caller_waits,
                 wire=wires.pop() if len(wires) == 1 else None,
+                process_set=ps,
             )
         stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
         submit, info = functools.partial(_cuda_submit, stream), _gpu.info
@@ -142,6 +144,7 @@ def _allreduce_async(
                     wire,
                     grouped,
                     lambda casts: _allreduce_async(
+                        ps,
                         casts,
                         True,
                         op,
@@ -180,6 +183,7 @@ def _allreduce_async(
         postscale=postscale_factor,
         wire=wire,
         caller_waits=caller_waits,
+        process_set=ps,
     )
 
 
@@ -190,13 +194,16 @@ def allreduce_async(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Handle:
     """Start an allreduce into a new tensor; synchronize() returns it."""
+    ps = _ps_id(process_set)
     return _allreduce_async(
+        ps,
         [tensor],
         False,
         op,
-        _name("allreduce", name),
+        _name("allreduce", name, ps),
         compression,
         prescale_factor,
         postscale_factor,
@@ -212,14 +219,17 @@ def _allreduce_async_inplace_general(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Handle:
     """allreduce_async_ for what _C.allreduce_async_ does not do itself
     (everything but a named torch CUDA tensor on the NCCL path)."""
+    ps = _ps_id(process_set)
     return _allreduce_async(
+        ps,
         [tensor],
         True,
         op,
-        _name("allreduce", name),
+        _name("allreduce", name, ps),
         compression,
         prescale_factor,
         postscale_factor,
@@ -252,16 +262,19 @@ def allreduce(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Any:
     """Return a new tensor of the caller's kind holding the reduction of
     `tensor` over all ranks; the input is unchanged.
     op: cring.Average (default, as in Horovod), Sum, Min, Max or Product."""
+    ps = _ps_id(process_set)
     return synchronize(
         _allreduce_async(
+            ps,
             [tensor],
             False,
             op,
-            _name("allreduce", name),
+            _name("allreduce", name, ps),
             compression,
             prescale_factor,
             postscale_factor,
@@ -278,13 +291,16 @@ def _allreduce_inplace_general(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Any:
     """allreduce_ for what _C.allreduce_ does not do itself: generated names,
     compression and scaling, CUDA tensors and other libraries' tensors."""
-    name = _name("allreduce", name)
+    ps = _ps_id(process_set)
+    name = _name("allreduce", name, ps)
     if not _plain(compression, prescale_factor, postscale_factor) or _gpu.is_cuda(tensor):
         return synchronize(
             _allreduce_async(
+                ps,
                 [tensor],
                 True,
                 op,
@@ -297,7 +313,7 @@ def _allreduce_inplace_general(
             )
         )
     src = tensor if type(tensor) is _ndarray else dlpack_source(tensor)
-    _C.submit(_C.ALLREDUCE, name, [(src, src)], op, 0, 1.0, 1.0, None, _WAIT_HERE)
+    _C.submit(_C.ALLREDUCE, name, [(src, src)], op, 0, 1.0, 1.0, None, _WAIT_HERE, None, None, ps)
     return tensor
 
 
@@ -317,14 +333,17 @@ def grouped_allreduce_async(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Handle:
     """Start one allreduce over a list of tensors, negotiated and run as one
     unit; synchronize() returns the list of results."""
+    ps = _ps_id(process_set)
     return _allreduce_async(
+        ps,
         list(tensors),
         False,
         op,
-        _name("grouped_allreduce", name),
+        _name("grouped_allreduce", name, ps),
         compression,
         prescale_factor,
         postscale_factor,
@@ -340,13 +359,16 @@ def grouped_allreduce_async_(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> Handle:
     """In-place form of grouped_allreduce_async."""
+    ps = _ps_id(process_set)
     return _allreduce_async(
+        ps,
         list(tensors),
         True,
         op,
-        _name("grouped_allreduce", name),
+        _name("grouped_allreduce", name, ps),
         compression,
         prescale_factor,
         postscale_factor,
@@ -362,14 +384,17 @@ def grouped_allreduce(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> list:
     """Allreduce a list of tensors as one unit; returns new tensors."""
+    ps = _ps_id(process_set)
     return synchronize(
         _allreduce_async(
+            ps,
             list(tensors),
             False,
             op,
-            _name("grouped_allreduce", name),
+            _name("grouped_allreduce", name, ps),
             compression,
             prescale_factor,
             postscale_factor,
@@ -386,14 +411,17 @@ def grouped_allreduce_(
     compression: Any = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Any = None,
 ) -> list:
     """Allreduce a list of tensors as one unit, in place; returns the list."""
+    ps = _ps_id(process_set)
     return synchronize(
         _allreduce_async(
+            ps,
             list(tensors),
             True,
             op,
-            _name("grouped_allreduce", name),
+            _name("grouped_allreduce", name, ps),
             compression,
             prescale_factor,
             postscale_factor,
@@ -404,16 +432,17 @@ def grouped_allreduce_(
 
 
 def _broadcast_async(
-    tensor: Any, root_rank: int, name: str, in_place: bool, caller_waits: bool
+    ps: int, tensor: Any, root_rank: int, name: str, in_place: bool, caller_waits: bool
 ) -> Handle:
     _require_init()
     root = int(root_rank)  # the C submission checks its range
     submit, info = _submit, _info
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.is_cuda(tensor):
-        if not 0 <= root < size():
-            raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size {size()}")
-        if _gpu.host_staged([tensor], name):
+        n = _ps_size_rank(0)[0]
+        if not ps and not 0 <= root < n:
+            raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size {n}")
+        if ps or _gpu.host_staged([tensor], name):  # another process set: staged (docs)
             return _gpu.host_reduce_like(
                 _submit,
                 _C.BROADCAST,
@@ -423,12 +452,19 @@ def _broadcast_async(
                 False,
                 root=root,
                 caller_waits=caller_waits,
+                process_set=ps,
             )
         submit, info = functools.partial(_cuda_submit, _gpu.nccl_stream([tensor], name)), _gpu.info
     src = dlpack_source(tensor)
     if in_place:
         return submit(
-            _C.BROADCAST, name, [(src, src)], lambda h: tensor, root=root, caller_waits=caller_waits
+            _C.BROADCAST,
+            name,
+            [(src, src)],
+            lambda h: tensor,
+            root=root,
+            caller_waits=caller_waits,
+            process_set=ps,
         )
     shape, dtype_name = info(tensor, name)
     out = empty_like(tensor, shape, dtype_name)
@@ -439,37 +475,57 @@ def _broadcast_async(
         lambda h: out,
         root=root,
         caller_waits=caller_waits,
+        process_set=ps,
     )
 
 
-def broadcast_async(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
+def broadcast_async(
+    tensor: Any, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """Start a broadcast into a new tensor."""
-    return _broadcast_async(tensor, root_rank, _name("broadcast", name), False, False)
+    ps = _ps_id(process_set)
+    return _broadcast_async(ps, tensor, root_rank, _name("broadcast", name, ps), False, False)
 
 
-def broadcast_async_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Handle:
+def broadcast_async_(
+    tensor: Any, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """Start an in-place broadcast."""
-    return _broadcast_async(tensor, root_rank, _name("broadcast", name), True, False)
+    ps = _ps_id(process_set)
+    return _broadcast_async(ps, tensor, root_rank, _name("broadcast", name, ps), True, False)
 
 
-def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
+def broadcast(
+    tensor: Any, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> Any:
     """Return a new tensor holding root_rank's values; the input is unchanged."""
-    return synchronize(_broadcast_async(tensor, root_rank, _name("broadcast", name), False, True))
+    ps = _ps_id(process_set)
+    return synchronize(
+        _broadcast_async(ps, tensor, root_rank, _name("broadcast", name, ps), False, True)
+    )
 
 
-def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
+def broadcast_(
+    tensor: Any, root_rank: int, name: Optional[str] = None, process_set: Any = None
+) -> Any:
     """Overwrite `tensor` on every rank with root_rank's values; returns it."""
-    return synchronize(_broadcast_async(tensor, root_rank, _name("broadcast", name), True, True))
+    ps = _ps_id(process_set)
+    return synchronize(
+        _broadcast_async(ps, tensor, root_rank, _name("broadcast", name, ps), True, True)
+    )
 
 
-def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> Handle:
+def _allgather_async(
+    ps: int, tensors: list, name: str, grouped: bool, caller_waits: bool
+) -> Handle:
     _require_init()
+    p = _ps_size_rank(ps)[0]
     submit, info, like = _submit, _info, result_like
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
-        if _gpu.host_staged(tensors, name):
+        if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
             return _gpu.host_allgather(
-                _submit, list(tensors), name, grouped, size(), caller_waits=caller_waits
+                _submit, list(tensors), name, grouped, p, caller_waits=caller_waits, process_set=ps
             )
         submit = functools.partial(_cuda_submit, _gpu.nccl_stream(tensors, name))
         info, like = _gpu.info, _gpu.result_like
@@ -479,203 +535,40 @@ def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool
     def finish(h: Any) -> Any:
         outs = []
         for i, (x, (shape, dtype_name)) in enumerate(zip(tensors, infos)):
-            dims = _C.first_dims(h, i, size())
+            dims = _C.first_dims(h, i, p)
             outs.append(like(x, h, i, (sum(dims),) + tuple(shape[1:]), dtype_name))
         return outs if grouped else outs[0]
 
-    return submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits)
+    return submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits, process_set=ps)
 
 
-def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
+def allgather_async(tensor: Any, name: Optional[str] = None, process_set: Any = None) -> Handle:
     """Start an allgather; synchronize() returns the concatenated tensor."""
-    return _allgather_async([tensor], _name("allgather", name), False, False)
+    ps = _ps_id(process_set)
+    return _allgather_async(ps, [tensor], _name("allgather", name, ps), False, False)
 
 
-def allgather(tensor: Any, name: Optional[str] = None) -> Any:
+def allgather(tensor: Any, name: Optional[str] = None, process_set: Any = None) -> Any:
     """Concatenate every rank's tensor along the first dimension (which may
     differ between ranks); trailing dimensions and dtype must match. A 0-d
     tensor gathers as one row."""
-    return synchronize(_allgather_async([tensor], _name("allgather", name), False, True))
+    ps = _ps_id(process_set)
+    return synchronize(_allgather_async(ps, [tensor], _name("allgather", name, ps), False, True))
 
 
-def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None) -> Handle:
+def grouped_allgather_async(
+    tensors: Sequence[Any], name: Optional[str] = None, process_set: Any = None
+) -> Handle:
     """Start an allgather of several tensors as one unit."""
-    return _allgather_async(list(tensors), _name("grouped_allgather", name), True, False)
+    ps = _ps_id(process_set)
+    return _allgather_async(ps, list(tensors), _name("grouped_allgather", name, ps), True, False)
 
 
-def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None) -> list:
-    """Allgather several tensors as one unit; returns a list."""
-    return synchronize(
-        _allgather_async(list(tensors), _name("grouped_allgather", name), True, True)
-    )
-
-
-def _reducescatter_async(
-    tensors: list,
-    op: Any,
-    name: str,
-    grouped: bool,
-    prescale_factor: float,
-    postscale_factor: float,
-    caller_waits: bool,
-) -> Handle:
-    _require_init()
-    p, r = size(), rank()
-    submit, info = _submit, _info
-    # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
-    if _gpu.any_cuda(tensors):
-        if _gpu.host_staged(tensors, name):
-            return _gpu.host_reducescatter(
-                _submit,
-                list(tensors),
-                name,
-                grouped,
-                p,
-                r,
-                op=op,
-                prescale=prescale_factor,
-                postscale=postscale_factor,
-                caller_waits=caller_waits,
-            )
-        stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
-        submit, info = functools.partial(_cuda_submit, stream), _gpu.info
-    pairs, outs = [], []
-    for x in tensors:
-        shape, dtype_name = info(x, name)
-        if not shape:
-            raise ValueError(f"tensor '{name}': reducescatter needs at least one dimension")
-        n = shape[0]
-        rows = n // p + (1 if r < n % p else 0)
-        out = empty_like(x, (rows,) + tuple(shape[1:]), dtype_name)
-        pairs.append((dlpack_source(x), dlpack_source(out)))
-        outs.append(out)
-    finish = (lambda h: outs) if grouped else (lambda h: outs[0])
-    return submit(
-        _C.REDUCESCATTER,
-        name,
-        pairs,
-        finish,
-        op=op,
-        prescale=prescale_factor,
-        postscale=postscale_factor,
-        caller_waits=caller_waits,
-    )
-
-
-def reducescatter_async(
-    tensor: Any,
-    op: int = Average,
-    name: Optional[str] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> Handle:
-    """Start a reducescatter; synchronize() returns this rank's part."""
-    return _reducescatter_async(
-        [tensor], op, _name("reducescatter", name), False, prescale_factor, postscale_factor, False
-    )
-
-
-def reducescatter(
-    tensor: Any,
-    op: int = Average,
-    name: Optional[str] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> Any:
-    """Reduce `tensor` over all ranks and return this rank's part of the
-    result, split along the first dimension: with n rows and P ranks, rank r
-    gets n // P rows, plus one if r < n % P."""
-    return synchronize(
-        _reducescatter_async(
-            [tensor],
-            op,
-            _name("reducescatter", name),
-            False,
-            prescale_factor,
-            postscale_factor,
-            True,
-        )
-    )
-
-
-def grouped_reducescatter_async(
-    tensors: Sequence[Any],
-    op: int = Average,
-    name: Optional[str] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> Handle:
-    """Start a reducescatter of several tensors as one unit."""
-    return _reducescatter_async(
-        list(tensors),
-        op,
-        _name("grouped_reducescatter", name),
-        True,
-        prescale_factor,
-        postscale_factor,
-        False,
-    )
-
-
-def grouped_reducescatter(
-    tensors: Sequence[Any],
-    op: int = Average,
-    name: Optional[str] = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
+def grouped_allgather(
+    tensors: Sequence[Any], name: Optional[str] = None, process_set: Any = None
 ) -> list:
-    """Reducescatter several tensors as one unit; returns a list."""
+    """Allgather several tensors as one unit; returns a list."""
+    ps = _ps_id(process_set)
     return synchronize(
-        _reducescatter_async(
-            list(tensors),
-            op,
-            _name("grouped_reducescatter", name),
-            True,
-            prescale_factor,
-            postscale_factor,
-            True,
-        )
+        _allgather_async(ps, list(tensors), _name("grouped_allgather", name, ps), True, True)
     )
-
-
-def _alltoall_async(tensor: Any, splits: Any, name: str, caller_waits: bool) -> Handle:
-    _require_init()
-    shape, dtype_name = _info(tensor, name)
-    if not shape:
-        raise ValueError(f"tensor '{name}': alltoall needs at least one dimension")
-    if splits is not None:
-        splits = [int(s) for s in (splits.tolist() if hasattr(splits, "tolist") else splits)]
-
-    def finish(h: Any) -> Any:
-        received = _C.first_dims(h, 0, size())
-        return result_like(tensor, h, 0, (sum(received),) + tuple(shape[1:]), dtype_name), received
-
-    h = _C.submit(
-        _C.ALLTOALL,
-        name,
-        [(dlpack_source(tensor), None)],
-        0,
-        0,
-        1.0,
-        1.0,
-        None,
-        _CALLER_WAITS if caller_waits else _ASYNC,
-        splits,
-    )
-    return Handle(h, finish)
-
-
-def alltoall_async(tensor: Any, splits: Any = None, name: Optional[str] = None) -> Handle:
-    """Start an alltoall; synchronize() returns (output, received_splits)."""
-    return _alltoall_async(tensor, splits, _name("alltoall", name), False)
-
-
-def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None) -> tuple:
-    """Scatter rows of `tensor` to every rank and gather what they send.
-
-    `splits[j]` rows (in order, along the first dimension) go to rank j;
-    without splits the first dimension is divided evenly (it must divide by
-    size()). Returns ``(output, received_splits)``: the rows received from
-    every rank in rank order, and how many came from each. Trailing
-    dimensions and dtype must match on every rank."""
-    return synchronize(_alltoall_async(tensor, splits, _name("alltoall", name), True))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import operator
 from typing import Any, Callable, Optional
 
 from . import _C
@@ -86,17 +87,130 @@ def size() -> int:
     return _topo("size")
 
 
+# ---- process sets (cring._api adds and removes them; each has its own engine in C) ------------
+
+
+class ProcessSet:
+    """A subset of the job's ranks that runs collectives together, on its own
+    communicator and engine (Horovod's `hvd.ProcessSet`). Build one from a
+    list of global ranks and register it with cring.add_process_set(), or
+    pass it to cring.init(process_sets=[...]); `process_set_id` is None
+    until then. Ranks are kept sorted. Roots (broadcast's root_rank) are
+    always global ranks; `rank()` is this process's rank within the set."""
+
+    process_set_id: Optional[int] = None
+    ranks: Optional[list] = None
+    mpi_comm: Any = None
+
+    def __init__(self, ranks_or_comm: Any):
+        try:
+            ranks = [operator.index(r) for r in ranks_or_comm]
+        except TypeError:
+            raise ValueError(
+                "ProcessSet takes a list of global ranks (cring runs on no MPI "
+                f"communicator), got {ranks_or_comm!r}"
+            ) from None
+        self.ranks = sorted(ranks)
+
+    def _invalidate(self) -> None:
+        self.process_set_id = None
+
+    def size(self) -> Optional[int]:
+        """Number of ranks in the set; None while it is not registered."""
+        if self.process_set_id is None:
+            return None
+        return size() if self.process_set_id == 0 else len(self.ranks or ())
+
+    def rank(self) -> Optional[int]:
+        """This process's rank within the set (None while it is not
+        registered; ValueError when this process is not in it)."""
+        if self.process_set_id is None:
+            return None
+        if self.process_set_id == 0:
+            return rank()
+        me = rank()
+        if me not in (self.ranks or ()):
+            raise ValueError(
+                f"rank {me} is not in process set {self.process_set_id} ({self.ranks})"
+            )
+        return self.ranks.index(me)
+
+    def included(self) -> Optional[bool]:
+        """Whether this process is in the set (None without ranks)."""
+        if self.process_set_id == 0:
+            return True
+        if self.ranks is None:
+            return None
+        return rank() in self.ranks
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, ProcessSet):
+            return NotImplemented
+        if self is other:
+            return True
+        return self.process_set_id is not None and (self.process_set_id, self.ranks) == (
+            other.process_set_id,
+            other.ranks,
+        )
+
+    def __hash__(self) -> int:
+        return id(self) if self.process_set_id is None else hash(self.process_set_id)
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+    __str__ = __repr__
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+_process_sets: dict[int, ProcessSet] = {}  # id -> the registered object (not the global one)
+
+
+def _ps_id(process_set: Any) -> int:
+    """The id _C.submit takes for `process_set` (None: the global set). A set
+    that was never registered, or was removed, is a ValueError; a rank outside
+    a registered set gets its ValueError from the submission."""
+    if process_set is None:
+        return 0
+    ps_id = getattr(process_set, "process_set_id", -1)
+    if ps_id == 0:
+        return 0
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be a cring.ProcessSet, got {process_set!r}")
+    if ps_id is None:
+        raise ValueError(
+            f"{process_set!r} is not registered: add it with cring.add_process_set() "
+            "(or cring.init(process_sets=[...])) on every rank first"
+        )
+    return ps_id
+
+
+def _ps_size_rank(ps_id: int) -> tuple[int, int]:
+    """(size, rank) of set `ps_id` as seen by this process (a member)."""
+    if ps_id == 0:
+        return size(), rank()
+    ps = _process_sets.get(ps_id)
+    me = rank()
+    if ps is None:
+        raise ValueError(f"process set {ps_id} is not known on rank {me} (removed, or never added)")
+    if me not in ps.ranks:
+        raise ValueError(f"rank {me} is not in process set {ps_id} (ranks {ps.ranks})")
+    return len(ps.ranks), ps.ranks.index(me)
+
+
 # ---- names of unnamed collectives ---------------------------------------------------------------
 
-_name_counters: dict[str, itertools.count] = {}
+_name_counters: dict[Any, itertools.count] = {}
 
 
-def _name(kind: str, name: Optional[str]) -> str:
+def _name(kind: str, name: Optional[str], ps_id: int = 0) -> str:
     """`name` as a string, or the next deterministic name for an unnamed call
-    of this kind (every rank makes unnamed calls in the same order)."""
+    of this kind (every rank makes unnamed calls in the same order). Each
+    process set counts its own, so calls on one set never shift another's."""
     if name is not None:
         return name if type(name) is str else str(name)
-    counter = _name_counters.setdefault(kind, itertools.count())
+    counter = _name_counters.setdefault(kind if not ps_id else (kind, ps_id), itertools.count())
     return f"{kind}.noname.{next(counter)}"
 
 
@@ -210,11 +324,13 @@ def _submit(
     wire: Optional[str] = None,
     caller_waits: bool = False,
     stream: Optional[int] = None,
+    process_set: int = 0,
 ) -> Handle:
     """Submit one request to the engine (NotInitializedError before init());
     the C submission binds and checks every argument once. `stream`: CUDA
     tensors on the NCCL path are exported for it and the submission records
-    there the event the engine's CUDA backend waits for."""
+    there the event the engine's CUDA backend waits for. `process_set`: the
+    id of the set whose engine runs it (0: the global set)."""
     args = [
         collective,
         name,
@@ -226,6 +342,6 @@ def _submit(
         wire,
         _CALLER_WAITS if caller_waits else _ASYNC,
     ]
-    if stream is not None:
-        args += [None, stream]
+    if stream is not None or process_set:
+        args += [None, stream, process_set]
     return Handle(_C.submit(*args), finish)

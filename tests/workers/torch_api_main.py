@@ -972,12 +972,11 @@ def argument_errors():
         ("barrier", lambda: hvd.barrier(process_set=other)),
         ("broadcast_object", lambda: hvd.broadcast_object(1, process_set=other)),
         ("allgather_object", lambda: hvd.allgather_object(1, process_set=other)),
-        ("add_process_set", lambda: hvd.add_process_set(other)),
-        ("init process_sets", lambda: hvd.init(process_sets=[other])),
-        ("init comm", lambda: hvd.init(comm=[0])),
-    ):
-        problem = raises(NotImplementedError, fn, match="not supported")
+    ):  # a process set never added (tests/test_process_sets.py covers registered ones)
+        problem = raises(ValueError, fn, match="not registered")
         problems.append(problem and f"{label}: {problem}")
+    problem = raises(NotImplementedError, lambda: hvd.init(comm=[0]), match="not supported")
+    problems.append(problem and f"init comm: {problem}")
     for label, fn, match in (
         (
             "alltoall splits length",

@@ -30,28 +30,29 @@ def _synchronize_all(handles: list) -> None:
         raise error
 
 
-def _broadcast_object(obj: Any, root_rank: int, name: str) -> Any:
+def _broadcast_object(obj: Any, root_rank: int, name: str, process_set: Any = None) -> Any:
     """root_rank's `obj`, pickled and broadcast, on every rank."""
     if cring.rank() == root_rank:
         payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
         length = np.array([payload.size], np.int64)
     else:
         length = np.zeros(1, np.int64)
-    cring.broadcast_(length, root_rank, name=f"{name}.bytes")
+    cring.broadcast_(length, root_rank, name=f"{name}.bytes", process_set=process_set)
     if cring.rank() != root_rank:
         payload = np.empty(int(length[0]), np.uint8)
-    cring.broadcast_(payload, root_rank, name=f"{name}.data")
+    cring.broadcast_(payload, root_rank, name=f"{name}.data", process_set=process_set)
     return obj if cring.rank() == root_rank else pickle.loads(payload.tobytes())
 
 
-def broadcast_parameters(params: Any, root_rank: int) -> None:
+def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
     """Overwrite, in place, every tensor in `params` with root_rank's values.
 
     `params`: model.state_dict(), model.named_parameters(),
     model.parameters(), or any mapping or iterable of tensors or of (name,
     tensor) pairs. Every rank must pass the same names (or, unnamed, the same
     number of tensors in the same order). All broadcasts start at once (the
-    engine fuses them) and have finished when this returns.
+    engine fuses them) and have finished when this returns. `process_set`:
+    only its ranks take part (root_rank is a global rank in it).
     """
     if isinstance(params, Mapping):
         items = list(params.items())
@@ -77,7 +78,9 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
             staged = target.contiguous()
             copies.append((target, staged))
             target = staged
-        handles.append(cring.broadcast_async_(target, root_rank, name=label))
+        handles.append(
+            cring.broadcast_async_(target, root_rank, name=label, process_set=process_set)
+        )
     _synchronize_all(handles)
     for t, staged in copies:
         t.copy_(staged)
@@ -97,7 +100,9 @@ def _describe_state(state: Any) -> Optional[dict]:
     }
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+def broadcast_optimizer_state(
+    optimizer: torch.optim.Optimizer, root_rank: int, process_set: Any = None
+) -> None:
     """Make every rank's optimizer state equal to root_rank's: the
     hyperparameters of each param group (lr, betas, ...), and each
     parameter's state (Adam's step count and moments, SGD's momentum
@@ -110,6 +115,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
     where root has none, the rank's state is dropped. Every rank must hold
     the same number of param groups and parameters (ValueError on every rank
     otherwise). Works on a DistributedOptimizer or a plain optimizer.
+    `process_set`: only its ranks take part (root_rank is a global rank in it).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
@@ -126,10 +132,12 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
             "groups": [{k: v for k, v in g.items() if k != "params"} for g in groups],
             "state": [_describe_state(optimizer.state.get(p)) for p in params],
         }
-    meta = _broadcast_object(meta, root_rank, "broadcast_optimizer_state.meta")
+    meta = _broadcast_object(meta, root_rank, "broadcast_optimizer_state.meta", process_set)
     # agree on every rank whether the layouts match, so that all raise or none does
     agree = np.array([1 if meta["layout"] == layout else 0], np.int32)
-    cring.allreduce_(agree, op=cring.Min, name="broadcast_optimizer_state.layout")
+    cring.allreduce_(
+        agree, op=cring.Min, name="broadcast_optimizer_state.layout", process_set=process_set
+    )
     if not agree[0]:
         raise ValueError(
             f"broadcast_optimizer_state: param groups differ between ranks (rank "
@@ -183,7 +191,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
                 target = staged
             handles.append(
                 cring.broadcast_async_(
-                    target, root_rank, name=f"broadcast_optimizer_state.{i}.{key}"
+                    target,
+                    root_rank,
+                    name=f"broadcast_optimizer_state.{i}.{key}",
+                    process_set=process_set,
                 )
             )
         if not is_root:

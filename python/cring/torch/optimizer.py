@@ -98,6 +98,7 @@ class _DistributedOptimizer:
         gradient_predivide_factor: float,
         groups: Any,
         sparse_as_dense: bool,
+        process_set: Any = None,
     ) -> None:
         if isinstance(compression, cring.Compressor) or compression is None:
             self._cring_engine_compression, self._cring_torch_compression = compression, None
@@ -114,6 +115,9 @@ class _DistributedOptimizer:
                 f"object with compress/decompress), got {compression!r}"
             )
         self._compression = compression
+        self.process_set = process_set if process_set is not None else cring.global_process_set
+        # Horovod's rule: a rank outside the set leaves its gradients alone
+        self._cring_outside = process_set is not None and not self.process_set.included()
         self.op = op
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.sparse_as_dense = bool(sparse_as_dense)
@@ -183,7 +187,7 @@ class _DistributedOptimizer:
     # ---- the hook: one gradient is final ---------------------------------------------------
 
     def _cring_grad_ready(self, p: torch.Tensor) -> None:
-        if cring.size() == 1 or self._cring_paused:
+        if cring.size() == 1 or self._cring_paused or self._cring_outside:
             return
         with self._cring_lock:
             unit = self._cring_unit_of.get(p)
@@ -232,6 +236,7 @@ class _DistributedOptimizer:
             compression=self._cring_engine_compression,
             prescale_factor=self._cring_prescale,
             postscale_factor=self._cring_postscale,
+            process_set=self.process_set,
         )
         submitted = self._cring_handles[unit] = []
         if len(entries) == 1:
@@ -268,7 +273,7 @@ class _DistributedOptimizer:
         (parameters whose gradient did not arrive by a hook, and gradients
         accumulated fewer than backward_passes_per_step times), then wait for
         all of them. Afterwards every .grad holds the reduced gradient."""
-        if cring.size() == 1:
+        if cring.size() == 1 or self._cring_outside:
             self._cring_synchronized = True
             return
         error: Optional[BaseException] = None
@@ -495,6 +500,7 @@ def DistributedOptimizer(
     groups: Any = None,
     sparse_as_dense: bool = False,
     shard_state: int = 0,
+    process_set: Any = None,
 ) -> torch.optim.Optimizer:
     """Wrap `optimizer` so that gradients are reduced over all ranks before
     each step, as horovod.torch.DistributedOptimizer does.
@@ -541,6 +547,8 @@ def DistributedOptimizer(
             Needs an element-wise optimizer (SGD, Adam, AdamW, ...; not LBFGS);
             state_dict() is then a collective giving the unsharded state, and
             load_state_dict() takes one saved at any world size.
+        process_set: reduce gradients over this cring.ProcessSet's ranks only
+            (default: all); a rank outside it keeps its own gradients.
 
     Parameters that do not require grad are left alone. A trainable
     parameter with no gradient at step() gets a zero gradient that is
@@ -566,6 +574,8 @@ def DistributedOptimizer(
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     shard_state = _sharded.check_arguments(optimizer, shard_state, groups)
+    if shard_state and process_set not in (None, cring.global_process_set):
+        raise NotImplementedError("shard_state with a process_set other than the global one")
     cls = _distributed_class(type(optimizer), shard_state > 0)
     wrapped = cls.__new__(cls)
     # share everything the original holds (param_groups, state, defaults, hooks) instead of
@@ -582,6 +592,7 @@ def DistributedOptimizer(
         gradient_predivide_factor,
         groups,
         sparse_as_dense,
+        process_set,
     )
     if shard_state:
         wrapped._zero_setup()

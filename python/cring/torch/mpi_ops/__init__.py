@@ -179,7 +179,6 @@ for _public_class in (
     HorovodInternalError,
     PeerFailureInternalError,
     TimeoutInternalError,
-    ProcessSet,
     Compressor,
     NoneCompressor,
     FP16Compressor,

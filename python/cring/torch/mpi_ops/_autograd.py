@@ -11,8 +11,9 @@ from typing import Any, Optional
 import torch
 
 import cring
+from cring import _core
 
-from ._basics import Average, Sum, _run, rank, size
+from ._basics import Average, Sum, _run, rank
 
 
 def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
@@ -32,8 +33,9 @@ class _AllreduceFunction(torch.autograd.Function):
         prescale: float,
         postscale: float,
         wire: Any,
+        ps: Any = None,
     ) -> torch.Tensor:
-        ctx.reduction = (op, prescale, postscale, wire)
+        ctx.reduction, ctx.ps = (op, prescale, postscale, wire), ps
         return _run(
             cring.allreduce,
             tensor,
@@ -42,6 +44,7 @@ class _AllreduceFunction(torch.autograd.Function):
             compression=wire,
             prescale_factor=prescale,
             postscale_factor=postscale,
+            process_set=ps,
         )
 
     @staticmethod
@@ -54,8 +57,9 @@ class _AllreduceFunction(torch.autograd.Function):
             compression=wire,
             prescale_factor=prescale,
             postscale_factor=postscale,
+            process_set=ctx.ps,
         )
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
 class _GroupedAllreduceFunction(torch.autograd.Function):
@@ -69,9 +73,10 @@ class _GroupedAllreduceFunction(torch.autograd.Function):
         prescale: float,
         postscale: float,
         wire: Any,
+        ps: Any,
         *tensors: torch.Tensor,
     ) -> tuple:
-        ctx.reduction = (op, prescale, postscale, wire)
+        ctx.reduction, ctx.ps = (op, prescale, postscale, wire), ps
         return tuple(
             _run(
                 cring.grouped_allreduce,
@@ -81,6 +86,7 @@ class _GroupedAllreduceFunction(torch.autograd.Function):
                 compression=wire,
                 prescale_factor=prescale,
                 postscale_factor=postscale,
+                process_set=ps,
             )
         )
 
@@ -94,15 +100,22 @@ class _GroupedAllreduceFunction(torch.autograd.Function):
             compression=wire,
             prescale_factor=prescale,
             postscale_factor=postscale,
+            process_set=ctx.ps,
         )
-        return (None, None, None, None, None, *grads)
+        return (None, None, None, None, None, None, *grads)
 
 
-def _row_offsets(rows: list) -> list:
+def _size_rank(ps: Any) -> tuple:
+    """(size, rank) within process set `ps` (None or the global set: the job's)."""
+    return _core._ps_size_rank(_core._ps_id(ps))
+
+
+def _row_offsets(rows: list, ps: Any) -> list:
     """Every rank's first dimension for each tensor ([rank][tensor]), by one allgather."""
+    n, me = _size_rank(ps)
     counts = torch.tensor(rows, dtype=torch.int64)
-    gathered = _run(cring.allgather, counts).view(size(), len(rows))
-    before = gathered[: rank()].sum(dim=0) if rank() else torch.zeros(len(rows), dtype=torch.int64)
+    gathered = _run(cring.allgather, counts, process_set=ps).view(n, len(rows))
+    before = gathered[:me].sum(dim=0) if me else torch.zeros(len(rows), dtype=torch.int64)
     return [int(v) for v in before]
 
 
@@ -111,32 +124,40 @@ class _AllgatherFunction(torch.autograd.Function):
     ranks, then this rank's rows."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: Optional[str]) -> torch.Tensor:
-        ctx.input_shape = tensor.shape
-        return _run(cring.allgather, tensor, name=name)
+    def forward(
+        ctx: Any, tensor: torch.Tensor, name: Optional[str], ps: Any = None
+    ) -> torch.Tensor:
+        ctx.input_shape, ctx.ps = tensor.shape, ps
+        return _run(cring.allgather, tensor, name=name, process_set=ps)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
-        grad = _run(cring.allreduce, _contiguous(grad_output), op=Average)
+        grad = _run(cring.allreduce, _contiguous(grad_output), op=Average, process_set=ctx.ps)
         rows = 1 if len(ctx.input_shape) == 0 else int(ctx.input_shape[0])
-        (offset,) = _row_offsets([rows])
-        return grad.narrow(0, offset, rows).reshape(ctx.input_shape), None
+        (offset,) = _row_offsets([rows], ctx.ps)
+        return grad.narrow(0, offset, rows).reshape(ctx.input_shape), None, None
 
 
 class _GroupedAllgatherFunction(torch.autograd.Function):
     """Gradient: as for allgather, for every tensor of the group."""
 
     @staticmethod
-    def forward(ctx: Any, name: Optional[str], *tensors: torch.Tensor) -> tuple:
-        ctx.input_shapes = [t.shape for t in tensors]
-        return tuple(_run(cring.grouped_allgather, list(tensors), name=name))
+    def forward(ctx: Any, name: Optional[str], ps: Any, *tensors: torch.Tensor) -> tuple:
+        ctx.input_shapes, ctx.ps = [t.shape for t in tensors], ps
+        return tuple(_run(cring.grouped_allgather, list(tensors), name=name, process_set=ps))
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
-        grads = _run(cring.grouped_allreduce, [_contiguous(g) for g in grad_outputs], op=Average)
+        grads = _run(
+            cring.grouped_allreduce,
+            [_contiguous(g) for g in grad_outputs],
+            op=Average,
+            process_set=ctx.ps,
+        )
         rows = [1 if len(s) == 0 else int(s[0]) for s in ctx.input_shapes]
-        offsets = _row_offsets(rows)
+        offsets = _row_offsets(rows, ctx.ps)
         return (
+            None,
             None,
             *(
                 g.narrow(0, o, n).reshape(s)
@@ -151,23 +172,23 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str]
+        ctx: Any, tensor: torch.Tensor, root_rank: int, name: Optional[str], ps: Any = None
     ) -> torch.Tensor:
-        ctx.root_rank = root_rank
-        return _run(cring.broadcast, tensor, root_rank, name=name)
+        ctx.root_rank, ctx.ps = root_rank, ps
+        return _run(cring.broadcast, tensor, root_rank, name=name, process_set=ps)
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
-        grad = _run(cring.allreduce, _contiguous(grad_output), op=Average)
+        grad = _run(cring.allreduce, _contiguous(grad_output), op=Average, process_set=ctx.ps)
         if rank() != ctx.root_rank:
             grad.zero_()
-        return grad, None, None
+        return grad, None, None, None
 
 
-def _reducescatter_grad_scale(op: Any, prescale: float, postscale: float) -> float:
+def _reducescatter_grad_scale(op: Any, prescale: float, postscale: float, ps: Any) -> float:
     # Horovod's reducescatter gradient: allgather of the incoming gradient,
-    # times size() for Sum (times 1 for Average), times the scale factors.
-    return (size() if op == Sum else 1) * prescale * postscale
+    # times the set's size for Sum (times 1 for Average), times the scale factors.
+    return (_size_rank(ps)[0] if op == Sum else 1) * prescale * postscale
 
 
 class _ReducescatterFunction(torch.autograd.Function):
@@ -182,8 +203,9 @@ class _ReducescatterFunction(torch.autograd.Function):
         op: Any,
         prescale: float,
         postscale: float,
+        ps: Any = None,
     ) -> torch.Tensor:
-        ctx.scale = _reducescatter_grad_scale(op, prescale, postscale)
+        ctx.scale, ctx.ps = _reducescatter_grad_scale(op, prescale, postscale, ps), ps
         return _run(
             cring.reducescatter,
             tensor,
@@ -191,6 +213,7 @@ class _ReducescatterFunction(torch.autograd.Function):
             name=name,
             prescale_factor=prescale,
             postscale_factor=postscale,
+            process_set=ps,
         )
 
     @staticmethod
@@ -198,7 +221,7 @@ class _ReducescatterFunction(torch.autograd.Function):
         grad = _contiguous(grad_output)
         if ctx.scale != 1:
             grad = grad * ctx.scale
-        return _run(cring.allgather, grad), None, None, None, None
+        return _run(cring.allgather, grad, process_set=ctx.ps), None, None, None, None, None
 
 
 class _GroupedReducescatterFunction(torch.autograd.Function):
@@ -211,9 +234,10 @@ class _GroupedReducescatterFunction(torch.autograd.Function):
         op: Any,
         prescale: float,
         postscale: float,
+        ps: Any,
         *tensors: torch.Tensor,
     ) -> tuple:
-        ctx.scale = _reducescatter_grad_scale(op, prescale, postscale)
+        ctx.scale, ctx.ps = _reducescatter_grad_scale(op, prescale, postscale, ps), ps
         return tuple(
             _run(
                 cring.grouped_reducescatter,
@@ -222,13 +246,15 @@ class _GroupedReducescatterFunction(torch.autograd.Function):
                 name=name,
                 prescale_factor=prescale,
                 postscale_factor=postscale,
+                process_set=ps,
             )
         )
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
         grads = [_contiguous(g) if ctx.scale == 1 else g * ctx.scale for g in grad_outputs]
-        return (None, None, None, None, *_run(cring.grouped_allgather, grads))
+        grads = _run(cring.grouped_allgather, grads, process_set=ctx.ps)
+        return (None, None, None, None, None, *grads)
 
 
 def _alltoall_result(result: tuple) -> tuple:
@@ -242,14 +268,18 @@ class _AlltoallFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, tensor: torch.Tensor, splits: Optional[list], name: Optional[str]
+        ctx: Any, tensor: torch.Tensor, splits: Optional[list], name: Optional[str], ps: Any = None
     ) -> tuple:
-        output, received = _alltoall_result(_run(cring.alltoall, tensor, splits=splits, name=name))
-        ctx.received = received.tolist()
+        output, received = _alltoall_result(
+            _run(cring.alltoall, tensor, splits=splits, name=name, process_set=ps)
+        )
+        ctx.received, ctx.ps = received.tolist(), ps
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor, grad_splits: Any) -> tuple:
-        grad, _ = _run(cring.alltoall, _contiguous(grad_output), splits=ctx.received)
-        return grad, None, None
+        grad, _ = _run(
+            cring.alltoall, _contiguous(grad_output), splits=ctx.received, process_set=ctx.ps
+        )
+        return grad, None, None, None

@@ -1,6 +1,6 @@
 """cring.torch's basics: Horovod's reduction ops, its error classes and the
 wrapper (_run) that turns cring's communication failures into them, process
-sets (only the global one), init/rank/size and what this build has. The
+sets (cring's own), init/rank/size and what this build has. The
 bottom of cring.torch.mpi_ops: it imports no sibling, and runs no collective.
 """
 
@@ -75,53 +75,23 @@ def _run(fn: Any, *args: Any, **kwargs: Any) -> Any:
 # ---- basics --------------------------------------------------------------------------------------
 
 
-class ProcessSet:
-    """Horovod's handle for a subset of ranks. cring runs every collective on
-    all ranks, so the only usable set is `global_process_set`; passing any
-    other raises NotImplementedError."""
-
-    def __init__(self, ranks_or_comm: Any = None):
-        self._ranks = None if ranks_or_comm is None else list(ranks_or_comm)
-        self.process_set_id = 0 if ranks_or_comm is None else None
-
-    @property
-    def ranks(self) -> list:
-        return list(range(cring.size())) if self._ranks is None else list(self._ranks)
-
-    def size(self) -> int:
-        return cring.size() if self._ranks is None else len(self._ranks)
-
-    def rank(self) -> int:
-        return cring.rank() if self._ranks is None else self._ranks.index(cring.rank())
-
-    def included(self) -> bool:
-        return True if self._ranks is None else cring.rank() in self._ranks
-
-    def __repr__(self) -> str:
-        return "ProcessSet(global)" if self is global_process_set else f"ProcessSet({self._ranks})"
-
-
-global_process_set = ProcessSet()
-
-_NO_PROCESS_SETS = (
-    "process sets are not supported yet: cring runs every collective on all "
-    "ranks; use process_set=global_process_set (the default)"
-)
-
-
-def _check_process_set(process_set: Any) -> None:
-    if process_set is not global_process_set:
-        raise NotImplementedError(f"{_NO_PROCESS_SETS} (got {process_set!r})")
+# Process sets are cring's own (each has its own communicator and engine):
+# the same class and global set, so `process_set=` takes either module's.
+ProcessSet = cring.ProcessSet
+global_process_set = cring.global_process_set
 
 
 def add_process_set(process_set: Any) -> ProcessSet:
-    """Not supported: cring has no process sets yet."""
-    raise NotImplementedError(_NO_PROCESS_SETS)
+    """Register a process set (a ProcessSet or a list of global ranks) on
+    every rank and return it: collective, every rank calls it in the same
+    order with the same ranks (cring.add_process_set)."""
+    return _run(cring.add_process_set, process_set)
 
 
 def remove_process_set(process_set: Any) -> bool:
-    """Not supported: cring has no process sets yet."""
-    raise NotImplementedError(_NO_PROCESS_SETS)
+    """Stop and forget a process set (collective); False for the global set
+    or one not registered."""
+    return _run(cring.remove_process_set, process_set)
 
 
 def init(
@@ -139,16 +109,21 @@ def init(
     """Join the job (Horovod's hvd.init()). Rank, size and the rendezvous come
     from the environment (HOROVOD_RANK/HOROVOD_SIZE, torchrun, mpirun, SLURM,
     cringrun) or from cring.init()'s keyword arguments. A second call while
-    initialised does nothing. `comm` (an MPI communicator or a list of ranks)
-    and `process_sets` are not supported: cring always uses every rank."""
+    initialised does nothing. `process_sets`: ProcessSets (or rank lists) to
+    register at once, the same on every rank ("dynamic", Horovod's switch
+    for adding sets later, is accepted: cring always allows that). `comm`
+    (an MPI communicator or a list of ranks) is not supported: the job is
+    every rank; use a process set for a subset."""
     if comm is not None:
         raise NotImplementedError(
             "init(comm=...) is not supported: cring does not run on MPI "
             "communicators or subsets of ranks; every process of the job "
             "takes part"
         )
-    if process_sets:
-        raise NotImplementedError(f"init(process_sets=...): {_NO_PROCESS_SETS}")
+    if isinstance(process_sets, str):
+        if process_sets != "dynamic":
+            raise ValueError(f"process_sets must be a list or 'dynamic', got {process_sets!r}")
+        process_sets = None
     cring.init(
         rank=rank,
         size=size,
@@ -157,6 +132,7 @@ def init(
         secret=secret,
         transport=transport,
         timeout_s=timeout_s,
+        process_sets=process_sets,
     )
 
 

@@ -35,7 +35,6 @@ from ._basics import (
     Average,
     ProcessSet,
     Sum,
-    _check_process_set,
     _internal_error,
     _run,
     global_process_set,
@@ -78,10 +77,16 @@ def _wants_grad(tensors: Sequence[torch.Tensor]) -> bool:
 
 
 def _allreduce(
-    tensor: torch.Tensor, name: Optional[str], op: Any, prescale: float, postscale: float, wire: Any
+    tensor: torch.Tensor,
+    name: Optional[str],
+    op: Any,
+    prescale: float,
+    postscale: float,
+    wire: Any,
+    process_set: Any,
 ) -> torch.Tensor:
     if _wants_grad((tensor,)):
-        return _AllreduceFunction.apply(tensor, name, op, prescale, postscale, wire)
+        return _AllreduceFunction.apply(tensor, name, op, prescale, postscale, wire, process_set)
     return _run(
         cring.allreduce,
         tensor,
@@ -90,6 +95,7 @@ def _allreduce(
         compression=wire,
         prescale_factor=prescale,
         postscale_factor=postscale,
+        process_set=process_set,
     )
 
 
@@ -110,12 +116,11 @@ def allreduce(
     gradient with the same op and factors. `average=` is deprecated (True is
     Average, False is Sum); giving both `average` and `op` is a ValueError."""
     op = _check_op(_resolve_op(op, average))
-    _check_process_set(process_set)
     python_compressor, wire = _plan_compression(compression, (tensor,))
     if python_compressor is None:
-        return _allreduce(tensor, name, op, prescale_factor, postscale_factor, wire)
+        return _allreduce(tensor, name, op, prescale_factor, postscale_factor, wire, process_set)
     compressed, ctx = python_compressor.compress(tensor)
-    reduced = _allreduce(compressed, name, op, prescale_factor, postscale_factor, None)
+    reduced = _allreduce(compressed, name, op, prescale_factor, postscale_factor, None, process_set)
     return python_compressor.decompress(reduced, ctx)
 
 
@@ -131,7 +136,6 @@ def allreduce_async(
     """Start an allreduce into a new tensor; synchronize(handle) returns it.
     Not differentiable (as in Horovod)."""
     op = _check_op(_resolve_op(op, average))
-    _check_process_set(process_set)
     return _run(
         cring.allreduce_async,
         tensor,
@@ -139,6 +143,7 @@ def allreduce_async(
         name=name,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
+        process_set=process_set,
     )
 
 
@@ -154,7 +159,6 @@ def _allreduce_inplace(
     """Reduce `tensor` over all ranks in place and return it (same storage).
     Not differentiable (as in Horovod)."""
     op = _check_op(_resolve_op(op, average))
-    _check_process_set(process_set)
     return _run(
         cring.allreduce_,
         tensor,
@@ -162,6 +166,7 @@ def _allreduce_inplace(
         name=name,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
+        process_set=process_set,
     )
 
 
@@ -176,7 +181,6 @@ def _allreduce_async_inplace(
 ) -> cring.Handle:
     """Start an in-place allreduce; synchronize(handle) returns `tensor`."""
     op = _check_op(_resolve_op(op, average))
-    _check_process_set(process_set)
     return _run(
         cring.allreduce_async_,
         tensor,
@@ -184,6 +188,7 @@ def _allreduce_async_inplace(
         name=name,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
+        process_set=process_set,
     )
 
 
@@ -221,7 +226,6 @@ def grouped_allreduce(
     """Allreduce a list of tensors as one unit (negotiated and run together);
     returns a list of new tensors. Differentiable, like allreduce."""
     op = _check_op(_resolve_op(op, average))
-    _check_process_set(process_set)
     tensors = list(tensors)
     python_compressor, wire = _plan_compression(compression, tensors)
     ctxs = None
@@ -230,7 +234,7 @@ def grouped_allreduce(
     if _wants_grad(tensors):
         reduced = list(
             _GroupedAllreduceFunction.apply(
-                name, op, prescale_factor, postscale_factor, wire, *tensors
+                name, op, prescale_factor, postscale_factor, wire, process_set, *tensors
             )
         )
     else:
@@ -242,6 +246,7 @@ def grouped_allreduce(
             compression=wire,
             prescale_factor=prescale_factor,
             postscale_factor=postscale_factor,
+            process_set=process_set,
         )
     if python_compressor is None:
         return reduced
@@ -259,7 +264,6 @@ def grouped_allreduce_async(
 ) -> cring.Handle:
     """Start a grouped allreduce into new tensors; synchronize() returns the list."""
     op = _check_op(_resolve_op(op, average))
-    _check_process_set(process_set)
     return _run(
         cring.grouped_allreduce_async,
         list(tensors),
@@ -267,6 +271,7 @@ def grouped_allreduce_async(
         name=name,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
+        process_set=process_set,
     )
 
 
@@ -281,7 +286,6 @@ def grouped_allreduce_(
 ) -> list:
     """Allreduce a list of tensors as one unit, in place; returns the list."""
     op = _check_op(_resolve_op(op, average))
-    _check_process_set(process_set)
     return _run(
         cring.grouped_allreduce_,
         list(tensors),
@@ -289,6 +293,7 @@ def grouped_allreduce_(
         name=name,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
+        process_set=process_set,
     )
 
 
@@ -303,7 +308,6 @@ def grouped_allreduce_async_(
 ) -> cring.Handle:
     """Start an in-place grouped allreduce; synchronize() returns the list."""
     op = _check_op(_resolve_op(op, average))
-    _check_process_set(process_set)
     return _run(
         cring.grouped_allreduce_async_,
         list(tensors),
@@ -311,6 +315,7 @@ def grouped_allreduce_async_(
         name=name,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
+        process_set=process_set,
     )
 
 
@@ -324,18 +329,16 @@ def allgather(
     order (first dimensions may differ; the rest and the dtype must match).
     Differentiable: the gradient is the incoming gradient averaged over ranks,
     then this rank's rows (Horovod's)."""
-    _check_process_set(process_set)
     if _wants_grad((tensor,)):
-        return _AllgatherFunction.apply(tensor, name)
-    return _run(cring.allgather, tensor, name=name)
+        return _AllgatherFunction.apply(tensor, name, process_set)
+    return _run(cring.allgather, tensor, name=name, process_set=process_set)
 
 
 def allgather_async(
     tensor: torch.Tensor, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> cring.Handle:
     """Start an allgather; synchronize(handle) returns the concatenation."""
-    _check_process_set(process_set)
-    return _run(cring.allgather_async, tensor, name=name)
+    return _run(cring.allgather_async, tensor, name=name, process_set=process_set)
 
 
 def grouped_allgather(
@@ -344,11 +347,10 @@ def grouped_allgather(
     process_set: ProcessSet = global_process_set,
 ) -> list:
     """Allgather a list of tensors as one unit; returns a list. Differentiable."""
-    _check_process_set(process_set)
     tensors = list(tensors)
     if _wants_grad(tensors):
-        return list(_GroupedAllgatherFunction.apply(name, *tensors))
-    return _run(cring.grouped_allgather, tensors, name=name)
+        return list(_GroupedAllgatherFunction.apply(name, process_set, *tensors))
+    return _run(cring.grouped_allgather, tensors, name=name, process_set=process_set)
 
 
 def grouped_allgather_async(
@@ -357,8 +359,7 @@ def grouped_allgather_async(
     process_set: ProcessSet = global_process_set,
 ) -> cring.Handle:
     """Start a grouped allgather; synchronize() returns the list."""
-    _check_process_set(process_set)
-    return _run(cring.grouped_allgather_async, list(tensors), name=name)
+    return _run(cring.grouped_allgather_async, list(tensors), name=name, process_set=process_set)
 
 
 # ---- broadcast -----------------------------------------------------------------------------------
@@ -373,10 +374,9 @@ def broadcast(
     """Return a new tensor holding root_rank's `tensor`; the input is
     unchanged. Differentiable: the root's gradient is the incoming gradient
     averaged over ranks; the other ranks' gradient is zero (Horovod's)."""
-    _check_process_set(process_set)
     if _wants_grad((tensor,)):
-        return _BroadcastFunction.apply(tensor, root_rank, name)
-    return _run(cring.broadcast, tensor, root_rank, name=name)
+        return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
+    return _run(cring.broadcast, tensor, root_rank, name=name, process_set=process_set)
 
 
 def broadcast_async(
@@ -386,8 +386,7 @@ def broadcast_async(
     process_set: ProcessSet = global_process_set,
 ) -> cring.Handle:
     """Start a broadcast into a new tensor."""
-    _check_process_set(process_set)
-    return _run(cring.broadcast_async, tensor, root_rank, name=name)
+    return _run(cring.broadcast_async, tensor, root_rank, name=name, process_set=process_set)
 
 
 def broadcast_(
@@ -397,8 +396,7 @@ def broadcast_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Overwrite `tensor` with root_rank's values in place and return it."""
-    _check_process_set(process_set)
-    return _run(cring.broadcast_, tensor, root_rank, name=name)
+    return _run(cring.broadcast_, tensor, root_rank, name=name, process_set=process_set)
 
 
 def broadcast_async_(
@@ -408,8 +406,7 @@ def broadcast_async_(
     process_set: ProcessSet = global_process_set,
 ) -> cring.Handle:
     """Start an in-place broadcast; synchronize(handle) returns `tensor`."""
-    _check_process_set(process_set)
-    return _run(cring.broadcast_async_, tensor, root_rank, name=name)
+    return _run(cring.broadcast_async_, tensor, root_rank, name=name, process_set=process_set)
 
 
 # ---- reducescatter -------------------------------------------------------------------------------
@@ -428,13 +425,14 @@ def reducescatter(
     rows and P ranks, rank r gets n // P rows, plus one if r < n % P.
     Differentiable, with Horovod's gradient (see _ReducescatterFunction)."""
     op = _check_op(op)
-    _check_process_set(process_set)
     python_compressor = _python_compressor(compression)
     ctx = None
     if python_compressor is not None:  # cring has no wire compression for reducescatter
         tensor, ctx = python_compressor.compress(tensor)
     if _wants_grad((tensor,)):
-        out = _ReducescatterFunction.apply(tensor, name, op, prescale_factor, postscale_factor)
+        out = _ReducescatterFunction.apply(
+            tensor, name, op, prescale_factor, postscale_factor, process_set
+        )
     else:
         out = _run(
             cring.reducescatter,
@@ -443,6 +441,7 @@ def reducescatter(
             name=name,
             prescale_factor=prescale_factor,
             postscale_factor=postscale_factor,
+            process_set=process_set,
         )
     return out if python_compressor is None else python_compressor.decompress(out, ctx)
 
@@ -457,7 +456,6 @@ def reducescatter_async(
 ) -> cring.Handle:
     """Start a reducescatter; synchronize(handle) returns this rank's rows."""
     op = _check_op(op)
-    _check_process_set(process_set)
     return _run(
         cring.reducescatter_async,
         tensor,
@@ -465,6 +463,7 @@ def reducescatter_async(
         name=name,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
+        process_set=process_set,
     )
 
 
@@ -479,7 +478,6 @@ def grouped_reducescatter(
 ) -> list:
     """Reducescatter a list of tensors as one unit; returns a list. Differentiable."""
     op = _check_op(op)
-    _check_process_set(process_set)
     tensors = list(tensors)
     python_compressor = _python_compressor(compression)
     ctxs = None
@@ -488,7 +486,7 @@ def grouped_reducescatter(
     if _wants_grad(tensors):
         outs = list(
             _GroupedReducescatterFunction.apply(
-                name, op, prescale_factor, postscale_factor, *tensors
+                name, op, prescale_factor, postscale_factor, process_set, *tensors
             )
         )
     else:
@@ -499,6 +497,7 @@ def grouped_reducescatter(
             name=name,
             prescale_factor=prescale_factor,
             postscale_factor=postscale_factor,
+            process_set=process_set,
         )
     if python_compressor is None:
         return outs
@@ -515,7 +514,6 @@ def grouped_reducescatter_async(
 ) -> cring.Handle:
     """Start a grouped reducescatter; synchronize() returns the list."""
     op = _check_op(op)
-    _check_process_set(process_set)
     return _run(
         cring.grouped_reducescatter_async,
         list(tensors),
@@ -523,6 +521,7 @@ def grouped_reducescatter_async(
         name=name,
         prescale_factor=prescale_factor,
         postscale_factor=postscale_factor,
+        process_set=process_set,
     )
 
 
@@ -554,13 +553,12 @@ def alltoall(
     (it must divide). Returns the output tensor, and with `splits` also an
     int32 tensor of how many rows came from each rank (Horovod's).
     Differentiable: the gradient goes back the way the rows came."""
-    _check_process_set(process_set)
     split_list = _splits_list(splits)
     if _wants_grad((tensor,)):
-        output, received = _AlltoallFunction.apply(tensor, split_list, name)
+        output, received = _AlltoallFunction.apply(tensor, split_list, name, process_set)
     else:
         output, received = _alltoall_result(
-            _run(cring.alltoall, tensor, splits=split_list, name=name)
+            _run(cring.alltoall, tensor, splits=split_list, name=name, process_set=process_set)
         )
     return output if splits is None else (output, received)
 
@@ -573,8 +571,13 @@ def alltoall_async(
 ) -> cring.Handle:
     """Start an alltoall; synchronize(handle) returns (output, received_splits),
     the latter an int32 tensor."""
-    _check_process_set(process_set)
-    handle = _run(cring.alltoall_async, tensor, splits=_splits_list(splits), name=name)
+    handle = _run(
+        cring.alltoall_async,
+        tensor,
+        splits=_splits_list(splits),
+        name=name,
+        process_set=process_set,
+    )
     finish = handle._finish
     handle._finish = lambda h: _alltoall_result(finish(h))
     return handle
@@ -594,8 +597,7 @@ def join(device: int = -1) -> int:
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return once every rank has called barrier()."""
-    _check_process_set(process_set)
-    _run(cring.barrier)
+    _run(cring.barrier, process_set=process_set)
 
 
 def poll(handle: cring.Handle) -> bool:
@@ -628,8 +630,8 @@ def broadcast_object(
     installed), its size broadcast, then its bytes. Unnamed calls get
     deterministic names, so every rank must make them in the same order (any
     `obj` is fine on the other ranks, e.g. None)."""
-    _check_process_set(process_set)
-    base = _core._name("broadcast_object", name)
+    ps = _core._ps_id(process_set)
+    base = _core._name("broadcast_object", name, ps)
     is_root = rank() == int(root_rank)
     if is_root:
         buffer = io.BytesIO()
@@ -638,10 +640,10 @@ def broadcast_object(
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    _run(cring.broadcast_, length, root_rank, name=f"{base}.sz")
+    _run(cring.broadcast_, length, root_rank, name=f"{base}.sz", process_set=process_set)
     if not is_root:
         payload = torch.empty(int(length[0]), dtype=torch.uint8)
-    _run(cring.broadcast_, payload, root_rank, name=f"{base}.t")
+    _run(cring.broadcast_, payload, root_rank, name=f"{base}.t", process_set=process_set)
     if is_root:
         return obj
     return _pickler().load(io.BytesIO(payload.numpy().tobytes()))
@@ -652,15 +654,17 @@ def allgather_object(
 ) -> list:
     """Return the list of every rank's `obj`, in rank order (pickled with
     cloudpickle when installed; sizes and bytes gathered together)."""
-    _check_process_set(process_set)
-    base = _core._name("allgather_object", name)
+    base = _core._name("allgather_object", name, _core._ps_id(process_set))
     buffer = io.BytesIO()
     _pickler().dump(obj, buffer)
     payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
     sizes_handle = _run(
-        cring.allgather_async, torch.tensor([payload.numel()], dtype=torch.int64), name=f"{base}.sz"
+        cring.allgather_async,
+        torch.tensor([payload.numel()], dtype=torch.int64),
+        name=f"{base}.sz",
+        process_set=process_set,
     )
-    bytes_handle = _run(cring.allgather_async, payload, name=f"{base}.t")
+    bytes_handle = _run(cring.allgather_async, payload, name=f"{base}.t", process_set=process_set)
     sizes = [int(n) for n in _run(cring.synchronize, sizes_handle)]
     gathered = _run(cring.synchronize, bytes_handle).numpy()
     objects, start = [], 0
