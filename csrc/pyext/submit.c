@@ -23,7 +23,7 @@ static int same_layout(const cring__dl_ref_t *a, const cring__dl_ref_t *b, const
 }
 
 /* The reduction op an argument names (an int, a cring.ReduceOp or anything
- * with __index__; None is Average), or -1 with ValueError/NotImplementedError.
+ * with __index__; None is Average), or -1 with ValueError.
  * The engine checks that the op can reduce each tensor's dtype. */
 static int parse_op(PyObject *obj) {
     if (!obj || obj == Py_None) return CRING_AVERAGE;
@@ -36,16 +36,13 @@ static int parse_op(PyObject *obj) {
             Py_XDECREF(index);
         }
         if (op == -1 && PyErr_Occurred()) PyErr_Clear();
-        else if (op == CRING_ADASUM) {
-            PyErr_SetString(PyExc_NotImplementedError,
-                            "cring does not implement Adasum; use cring.Average or Sum");
-            return -1;
-        } else if (op >= 0 && op < CRING_OP_COUNT) {
+        else if (op >= 0 && op < CRING_OP_COUNT) {
             return (int)op;
         }
     }
     PyErr_Format(PyExc_ValueError,
-                 "unknown reduction op %R; use cring.Sum, Average, Min, Max or Product", obj);
+                 "unknown reduction op %R; use cring.Sum, Average, Min, Max, Product or Adasum",
+                 obj);
     return -1;
 }
 
