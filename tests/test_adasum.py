@@ -37,7 +37,7 @@ def test_adasum_refuses_non_power_of_two_on_every_rank(tmp_path):
     proc = run_ranks(3, "adasum.py", str(tmp_path), "not_power", timeout=180, check=False)
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
     for res in rank_results(tmp_path, 3):
-        assert res["failures"] == [] and res["cases"] == 2
+        assert res["failures"] == [] and res["cases"] == 3
 
 
 def test_adasum_single_process_is_identity():

@@ -453,6 +453,13 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
     int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
     int op = reduces ? parse_op(op_obj) : 0; /* an argument error before "not initialized" */
     if (op < 0) return NULL;
+    if (coll == CRING_COLL_REDUCESCATTER && op == CRING_ADASUM) {
+        /* a RuntimeError, as Horovod raises (its suite checks the class) */
+        PyErr_Format(PyExc_NotImplementedError,
+                     "tensor '%s': reducescatter does not support Adasum; use Sum or Average",
+                     name);
+        return NULL;
+    }
     if (!s->engine) return cring__pyext_not_initialized(s);
     cring_engine_t *engine = s->engine;
     int size = cring_comm_size(cring_engine_comm(engine));

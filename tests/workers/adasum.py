@@ -92,6 +92,16 @@ def main():
             return "no error"
 
         check("non-power-of-two size", refused)
+
+        def optimizer_refused():
+            model = torch.nn.Linear(2, 1)
+            try:
+                hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
+            except ValueError as e:
+                return None if "power-of-two" in str(e) else f"message {e}"
+            return "no error"
+
+        check("DistributedOptimizer(op=Adasum) refused", optimizer_refused)
         check(
             "communicator still usable",
             lambda: close(cring.allreduce(np.ones(3), op=cring.Sum), np.full(3, size), "float64"),

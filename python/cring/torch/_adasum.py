@@ -116,6 +116,11 @@ def make_adasum_optimizer(
 ) -> torch.optim.Optimizer:
     """A subclass instance of optimizer's class sharing its state, whose
     step() reduces each parameter's update with Adasum (module docstring)."""
+    size = cring.size()
+    if size & (size - 1):
+        raise ValueError(
+            f"op=cring.Adasum needs a power-of-two number of ranks; this job has {size}"
+        )
     base = type(optimizer)
     cls = _CLASSES.get(base)
     if cls is None:
