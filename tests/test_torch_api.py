@@ -231,8 +231,6 @@ def test_errors_raised_before_any_communication():
         hvd.allreduce(x, average=True, op=hvd.Sum)
     with pytest.raises(ValueError, match="not registered"):
         hvd.allreduce(x, process_set=hvd.ProcessSet([0, 1]))
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(x, op=hvd.Adasum)
     # not initialised: a ValueError, as in Horovod, and not a HorovodInternalError
     for fn in (
         hvd.rank,

@@ -38,7 +38,9 @@ static const struct {
     [CRING_FLOAT32] = {"float32", 4}, [CRING_FLOAT64] = {"float64", 8},
     [CRING_INT8] = {"int8", 1},       [CRING_UINT8] = {"uint8", 1},
     [CRING_INT32] = {"int32", 4},     [CRING_INT64] = {"int64", 8},
-    [CRING_BOOL] = {"bool", 1},
+    [CRING_BOOL] = {"bool", 1},       [CRING_INT16] = {"int16", 2},
+    [CRING_UINT16] = {"uint16", 2},   [CRING_UINT32] = {"uint32", 4},
+    [CRING_UINT64] = {"uint64", 8},
 };
 
 size_t cring_dtype_size(cring_dtype_t dtype) {

@@ -79,4 +79,16 @@ int cring__comm_idle_wait_local(cring_comm_t *comm, uint64_t token, double max_w
  * spin briefly before yielding (it runs beside the user's compute threads). */
 void cring__comm_background_thread(void);
 
+/* Adasum (core/adasum.c): buf holds ntensors tensors back to back (counts[i]
+ * elements each, the same on every rank), reduced in place so that each
+ * tensor becomes the pairwise adaptive sum over ranks, with its own
+ * coefficients. dtype float16, bfloat16, float32 or float64
+ * (cring__adasum_supported); the world size a power of two
+ * (cring__adasum_size_ok), else ERR_NOT_SUPPORTED before communicating.
+ * Same threading rule as the collectives above. */
+int cring__adasum_supported(cring_dtype_t dtype);
+int cring__adasum_size_ok(int size);
+cring_status_t cring__comm_adasum(cring_comm_t *comm, void *buf, cring_dtype_t dtype,
+                                  const size_t *counts, int ntensors);
+
 #endif

@@ -10,11 +10,65 @@
 #include "../reduce/reduce.h"
 #include "engine_internal.h"
 
+/* Adasum over a batch (core/adasum.c): always through the fusion buffer,
+ * with each tensor's element count so that each keeps its own coefficients.
+ * Scaling and compression apply as for the other ops. */
+static cring_status_t run_adasum(cring_engine_t *e, req_t **batch, int n) {
+    const req_t *first = batch[0];
+    cring_dtype_t wire =
+        first->compression != CRING_DTYPE_COUNT ? first->compression : first->t[0].dtype;
+    size_t total = 0, ntensors = 0, es = cring_dtype_size(wire);
+    for (int b = 0; b < n; b++)
+        for (int i = 0; i < batch[b]->ntensors; i++) {
+            total += batch[b]->t[i].count;
+            ntensors++;
+        }
+    size_t *counts = malloc((ntensors ? ntensors : 1) * sizeof *counts);
+    if (!counts || cring__fusion_reserve(e, total * es) != 0) {
+        free(counts);
+        return CRING_ERR_NO_MEMORY;
+    }
+    double t0 = cring__engine_tl_now(e);
+    for (int b = 0; b < n; b++)
+        cring__engine_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
+    unsigned char *buf = e->exec.fusion;
+    size_t off = 0, k = 0;
+    for (int b = 0; b < n; b++)
+        for (int i = 0; i < batch[b]->ntensors; i++) {
+            tensor_spec_t *t = &batch[b]->t[i];
+            cring__convert(wire, buf + off * es, t->dtype, t->send, t->count, batch[b]->prescale);
+            off += t->count;
+            counts[k++] = t->count;
+        }
+    double t1 = cring__engine_tl_now(e);
+    cring_status_t st = cring__comm_adasum(e->comm, buf, wire, counts, (int)ntensors);
+    double t2 = cring__engine_tl_now(e);
+    off = 0;
+    if (st == CRING_OK)
+        for (int b = 0; b < n; b++)
+            for (int i = 0; i < batch[b]->ntensors; i++) {
+                tensor_spec_t *t = &batch[b]->t[i];
+                cring__convert(t->dtype, t->recv, wire, buf + off * es, t->count,
+                               batch[b]->postscale);
+                off += t->count;
+            }
+    double t3 = cring__engine_tl_now(e);
+    char args[96];
+    snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors,
+             total * es);
+    cring__fused_spans(e, batch, n, "ADASUM", t0, t1, t2, t3, args);
+    cring__engine_stats_add(&e->stats.fused_tensors, ntensors);
+    cring__engine_stats_add(&e->stats.collectives, 1);
+    free(counts);
+    return st;
+}
+
 /* Allreduce a batch of requests (one or many) with the same dtype, op and
  * compression: directly on the tensor when there is one tensor that needs no
  * staging, else through the fusion buffer. */
 static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
     const req_t *first = batch[0];
+    if (first->op == CRING_ADASUM) return run_adasum(e, batch, n);
     cring_dtype_t dtype = first->t[0].dtype;
     cring_dtype_t wire = first->compression != CRING_DTYPE_COUNT ? first->compression : dtype;
     size_t total = 0, ntensors = 0;

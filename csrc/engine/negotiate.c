@@ -96,7 +96,7 @@ void cring__negotiate_fail_all(cring_engine_t *e, cring_status_t st, const char 
 static req_t *speculation_candidate(cring_engine_t *e) {
     req_t *r = e->neg.last_attached;
     if (!r || e->neg.pending.count != 1 || e->neg.nuncached || r->cache_id < 0) return NULL;
-    if (r->coll != CRING_COLL_ALLREDUCE || r->ntensors != 1 ||
+    if (r->coll != CRING_COLL_ALLREDUCE || r->ntensors != 1 || r->op == CRING_ADASUM ||
         r->compression != CRING_DTYPE_COUNT || r->prescale != 1.0 ||
         r->device.type != CRING_DEVICE_CPU)
         return NULL;

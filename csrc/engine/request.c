@@ -161,6 +161,34 @@ void cring__record_first_dims(const parsed_t *p, int r, int size, int64_t *dims)
 
 /* ---- submission -------------------------------------------------------------------------- */
 
+/* Adasum (core/adasum.c): allreduce only, CPU tensors of a floating dtype,
+ * a power-of-two number of ranks. Every rank makes the same checks, so each
+ * one raises the same error. */
+static cring_status_t validate_adasum(cring_engine_t *e, const cring_request_t *q) {
+    if (q->collective != CRING_COLL_ALLREDUCE)
+        return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
+                                         "'%s': Adasum applies to allreduce only, not %s", q->name,
+                                         cring_collective_name(q->collective));
+    if (!cring__adasum_size_ok(e->size))
+        return cring__engine_submit_fail(
+            CRING_ERR_INVALID_ARGUMENT,
+            "'%s': Adasum needs a power-of-two number of ranks; this job has %d", q->name, e->size);
+    if (q->device.type != CRING_DEVICE_CPU)
+        return cring__engine_submit_fail(
+            CRING_ERR_INVALID_ARGUMENT,
+            "'%s': Adasum runs on CPU tensors only; move the tensor to the CPU or use Average",
+            q->name);
+    for (int i = 0; i < q->ntensors; i++) {
+        cring_dtype_t d = q->tensors[i].dtype;
+        if (!cring__adasum_supported(d))
+            return cring__engine_submit_fail(CRING_ERR_NOT_SUPPORTED,
+                                             "'%s': Adasum reduces float16, bfloat16, float32 and "
+                                             "float64 tensors, not %s",
+                                             q->name, cring_dtype_name(d));
+    }
+    return CRING_OK;
+}
+
 cring_status_t cring__req_validate(cring_engine_t *e, const cring_request_t *q) {
     if (!q->name || !*q->name)
         return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT, "a request needs a name");
@@ -232,6 +260,7 @@ cring_status_t cring__req_validate(cring_engine_t *e, const cring_request_t *q) 
     if (has_compression && q->collective != CRING_COLL_ALLREDUCE)
         return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
                                          "'%s': compression applies to allreduce only", q->name);
+    if (reduces && q->op == CRING_ADASUM) CRING_CHECK(validate_adasum(e, q));
     for (int i = 0; i < q->ntensors; i++) {
         const cring_tensor_t *t = &q->tensors[i];
         if (!cring_dtype_size(t->dtype))
@@ -244,7 +273,7 @@ cring_status_t cring__req_validate(cring_engine_t *e, const cring_request_t *q) 
             if (t->shape[d] < 0)
                 return cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
                                                  "'%s': negative dimension", q->name);
-        if (reduces && !cring__reduce_supported(t->dtype, q->op))
+        if (reduces && q->op != CRING_ADASUM && !cring__reduce_supported(t->dtype, q->op))
             return cring__engine_submit_fail(CRING_ERR_NOT_SUPPORTED,
                                              "'%s': op %s cannot reduce %s", q->name,
                                              cring_op_name(q->op), cring_dtype_name(t->dtype));

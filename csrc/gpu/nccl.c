@@ -49,7 +49,9 @@ static int nccl_dtype(cring_dtype_t d, ncclDataType_t *out) {
     case CRING_BOOL: *out = ncclUint8; return 1;
     case CRING_INT32: *out = ncclInt32; return 1;
     case CRING_INT64: *out = ncclInt64; return 1;
-    default: return 0;
+    case CRING_UINT32: *out = ncclUint32; return 1;
+    case CRING_UINT64: *out = ncclUint64; return 1;
+    default: return 0; /* NCCL has no 16-bit integers */
     }
 }
 

@@ -35,13 +35,17 @@ int cring__dl_to_dtype(cring_dl_dtype_t dt, cring_dtype_t *out) {
         return 1;
     case CRING_DL_INT:
         if (dt.bits == 8) *out = CRING_INT8;
+        else if (dt.bits == 16) *out = CRING_INT16;
         else if (dt.bits == 32) *out = CRING_INT32;
         else if (dt.bits == 64) *out = CRING_INT64;
         else return 0;
         return 1;
     case CRING_DL_UINT:
-        if (dt.bits != 8) return 0;
-        *out = CRING_UINT8;
+        if (dt.bits == 8) *out = CRING_UINT8;
+        else if (dt.bits == 16) *out = CRING_UINT16;
+        else if (dt.bits == 32) *out = CRING_UINT32;
+        else if (dt.bits == 64) *out = CRING_UINT64;
+        else return 0;
         return 1;
     case CRING_DL_BOOL:
         if (dt.bits != 8) return 0;
@@ -58,7 +62,10 @@ cring_dl_dtype_t cring__dl_from_dtype(cring_dtype_t d) {
     case CRING_FLOAT32:
     case CRING_FLOAT64: dt.code = CRING_DL_FLOAT; break;
     case CRING_BFLOAT16: dt.code = CRING_DL_BFLOAT; break;
-    case CRING_UINT8: dt.code = CRING_DL_UINT; break;
+    case CRING_UINT8:
+    case CRING_UINT16:
+    case CRING_UINT32:
+    case CRING_UINT64: dt.code = CRING_DL_UINT; break;
     case CRING_BOOL: dt.code = CRING_DL_BOOL; break;
     default: dt.code = CRING_DL_INT; break;
     }
@@ -202,11 +209,22 @@ static int format_dtype(const char *f, Py_ssize_t itemsize, cring_dtype_t *out) 
     case 'b': *out = CRING_INT8; break;
     case 'B': *out = CRING_UINT8; break;
     case '?': *out = CRING_BOOL; break;
+    case 'h':
     case 'i':
     case 'l':
     case 'q':
-        if (itemsize == 4) *out = CRING_INT32;
+        if (itemsize == 2) *out = CRING_INT16;
+        else if (itemsize == 4) *out = CRING_INT32;
         else if (itemsize == 8) *out = CRING_INT64;
+        else return 0;
+        break;
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q':
+        if (itemsize == 2) *out = CRING_UINT16;
+        else if (itemsize == 4) *out = CRING_UINT32;
+        else if (itemsize == 8) *out = CRING_UINT64;
         else return 0;
         break;
     default: return 0;
@@ -252,9 +270,16 @@ static int type_num_dtype(int type_num, cring_dtype_t *out) {
     case 0: *out = CRING_BOOL; return 1;
     case 1: *out = CRING_INT8; return 1;
     case 2: *out = CRING_UINT8; return 1;
+    case 3: *out = sizeof(short) == 2 ? CRING_INT16 : CRING_DTYPE_COUNT; break;     /* short */
+    case 4: *out = sizeof(short) == 2 ? CRING_UINT16 : CRING_DTYPE_COUNT; break;    /* ushort */
     case 5: *out = sizeof(int) == 4 ? CRING_INT32 : CRING_DTYPE_COUNT; break;       /* int */
+    case 6: *out = sizeof(int) == 4 ? CRING_UINT32 : CRING_DTYPE_COUNT; break;      /* uint */
     case 7: *out = sizeof(long) == 8 ? CRING_INT64 : CRING_INT32; break;            /* long */
+    case 8: *out = sizeof(long) == 8 ? CRING_UINT64 : CRING_UINT32; break;          /* ulong */
     case 9: *out = sizeof(long long) == 8 ? CRING_INT64 : CRING_DTYPE_COUNT; break; /* long long */
+    case 10:
+        *out = sizeof(long long) == 8 ? CRING_UINT64 : CRING_DTYPE_COUNT;
+        break; /* ulonglong */
     case 11: *out = CRING_FLOAT32; return 1;
     case 12: *out = CRING_FLOAT64; return 1;
     case 23: *out = CRING_FLOAT16; return 1;

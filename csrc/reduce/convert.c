@@ -17,6 +17,10 @@ static double load(cring_dtype_t dt, const void *p, size_t i) {
     case CRING_UINT8: return ((const uint8_t *)p)[i];
     case CRING_INT32: return ((const int32_t *)p)[i];
     case CRING_INT64: return (double)((const int64_t *)p)[i];
+    case CRING_INT16: return ((const int16_t *)p)[i];
+    case CRING_UINT16: return ((const uint16_t *)p)[i];
+    case CRING_UINT32: return ((const uint32_t *)p)[i];
+    case CRING_UINT64: return (double)((const uint64_t *)p)[i];
     default: return 0;
     }
 }
@@ -31,6 +35,10 @@ static void store(cring_dtype_t dt, void *p, size_t i, double v) {
     case CRING_UINT8: ((uint8_t *)p)[i] = (uint8_t)trunc(v); break;
     case CRING_INT32: ((int32_t *)p)[i] = (int32_t)trunc(v); break;
     case CRING_INT64: ((int64_t *)p)[i] = (int64_t)trunc(v); break;
+    case CRING_INT16: ((int16_t *)p)[i] = (int16_t)trunc(v); break;
+    case CRING_UINT16: ((uint16_t *)p)[i] = (uint16_t)trunc(v); break;
+    case CRING_UINT32: ((uint32_t *)p)[i] = (uint32_t)trunc(v); break;
+    case CRING_UINT64: ((uint64_t *)p)[i] = (uint64_t)trunc(v); break;
     default: break;
     }
 }

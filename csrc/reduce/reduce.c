@@ -14,8 +14,8 @@
 
 /* ---- Semantics shared by every kernel family --------------------------------
  * - Integers wrap modulo 2^bits: sums and products are computed in the unsigned
- *   type of the same width; MIN/MAX compare as signed (int8/int32/int64) or
- *   unsigned (uint8). Integer AVERAGE divides the wrapped sum toward zero.
+ *   type of the same width; MIN/MAX compare as signed (int8/16/32/64) or
+ *   unsigned (uint8/16/32/64). Integer AVERAGE divides the wrapped sum toward zero.
  * - Floating MIN/MAX propagate NaN like numpy.minimum/maximum: if either input
  *   is NaN the result is NaN. MIN(-0, +0) returns whichever came first.
  * - float16/bfloat16 are widened to float32, combined (all sources, then the
@@ -65,19 +65,30 @@
 #define S_IMAX_int32_t(a, x) ((int32_t)(x) > (int32_t)(a) ? (x) : (a))
 #define S_IMIN_int64_t(a, x) ((int64_t)(x) < (int64_t)(a) ? (x) : (a))
 #define S_IMAX_int64_t(a, x) ((int64_t)(x) > (int64_t)(a) ? (x) : (a))
+#define S_IMIN_int16_t(a, x) ((int16_t)(x) < (int16_t)(a) ? (x) : (a))
+#define S_IMAX_int16_t(a, x) ((int16_t)(x) > (int16_t)(a) ? (x) : (a))
+#define S_IMIN_uint16_t(a, x) ((x) < (a) ? (x) : (a))
+#define S_IMAX_uint16_t(a, x) ((x) > (a) ? (x) : (a))
+#define S_IMIN_uint32_t(a, x) ((x) < (a) ? (x) : (a))
+#define S_IMAX_uint32_t(a, x) ((x) > (a) ? (x) : (a))
+#define S_IMIN_uint64_t(a, x) ((x) < (a) ? (x) : (a))
+#define S_IMAX_uint64_t(a, x) ((x) > (a) ? (x) : (a))
 
-/* Products of unsigned char promote to int; 255*255 fits, and the store wraps. */
+/* Products of unsigned char promote to int; 255*255 fits, and the store wraps.
+ * 16-bit integers compute in uint32_t (65535*65535 would overflow int), which
+ * wraps modulo 2^32 and so agrees with 2^16 at the truncating store. */
 #define FLOAT_KERNELS(name, T, C, LD, ST)                                                          \
     SCALAR_KERNEL(scalar_##name##_sum, T, C, LD, ST, S_SUM, 0)                                     \
     SCALAR_KERNEL(scalar_##name##_avg, T, C, LD, ST, S_SUM, 1)                                     \
     SCALAR_KERNEL(scalar_##name##_min, T, C, LD, ST, S_FMIN, 0)                                    \
     SCALAR_KERNEL(scalar_##name##_max, T, C, LD, ST, S_FMAX, 0)                                    \
     SCALAR_KERNEL(scalar_##name##_prod, T, C, LD, ST, S_PROD, 0)
-#define INT_KERNELS(name, U, S)                                                                    \
-    SCALAR_KERNEL(scalar_##name##_sum, U, U, LD_SAME, ST_SAME, S_SUM, 0)                           \
-    SCALAR_KERNEL(scalar_##name##_min, U, U, LD_SAME, ST_SAME, S_IMIN(S), 0)                       \
-    SCALAR_KERNEL(scalar_##name##_max, U, U, LD_SAME, ST_SAME, S_IMAX(S), 0)                       \
-    SCALAR_KERNEL(scalar_##name##_prod, U, U, LD_SAME, ST_SAME, S_PROD, 0)
+#define INT_KERNELS_IN(name, U, C, S)                                                              \
+    SCALAR_KERNEL(scalar_##name##_sum, U, C, LD_SAME, (U), S_SUM, 0)                               \
+    SCALAR_KERNEL(scalar_##name##_min, U, C, LD_SAME, (U), S_IMIN(S), 0)                           \
+    SCALAR_KERNEL(scalar_##name##_max, U, C, LD_SAME, (U), S_IMAX(S), 0)                           \
+    SCALAR_KERNEL(scalar_##name##_prod, U, C, LD_SAME, (U), S_PROD, 0)
+#define INT_KERNELS(name, U, S) INT_KERNELS_IN(name, U, U, S)
 
 FLOAT_KERNELS(f16, uint16_t, float, LD_F16, ST_F16)
 FLOAT_KERNELS(bf16, uint16_t, float, LD_BF16, ST_BF16)
@@ -87,6 +98,10 @@ INT_KERNELS(i8, uint8_t, int8_t)
 INT_KERNELS(u8, uint8_t, uint8_t)
 INT_KERNELS(i32, uint32_t, int32_t)
 INT_KERNELS(i64, uint64_t, int64_t)
+INT_KERNELS_IN(i16, uint16_t, uint32_t, int16_t)
+INT_KERNELS_IN(u16, uint16_t, uint32_t, uint16_t)
+INT_KERNELS(u32, uint32_t, uint32_t)
+INT_KERNELS(u64, uint64_t, uint64_t)
 
 #define FLOAT_ROW(name)                                                                            \
     {                                                                                              \
@@ -108,6 +123,10 @@ const cring__reduce_kernels_t cring__reduce_scalar_kernels = {
             [CRING_UINT8] = INT_ROW(u8),
             [CRING_INT32] = INT_ROW(i32),
             [CRING_INT64] = INT_ROW(i64),
+            [CRING_INT16] = INT_ROW(i16),
+            [CRING_UINT16] = INT_ROW(u16),
+            [CRING_UINT32] = INT_ROW(u32),
+            [CRING_UINT64] = INT_ROW(u64),
         },
 };
 
@@ -162,8 +181,17 @@ static int op_slot(cring_op_t op) {
 }
 
 static int is_integer(cring_dtype_t dtype) {
-    return dtype == CRING_INT8 || dtype == CRING_UINT8 || dtype == CRING_INT32 ||
-           dtype == CRING_INT64;
+    switch (dtype) {
+    case CRING_INT8:
+    case CRING_UINT8:
+    case CRING_INT16:
+    case CRING_UINT16:
+    case CRING_INT32:
+    case CRING_UINT32:
+    case CRING_INT64:
+    case CRING_UINT64: return 1;
+    default: return 0;
+    }
 }
 
 /* buf[i] /= divisor toward zero for i in [begin, end), on the signed (or
@@ -188,6 +216,26 @@ static void int_divide(cring_dtype_t dtype, void *buf, size_t begin, size_t end,
     case CRING_INT64: {
         int64_t *p = buf;
         for (size_t i = begin; i < end; i++) p[i] = p[i] / (int64_t)divisor;
+        break;
+    }
+    case CRING_INT16: {
+        int16_t *p = buf;
+        for (size_t i = begin; i < end; i++) p[i] = (int16_t)(p[i] / divisor);
+        break;
+    }
+    case CRING_UINT16: {
+        uint16_t *p = buf;
+        for (size_t i = begin; i < end; i++) p[i] = (uint16_t)(p[i] / divisor);
+        break;
+    }
+    case CRING_UINT32: {
+        uint32_t *p = buf;
+        for (size_t i = begin; i < end; i++) p[i] = p[i] / (uint32_t)divisor;
+        break;
+    }
+    case CRING_UINT64: {
+        uint64_t *p = buf;
+        for (size_t i = begin; i < end; i++) p[i] = p[i] / (uint64_t)divisor;
         break;
     }
     default: break;

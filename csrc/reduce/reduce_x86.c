@@ -18,6 +18,8 @@
     typedef double vf64_##W __attribute__((vector_size(VB)));                                      \
     typedef uint8_t vu8_##W __attribute__((vector_size(VB)));                                      \
     typedef int8_t vs8_##W __attribute__((vector_size(VB)));                                       \
+    typedef uint16_t vu16_##W __attribute__((vector_size(VB)));                                    \
+    typedef int16_t vs16_##W __attribute__((vector_size(VB)));                                     \
     typedef uint32_t vu32_##W __attribute__((vector_size(VB)));                                    \
     typedef int32_t vs32_##W __attribute__((vector_size(VB)));                                     \
     typedef uint64_t vu64_##W __attribute__((vector_size(VB)));                                    \
@@ -25,6 +27,7 @@
     typedef float vf32_##W##_u __attribute__((vector_size(VB), aligned(1), may_alias));            \
     typedef double vf64_##W##_u __attribute__((vector_size(VB), aligned(1), may_alias));           \
     typedef uint8_t vu8_##W##_u __attribute__((vector_size(VB), aligned(1), may_alias));           \
+    typedef uint16_t vu16_##W##_u __attribute__((vector_size(VB), aligned(1), may_alias));         \
     typedef uint32_t vu32_##W##_u __attribute__((vector_size(VB), aligned(1), may_alias));         \
     typedef uint64_t vu64_##W##_u __attribute__((vector_size(VB), aligned(1), may_alias));
 
@@ -33,7 +36,7 @@ DECLARE_VECTOR_TYPES(64, 512)
 
 /* ---- combine operations on vectors -------------------------------------------
  * VC: compute vector type, MT: signed integer vector of the same lane width
- * (comparison masks), CT: the type to compare in (signed view for int8/32/64). */
+ * (comparison masks), CT: the type to compare in (signed view for int8/16/32/64). */
 #define V_SUM(VC, MT, CT, a, x) ((a) + (x))
 #define V_PROD(VC, MT, CT, a, x) ((a) * (x))
 #define V_BLEND(VC, MT, m, x, a) ((VC)((((MT)(x)) & (m)) | (((MT)(a)) & ~(m))))
@@ -179,7 +182,7 @@ DECLARE_VECTOR_TYPES(64, 512)
     VEC_KERNEL(isa##_##name##_prod, TGT, T, VC, VU, MT, CT, T, LANES, LOAD_NATIVE, STORE_NATIVE,   \
                V_PROD, 0, DTYPE, CRING__K_PROD)
 
-#define ALL_FAMILIES(isa, TGT, W, F32_LANES, F64_LANES, U8_LANES, U32_LANES, U64_LANES)            \
+#define ALL_FAMILIES(isa, TGT, W, F32_LANES, F64_LANES, U8_LANES, U16_LANES, U32_LANES, U64_LANES) \
     FLOAT_FAMILY(isa, TGT, f16, CRING_FLOAT16, uint16_t, vf32_##W, void, vs32_##W, F32_LANES,      \
                  LOAD_F16_##W, STORE_F16_##W)                                                      \
     FLOAT_FAMILY(isa, TGT, bf16, CRING_BFLOAT16, uint16_t, vf32_##W, void, vs32_##W, F32_LANES,    \
@@ -195,13 +198,21 @@ DECLARE_VECTOR_TYPES(64, 512)
     INT_FAMILY(isa, TGT, i32, CRING_INT32, uint32_t, vu32_##W, vu32_##W##_u, vs32_##W, vs32_##W,   \
                U32_LANES)                                                                          \
     INT_FAMILY(isa, TGT, i64, CRING_INT64, uint64_t, vu64_##W, vu64_##W##_u, vs64_##W, vs64_##W,   \
+               U64_LANES)                                                                          \
+    INT_FAMILY(isa, TGT, i16, CRING_INT16, uint16_t, vu16_##W, vu16_##W##_u, vs16_##W, vs16_##W,   \
+               U16_LANES)                                                                          \
+    INT_FAMILY(isa, TGT, u16, CRING_UINT16, uint16_t, vu16_##W, vu16_##W##_u, vs16_##W, vu16_##W,  \
+               U16_LANES)                                                                          \
+    INT_FAMILY(isa, TGT, u32, CRING_UINT32, uint32_t, vu32_##W, vu32_##W##_u, vs32_##W, vu32_##W,  \
+               U32_LANES)                                                                          \
+    INT_FAMILY(isa, TGT, u64, CRING_UINT64, uint64_t, vu64_##W, vu64_##W##_u, vs64_##W, vu64_##W,  \
                U64_LANES)
 
 #define TARGET_AVX2 __attribute__((target("avx2,f16c,fma")))
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,f16c,fma")))
 
-ALL_FAMILIES(avx2, TARGET_AVX2, 256, 8, 4, 32, 8, 4)
-ALL_FAMILIES(avx512, TARGET_AVX512, 512, 16, 8, 64, 16, 8)
+ALL_FAMILIES(avx2, TARGET_AVX2, 256, 8, 4, 32, 16, 8, 4)
+ALL_FAMILIES(avx512, TARGET_AVX512, 512, 16, 8, 64, 32, 16, 8)
 
 /* The two row shapes of the kernel table, kept as rows. */
 /* clang-format off */
@@ -224,6 +235,10 @@ ALL_FAMILIES(avx512, TARGET_AVX512, 512, 16, 8, 64, 16, 8)
                 [CRING_UINT8] = INT_ROW(isa, u8),                                                  \
                 [CRING_INT32] = INT_ROW(isa, i32),                                                 \
                 [CRING_INT64] = INT_ROW(isa, i64),                                                 \
+                [CRING_INT16] = INT_ROW(isa, i16),                                                 \
+                [CRING_UINT16] = INT_ROW(isa, u16),                                                \
+                [CRING_UINT32] = INT_ROW(isa, u32),                                                \
+                [CRING_UINT64] = INT_ROW(isa, u64),                                                \
             },                                                                                     \
     };
 

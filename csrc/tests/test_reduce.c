@@ -73,9 +73,9 @@ static uint16_t ref_f32_to_bf16(float f) {
 }
 
 /* ---- reference reduction ------------------------------------------------------ */
-static const cring_dtype_t all_dtypes[] = {CRING_FLOAT16, CRING_BFLOAT16, CRING_FLOAT32,
-                                           CRING_FLOAT64, CRING_INT8,     CRING_UINT8,
-                                           CRING_INT32,   CRING_INT64};
+static const cring_dtype_t all_dtypes[] = {
+    CRING_FLOAT16, CRING_BFLOAT16, CRING_FLOAT32, CRING_FLOAT64, CRING_INT8,  CRING_UINT8,
+    CRING_INT16,   CRING_UINT16,   CRING_INT32,   CRING_UINT32,  CRING_INT64, CRING_UINT64};
 static const cring_op_t all_ops[] = {CRING_SUM, CRING_AVERAGE, CRING_MIN, CRING_MAX, CRING_PRODUCT};
 #define N_DTYPES (sizeof all_dtypes / sizeof all_dtypes[0])
 #define N_OPS (sizeof all_ops / sizeof all_ops[0])
@@ -102,12 +102,17 @@ static float ref_fcombine32(cring_op_t op, float a, float x) {
     }
 }
 
-/* Load element i of an integer array, sign-extended for signed dtypes. */
+/* Load element i of an integer array, sign-extended for signed dtypes. uint64
+ * values above INT64_MAX come out negative: the reference compares and
+ * divides uint64 separately (ref_is_u64). */
 static int64_t ref_iload(cring_dtype_t dt, const void *p, size_t i) {
     switch (dt) {
     case CRING_INT8: return ((const int8_t *)p)[i];
     case CRING_UINT8: return ((const uint8_t *)p)[i];
+    case CRING_INT16: return ((const int16_t *)p)[i];
+    case CRING_UINT16: return ((const uint16_t *)p)[i];
     case CRING_INT32: return ((const int32_t *)p)[i];
+    case CRING_UINT32: return ((const uint32_t *)p)[i];
     default: return ((const int64_t *)p)[i];
     }
 }
@@ -116,7 +121,10 @@ static void ref_istore(cring_dtype_t dt, void *p, size_t i, uint64_t v) {
     switch (dt) {
     case CRING_INT8:
     case CRING_UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
-    case CRING_INT32: ((uint32_t *)p)[i] = (uint32_t)v; break;
+    case CRING_INT16:
+    case CRING_UINT16: ((uint16_t *)p)[i] = (uint16_t)v; break;
+    case CRING_INT32:
+    case CRING_UINT32: ((uint32_t *)p)[i] = (uint32_t)v; break;
     default: ((uint64_t *)p)[i] = v; break;
     }
 }
@@ -126,10 +134,15 @@ static int64_t ref_wrap(cring_dtype_t dt, uint64_t v) {
     switch (dt) {
     case CRING_INT8: return (int8_t)(uint8_t)v;
     case CRING_UINT8: return (uint8_t)v;
+    case CRING_INT16: return (int16_t)(uint16_t)v;
+    case CRING_UINT16: return (uint16_t)v;
     case CRING_INT32: return (int32_t)(uint32_t)v;
+    case CRING_UINT32: return (uint32_t)v;
     default: return (int64_t)v;
     }
 }
+
+static int ref_is_u64(cring_dtype_t dt) { return dt == CRING_UINT64; }
 
 /* out[i] = fold of op over srcs[0..nsrc)[i], then / divisor when divide. */
 static void ref_reduce(cring_dtype_t dt, cring_op_t op, void *out, const void *const *srcs,
@@ -170,12 +183,19 @@ static void ref_reduce(cring_dtype_t dt, cring_op_t op, void *out, const void *c
                 case CRING_SUM:
                 case CRING_AVERAGE: acc = ref_wrap(dt, (uint64_t)acc + (uint64_t)x); break;
                 case CRING_PRODUCT: acc = ref_wrap(dt, (uint64_t)acc * (uint64_t)x); break;
-                case CRING_MIN: acc = x < acc ? x : acc; break;
-                case CRING_MAX: acc = x > acc ? x : acc; break;
+                case CRING_MIN:
+                    if (ref_is_u64(dt)) acc = (uint64_t)x < (uint64_t)acc ? x : acc;
+                    else acc = x < acc ? x : acc;
+                    break;
+                case CRING_MAX:
+                    if (ref_is_u64(dt)) acc = (uint64_t)x > (uint64_t)acc ? x : acc;
+                    else acc = x > acc ? x : acc;
+                    break;
                 default: break;
                 }
             }
-            if (divide) acc = acc / divisor;
+            if (divide && ref_is_u64(dt)) acc = (int64_t)((uint64_t)acc / (uint64_t)divisor);
+            else if (divide) acc = acc / divisor;
             ref_istore(dt, out, i, (uint64_t)acc);
             break;
         }

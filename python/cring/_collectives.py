@@ -63,7 +63,20 @@ def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
 # keyed by dtype object: NumPy computes `dtype.name` in Python, about 2 us
 _NUMPY_NAMES = {
     _np.dtype(n): n
-    for n in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")
+    for n in (
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "uint8",
+        "int16",
+        "uint16",
+        "int32",
+        "uint32",
+        "int64",
+        "uint64",
+        "bool",
+    )
 }
 _TORCH_NAMES: dict = {}  # torch dtype -> cring name, filled when torch is first seen
 
@@ -80,11 +93,16 @@ def _is_torch(x: Any) -> bool:
             "float64",
             "int8",
             "uint8",
+            "int16",
             "int32",
             "int64",
             "bool",
+            "uint16",
+            "uint32",
+            "uint64",
         ):
-            _TORCH_NAMES[getattr(torch, n)] = n
+            if hasattr(torch, n):  # torch.uint16/32/64 are new in torch 2.3
+                _TORCH_NAMES[getattr(torch, n)] = n
     return True
 
 

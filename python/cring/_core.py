@@ -40,7 +40,7 @@ Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
 
-_OP_VALUES = {int(o): int(o) for o in ReduceOp if o != ReduceOp.ADASUM}
+_OP_VALUES = {int(o): int(o) for o in ReduceOp}
 
 
 def _op(op: Any) -> int:
@@ -54,10 +54,8 @@ def _op(op: Any) -> int:
         op = ReduceOp(op.__index__())
     except (AttributeError, TypeError, ValueError):
         raise ValueError(
-            f"unknown reduction op {op!r}; use cring.Sum, Average, Min, Max or Product"
+            f"unknown reduction op {op!r}; use cring.Sum, Average, Min, Max, Product or Adasum"
         ) from None
-    if op == ReduceOp.ADASUM:
-        raise NotImplementedError("cring does not implement Adasum; use cring.Average or Sum")
     return int(op)
 
 

@@ -19,6 +19,10 @@ _NUMPY_DTYPES = {
     "int32": np.int32,
     "int64": np.int64,
     "bool": np.bool_,
+    "int16": np.int16,
+    "uint16": np.uint16,
+    "uint32": np.uint32,
+    "uint64": np.uint64,
 }
 
 

@@ -65,7 +65,11 @@ def arguments():
             lambda: DistributedOptimizer(plain_sgd(m), op=cring.Sum, gradient_predivide_factor=2.0),
             "predivide",
         ),
-        raises(NotImplementedError, lambda: DistributedOptimizer(plain_sgd(m), op=cring.Adasum)),
+        raises(
+            ValueError,
+            lambda: DistributedOptimizer(plain_sgd(m), op=cring.Adasum, groups=2),
+            "Adasum",
+        ),
         raises(ValueError, lambda: DistributedOptimizer(plain_sgd(m), groups=-1)),
         raises(
             ValueError,

@@ -57,6 +57,10 @@ typedef enum cring_dtype {
     CRING_INT32 = 6,
     CRING_INT64 = 7,
     CRING_BOOL = 8, /* broadcast / allgather only: not reducible */
+    CRING_INT16 = 9,
+    CRING_UINT16 = 10,
+    CRING_UINT32 = 11,
+    CRING_UINT64 = 12,
     CRING_DTYPE_COUNT
 } cring_dtype_t;
 

@@ -36,12 +36,12 @@ _OP_NAMES = {
 def resolve_op(reduce_op: Any) -> cring.ReduceOp:
     """cring's op for Lightning's `reduce_op`: a name ('mean'/'avg', 'sum',
     'min', 'max', 'product'), torch.distributed.ReduceOp.{SUM, AVG, MIN, MAX,
-    PRODUCT}, or a cring.ReduceOp. None means sum, as in Lightning's DDP."""
+    PRODUCT}, or a cring.ReduceOp (cring.Adasum included: floating CPU tensors,
+    a power-of-two number of ranks; see docs/adasum.md). None means sum, as in
+    Lightning's DDP."""
     if reduce_op is None:
         return cring.Sum
     if isinstance(reduce_op, cring.ReduceOp):
-        if reduce_op == cring.Adasum:
-            raise ValueError("reduce_op=cring.Adasum is not supported by cring")
         return reduce_op
     if isinstance(reduce_op, str):
         op = _OP_NAMES.get(reduce_op.lower())

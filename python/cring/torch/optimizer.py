@@ -22,6 +22,7 @@ import torch
 
 import cring
 
+from . import _adasum
 from . import sharded as _sharded
 from .functions import broadcast_optimizer_state, broadcast_parameters
 
@@ -526,8 +527,10 @@ def DistributedOptimizer(
         backward_passes_per_step: gradients accumulate locally (summed by
             autograd) over this many backward passes; the allreduce starts on
             the last one.
-        op: cring.Average (default) or cring.Sum (Min, Max, Product work too;
-            Adasum is not implemented).
+        op: cring.Average (default) or cring.Sum (Min, Max, Product work too).
+            cring.Adasum, with more than one rank, gives Horovod's delta
+            optimizer: each rank steps locally and the parameters' updates
+            are combined with Adasum (docs/adasum.md).
         gradient_predivide_factor: with Average, gradients are multiplied by
             1 / factor before the sum and by factor / size() after it.
         groups: an int n: the trainable parameters, in order, are cut into n
@@ -561,8 +564,14 @@ def DistributedOptimizer(
         )
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("optimizer is already a cring DistributedOptimizer")
-    if op == cring.Adasum:
-        raise NotImplementedError("cring does not implement Adasum; use cring.Average or Sum")
+    if op == cring.Adasum and cring.size() > 1:  # Horovod's delta optimizer: _adasum.py
+        if shard_state or groups is not None or gradient_predivide_factor != 1.0:
+            raise ValueError(
+                "op=cring.Adasum takes no shard_state, groups or gradient_predivide_factor"
+            )
+        return _adasum.make_adasum_optimizer(
+            optimizer, named_parameters, compression, backward_passes_per_step
+        )
     try:
         op = cring.ReduceOp(int(op))
     except (TypeError, ValueError):
