@@ -168,12 +168,25 @@ def barrier() -> None:
     synchronize(_submit(_C.BARRIER, _name("barrier", None), [], lambda h: None, caller_waits=True))
 
 
+_KNOBS = ("fusion_threshold_bytes", "cycle_time_ms", "autotune")
+
+
 def engine_stats() -> dict:
     """Counters of the background engine: negotiation cycles, data
     collectives run (a fused batch counts once), tensors completed, tensors
     that went through the fusion buffer, response-cache hits, errors."""
     _require_init()
-    return dict(_C.engine_stats())
+    return {k: v for k, v in _C.engine_stats().items() if k not in _KNOBS}
+
+
+def engine_knobs() -> dict:
+    """The engine's knobs in force on this rank: fusion_threshold_bytes,
+    cycle_time_ms, and autotune: "off", "tuning" (CRING_AUTOTUNE is trying
+    values; every rank changes them at the same round) or "settled" (the
+    best values are in force for good). See docs/autotune.md."""
+    _require_init()
+    stats = _C.engine_stats()
+    return {k: stats[k] for k in _KNOBS}
 
 
 def _rank_path(path: str) -> str:

@@ -98,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOSTS",
         help="not supported yet: cringrun launches on this host only",
     )
+    parser.add_argument(
+        "--autotune",
+        action="store_true",
+        help="tune the fusion threshold and cycle time on the running job (CRING_AUTOTUNE=1)",
+    )
+    parser.add_argument(
+        "--autotune-log-file",
+        metavar="FILE",
+        help="with --autotune: rank 0 writes one CSV row per trial here (CRING_AUTOTUNE_LOG)",
+    )
     elastic = parser.add_argument_group(
         "elastic training",
         "With --elastic, a worker that fails does not end the job: the others form a new "
@@ -163,6 +173,7 @@ _OPTIONS_WITH_VALUE = frozenset(
         "--host-discovery-script",
         "--discovery-interval",
         "--reset-limit",
+        "--autotune-log-file",
     }
 )
 
@@ -197,6 +208,15 @@ class Options:
     discovery_script: str | None = None
     discovery_interval_s: float = DEFAULT_DISCOVERY_INTERVAL_S
     reset_limit: int | None = None
+    autotune: bool = False
+    autotune_log_file: str | None = None
+
+    def rank_variables(self) -> dict[str, str]:
+        """What the options add to every rank's environment."""
+        env = {"CRING_AUTOTUNE": "1"} if self.autotune else {}
+        if self.autotune_log_file is not None:
+            env["CRING_AUTOTUNE_LOG"] = os.path.abspath(self.autotune_log_file)
+        return env
 
 
 def parse_args(argv: Sequence[str]) -> Options:
@@ -227,6 +247,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         parser.error(f"--min-np {min_np} is more than -np {namespace.num_proc}")
     if namespace.max_np is not None and namespace.max_np < namespace.num_proc:
         parser.error(f"--max-np {namespace.max_np} is less than -np {namespace.num_proc}")
+    if namespace.autotune_log_file is not None and not namespace.autotune:
+        parser.error("--autotune-log-file needs --autotune")
     script = namespace.host_discovery_script
     if script is not None and not (os.path.isfile(script) and os.access(script, os.X_OK)):
         parser.error(f"--host-discovery-script {script!r} is not an executable file")
@@ -241,4 +263,6 @@ def parse_args(argv: Sequence[str]) -> Options:
         discovery_script=script,
         discovery_interval_s=namespace.discovery_interval,
         reset_limit=namespace.reset_limit,
+        autotune=namespace.autotune,
+        autotune_log_file=namespace.autotune_log_file,
     )

@@ -48,6 +48,7 @@ def _launch(options: Options) -> int:
         return 1
     try:
         env = job_environment(port, secret, job_id)
+        env.update(options.rank_variables())  # --autotune
         if options.elastic:
             return ElasticJob(options, env, job_id).run()
         return Job(options, env).run()
