@@ -24,9 +24,17 @@
  *      as started, skipping the baseline's value;
  *   3. cycle time over {0, 0.25, 1, 4, 16} ms at the best threshold so far,
  *      skipping the value already measured;
- *   then settle on the best. A trial replaces the best only when it scores
- *   at least CRING__TUNE_MARGIN more, so noise does not move a job off its
- *   starting knobs for nothing. Once settled, the hooks are off. */
+ *   4. confirm, when the best is not the start: the starting knobs and the
+ *      best once more, back to back; the best must win again;
+ *   then settle. A trial replaces the best only when it scores at least
+ *   TUNE_MARGIN more, so noise does not move a job off its starting knobs
+ *   for nothing. Once settled, the hooks are off.
+ *
+ * A window closes at the first sync round after CRING_AUTOTUNE_SAMPLE_SECONDS
+ * once it also holds CRING_AUTOTUNE_STEPS_PER_SAMPLE steps, a step counted
+ * as one completion per name the response cache holds (a training step
+ * completes each gradient's name once), or after ten times that time
+ * whatever it holds; sync rounds come about four times per window. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,14 +60,37 @@ void cring__tune_search_init(cring__tune_search_t *s, cring__tune_knobs_t start)
     s->phase = CRING__TUNE_BASELINE;
 }
 
+/* The confirmation (phase CONFIRM): the starting knobs, then the best, one
+ * after the other, so slow drift of a shared machine cannot crown a winner. */
+static int confirm(cring__tune_search_t *s, double score) {
+    if (s->next == 0) { /* the starting knobs were just measured again */
+        s->confirm_start_score = score;
+        s->next = 1;
+        s->current = s->best;
+        return 0;
+    }
+    if (score > s->confirm_start_score * (1.0 + TUNE_MARGIN)) {
+        s->best_score = score;
+        s->best_trial = s->trials;
+    } else { /* not better after all: keep what the job started with */
+        s->best = s->start;
+        s->best_score = s->confirm_start_score;
+        s->best_trial = s->trials - 1;
+    }
+    s->phase = CRING__TUNE_SETTLED;
+    s->current = s->best;
+    return 1;
+}
+
 int cring__tune_search_step(cring__tune_search_t *s, double score) {
     if (s->phase == CRING__TUNE_SETTLED) return 1;
-    if (s->trials == 0 || score > s->best_score * (1.0 + TUNE_MARGIN)) {
+    s->trials++;
+    if (s->phase == CRING__TUNE_CONFIRM) return confirm(s, score);
+    if (s->trials == 1 || score > s->best_score * (1.0 + TUNE_MARGIN)) {
         s->best = s->current;
         s->best_score = score;
-        s->best_trial = s->trials + 1;
+        s->best_trial = s->trials;
     }
-    s->trials++;
     if (s->phase == CRING__TUNE_BASELINE) {
         s->phase = CRING__TUNE_THRESHOLD;
         s->next = 0;
@@ -81,6 +112,13 @@ int cring__tune_search_step(cring__tune_search_t *s, double score) {
             s->current = (cring__tune_knobs_t){s->best.fusion_threshold_bytes, c};
             return 0;
         }
+    }
+    if (s->best.fusion_threshold_bytes != s->start.fusion_threshold_bytes ||
+        s->best.cycle_time_us != s->start.cycle_time_us) {
+        s->phase = CRING__TUNE_CONFIRM;
+        s->next = 0;
+        s->current = s->start;
+        return 0;
     }
     s->phase = CRING__TUNE_SETTLED;
     s->current = s->best;
@@ -105,6 +143,7 @@ static const char *phase_name(int phase) {
     case CRING__TUNE_BASELINE: return "baseline";
     case CRING__TUNE_THRESHOLD: return "fusion_threshold";
     case CRING__TUNE_CYCLE: return "cycle_time";
+    case CRING__TUNE_CONFIRM: return "confirm";
     default: return "best";
     }
 }
@@ -134,15 +173,17 @@ void cring__autotune_start(cring_engine_t *e) {
     long warmup = cring__env_long("CRING_AUTOTUNE_WARMUP_SAMPLES", 1);
     long samples = cring__env_long("CRING_AUTOTUNE_SAMPLES", 3);
     double window_s = cring__env_double("CRING_AUTOTUNE_SAMPLE_SECONDS", 0.5);
+    long steps = cring__env_long("CRING_AUTOTUNE_STEPS_PER_SAMPLE", 5);
     t->warmup_windows = warmup < 0 ? 0 : (int)CRING_MIN(warmup, 1000);
     t->sample_windows = (int)CRING_MAX(1, CRING_MIN(samples, CRING__TUNE_MAX_SAMPLES));
     t->window_s = window_s > 0 ? window_s : 0.5;
+    t->steps_per_window = steps < 0 ? 0 : (int)CRING_MIN(steps, 1000000);
     cring__tune_knobs_t start = {(uint64_t)e->exec.threshold,
                                  (uint32_t)(e->drive.cycle_time_s * 1e6 + 0.5)};
     cring__tune_search_init(&t->search, start);
     t->next_sync_round = e->drive.rounds_done + FIRST_SYNC_ROUNDS;
-    t->window_start_s = cring__now_s();
-    t->window_start_round = e->drive.rounds_done;
+    t->window_start_s = t->last_sync_s = cring__now_s();
+    t->last_sync_round = e->drive.rounds_done;
     const char *path = getenv("CRING_AUTOTUNE_LOG");
     if (e->rank == 0 && path && *path) {
         t->log = fopen(path, "w");
@@ -161,13 +202,15 @@ void cring__autotune_stop(cring_engine_t *e) {
 }
 
 void cring__autotune_count(cring_engine_t *e, const response_t *resp, int n) {
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, tensors = 0;
     for (int i = 0; i < n; i++) {
         const req_t *r = resp[i].req;
         if (resp[i].status != CRING_OK || !r->handle) continue; /* errors, joined stand-ins */
         for (int k = 0; k < r->ntensors; k++) bytes += r->t[k].bytes;
+        tensors += (uint64_t)r->ntensors;
     }
     e->tune.bytes += bytes;
+    e->tune.tensors += tensors;
 }
 
 /* The decision that travels: the knobs, rounds to the next sync, settled. */
@@ -176,37 +219,43 @@ typedef struct packet {
     uint32_t cycle_time_us, next_rounds, settled, magic;
 } packet_t;
 
-/* Rank 0 at a sync round: close the window, feed the search when a trial is
- * complete, and say what every rank runs next. */
+/* Rank 0 at a sync round: close the window when it is long enough, feed
+ * the search when a trial is complete, and say what every rank runs next. */
 static void decide(cring_engine_t *e, packet_t *p) {
     cring__tune_t *t = &e->tune;
     double now = cring__now_s();
     double elapsed = now - t->window_start_s;
-    uint64_t rounds = e->drive.rounds_done - t->window_start_round;
-    double score = elapsed > 0 ? (double)t->bytes / elapsed : 0.0;
+    uint64_t names = e->cache.nslots > 0 ? (uint64_t)e->cache.nslots : 1;
     int settled = 0;
-    if (t->window >= t->warmup_windows) t->samples[t->window - t->warmup_windows] = score;
-    if (++t->window == t->warmup_windows + t->sample_windows) {
-        double median = cring__tune_median(t->samples, t->sample_windows);
-        int phase = t->search.phase;
-        cring__tune_knobs_t measured = t->search.current;
-        settled = cring__tune_search_step(&t->search, median);
-        log_row(e, t->search.trials, phase, measured, median);
-        if (settled)
-            log_row(e, t->search.best_trial, CRING__TUNE_SETTLED, t->search.best,
-                    t->search.best_score);
-        t->window = 0;
+    if (elapsed >= 10 * t->window_s ||
+        (elapsed >= t->window_s && t->tensors >= (uint64_t)t->steps_per_window * names)) {
+        double score = (double)t->bytes / elapsed;
+        if (t->window >= t->warmup_windows) t->samples[t->window - t->warmup_windows] = score;
+        if (++t->window == t->warmup_windows + t->sample_windows) {
+            double median = cring__tune_median(t->samples, t->sample_windows);
+            int phase = t->search.phase;
+            cring__tune_knobs_t measured = t->search.current;
+            settled = cring__tune_search_step(&t->search, median);
+            log_row(e, t->search.trials, phase, measured, median);
+            if (settled)
+                log_row(e, t->search.best_trial, CRING__TUNE_SETTLED, t->search.best,
+                        t->search.best_score);
+            t->window = 0;
+        }
+        t->bytes = t->tensors = 0;
+        t->window_start_s = now;
     }
-    double per_s = elapsed > 0 ? (double)rounds / elapsed : 0.0;
-    double next = per_s * t->window_s;
+    /* about four syncs per window, at the round rate since the last one */
+    double since = now - t->last_sync_s;
+    uint64_t rounds = e->drive.rounds_done - t->last_sync_round;
+    double next = since > 0 ? (double)rounds / since * t->window_s / 4 : 1.0;
+    t->last_sync_s = now;
+    t->last_sync_round = e->drive.rounds_done;
     p->threshold_bytes = t->search.current.fusion_threshold_bytes;
     p->cycle_time_us = t->search.current.cycle_time_us;
     p->next_rounds = next < 1 ? 1u : next > MAX_SYNC_ROUNDS ? MAX_SYNC_ROUNDS : (uint32_t)next;
     p->settled = (uint32_t)settled;
     p->magic = PACKET_MAGIC;
-    t->bytes = 0;
-    t->window_start_s = now;
-    t->window_start_round = e->drive.rounds_done;
 }
 
 cring_status_t cring__autotune_round(cring_engine_t *e) {

@@ -136,7 +136,13 @@ typedef struct cring__tune_knobs {
     uint32_t cycle_time_us;
 } cring__tune_knobs_t;
 
-enum { CRING__TUNE_BASELINE, CRING__TUNE_THRESHOLD, CRING__TUNE_CYCLE, CRING__TUNE_SETTLED };
+enum {
+    CRING__TUNE_BASELINE,
+    CRING__TUNE_THRESHOLD,
+    CRING__TUNE_CYCLE,
+    CRING__TUNE_CONFIRM,
+    CRING__TUNE_SETTLED
+};
 
 /* The search, a pure function of the scores it is given (autotune.c says
  * which trials it runs). `current` is the trial being measured. */
@@ -147,6 +153,7 @@ typedef struct cring__tune_search {
     int next;       /* the next grid index of the phase */
     int trials;     /* trials scored so far */
     int best_trial; /* which of them (1-based) scored best_score */
+    double confirm_start_score;
 } cring__tune_search_t;
 
 #define CRING__TUNE_MAX_SAMPLES 32
@@ -160,9 +167,10 @@ typedef struct cring__tune {
     /* rank 0, the coordinator */
     int warmup_windows, sample_windows, window; /* window: index within the trial */
     double window_s;                            /* aimed-at length of one window */
-    double window_start_s;
-    uint64_t window_start_round;
-    uint64_t bytes; /* payload completed in this window */
+    double window_start_s, last_sync_s;
+    uint64_t last_sync_round;
+    uint64_t bytes, tensors; /* payload and tensors completed in this window */
+    int steps_per_window;
     double samples[CRING__TUNE_MAX_SAMPLES];
     cring__tune_search_t search;
     FILE *log;

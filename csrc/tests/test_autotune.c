@@ -40,30 +40,48 @@ static int run_search(cring__tune_knobs_t start, double (*score)(cring__tune_kno
 
 static double flat_score(cring__tune_knobs_t k) { return 500.0 + (k.cycle_time_us == 0); }
 
+/* The fourth trial (1 MiB) gets lucky once; everything else scores alike. */
+static int spike_calls;
+static double spike_score(cring__tune_knobs_t k) { return ++spike_calls == 4 ? 900.0 : 500.0; }
+
 static void test_search(void) {
     cring__tune_knobs_t seen[64];
     /* the default knobs: 64 MiB is on the grid and 1 ms too, so neither is
-     * measured twice: 1 baseline + 5 thresholds + 4 cycle times */
-    int n = run_search((cring__tune_knobs_t){64 * MIB, 1000}, synthetic_score, seen, 60);
-    CHECK(n == 10);
+     * measured twice: 1 baseline + 5 thresholds + 4 cycle times, then the
+     * start and the best once more (confirmation) */
+    cring__tune_knobs_t start = {64 * MIB, 1000};
+    int n = run_search(start, synthetic_score, seen, 60);
+    CHECK(n == 12);
     CHECK(seen[0].fusion_threshold_bytes == 64 * MIB && seen[0].cycle_time_us == 1000);
     CHECK(seen[1].fusion_threshold_bytes == 64 << 10 && seen[1].cycle_time_us == 1000);
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < i; j++) /* no trial twice */
+    for (int i = 0; i < 10; i++)
+        for (int j = 0; j < i; j++) /* no trial twice before the confirmation */
             CHECK(seen[i].fusion_threshold_bytes != seen[j].fusion_threshold_bytes ||
                   seen[i].cycle_time_us != seen[j].cycle_time_us);
-    for (int i = 6; i < n; i++) /* cycle times are tried at the best threshold */
+    for (int i = 6; i < 10; i++) /* cycle times are tried at the best threshold */
         CHECK(seen[i].fusion_threshold_bytes == 4 * MIB);
+    CHECK(memcmp(&seen[10], &start, sizeof start) == 0);
+    CHECK(seen[11].fusion_threshold_bytes == 4 * MIB && seen[11].cycle_time_us == 250);
     CHECK(seen[n].fusion_threshold_bytes == 4 * MIB && seen[n].cycle_time_us == 250);
 
     /* a tiny threshold off the grid: every grid threshold is tried */
     n = run_search((cring__tune_knobs_t){1024, 1000}, synthetic_score, seen, 60);
-    CHECK(n == 11);
+    CHECK(n == 13);
     CHECK(seen[n].fusion_threshold_bytes == 4 * MIB && seen[n].cycle_time_us == 250);
 
-    /* all alike but for noise below the margin: the job keeps its knobs */
-    n = run_search((cring__tune_knobs_t){64 * MIB, 1000}, flat_score, seen, 60);
-    CHECK(seen[n].fusion_threshold_bytes == 64 * MIB && seen[n].cycle_time_us == 1000);
+    /* all alike but for noise below the margin: the job keeps its knobs,
+     * and nothing needs confirming */
+    n = run_search(start, flat_score, seen, 60);
+    CHECK(n == 10);
+    CHECK(memcmp(&seen[n], &start, sizeof start) == 0);
+
+    /* one lucky sample wins the grid but not the confirmation: the start stays */
+    spike_calls = 0;
+    n = run_search(start, spike_score, seen, 60);
+    CHECK(n == 12);
+    CHECK(seen[3].fusion_threshold_bytes == 1 * MIB);
+    CHECK(memcmp(&seen[11], &seen[3], sizeof start) == 0); /* the lucky one, confirmed */
+    CHECK(memcmp(&seen[n], &start, sizeof start) == 0);
 
     /* deterministic: the same scores give the same trials */
     cring__tune_knobs_t again[64];
@@ -120,6 +138,7 @@ static void job_rank(int rank, int size, int port, int transport) {
     setenv("CRING_AUTOTUNE_WARMUP_SAMPLES", "0", 1);
     setenv("CRING_AUTOTUNE_SAMPLES", "3", 1);
     setenv("CRING_AUTOTUNE_SAMPLE_SECONDS", "0.005", 1);
+    setenv("CRING_AUTOTUNE_STEPS_PER_SAMPLE", "1", 1);
     setenv("CRING_FUSION_THRESHOLD", "1024", 1);
     char log[128];
     snprintf(log, sizeof log, "/tmp/cring_test_autotune_%d_%d.csv", (int)getpid(), rank);
@@ -185,7 +204,8 @@ static void job_rank(int rank, int size, int port, int transport) {
             best += strstr(line, ",best,") != NULL;
         }
         fclose(f);
-        CHECK(rows == 12 && best == 1); /* 11 trials (1 KiB is off the grid) and the best */
+        /* 11 trials (1 KiB is off the grid), 2 to confirm a new best, the best */
+        CHECK((rows == 12 || rows == 14) && best == 1);
         unlink(log);
     }
     exit(0);
