@@ -288,10 +288,10 @@ struct cring_engine {
     struct {
         _Atomic uint64_t cycles, collectives, tensors, fused_tensors, cache_hits, errors;
     } stats;
-    cring__tune_t tune; /* autotune.c (its hooks: execute.c, negotiate.c) */
     pthread_mutex_t timeline_mu;
     cring__timeline_t *timeline;
     _Atomic int timeline_on; /* read without the lock by submitters */
+    cring__tune_t tune;      /* autotune.c (its hooks: execute.c, negotiate.c) */
 };
 
 /* ---- engine.c ---------------------------------------------------------------- */
