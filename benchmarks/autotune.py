@@ -56,6 +56,7 @@ def launch(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "cring.run", "-np", "2", sys.executable, __file__, "--worker"]
     cmd += ["--steps", str(args.steps), "--rounds", str(args.rounds)]
     cmd += ["--sample-seconds", str(args.sample_seconds)]
+    cmd += ["--steps-per-sample", str(args.steps_per_sample)]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS + KNOB_VARS}
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     return subprocess.call(cmd, timeout=1800, env=env)
@@ -122,12 +123,13 @@ def all_ranks(flag: bool) -> bool:
     return bool(cring.allreduce(np.array([int(flag)], np.int32), op=cring.Min, name="all")[0])
 
 
-def tune(model: str, start: dict, sample_seconds: float) -> dict:
+def tune(model: str, start: dict, args: argparse.Namespace) -> dict:
     """Train under CRING_AUTOTUNE until it settles; what it chose and took."""
     import cring
 
     knobs = dict(start, CRING_AUTOTUNE="1")
-    os.environ["CRING_AUTOTUNE_SAMPLE_SECONDS"] = str(sample_seconds)
+    os.environ["CRING_AUTOTUNE_SAMPLE_SECONDS"] = str(args.sample_seconds)
+    os.environ["CRING_AUTOTUNE_STEPS_PER_SAMPLE"] = str(args.steps_per_sample)
     job = Job(model, knobs)
     t0, steps = time.perf_counter(), 0
     while True:
@@ -176,8 +178,9 @@ def worker(args: argparse.Namespace) -> None:
     tuned: dict = {}
     for model in MODELS:
         for start, knobs in STARTS.items():
-            tuned[model, start] = tune(model, knobs, args.sample_seconds)
+            tuned[model, start] = tune(model, knobs, args)
     os.environ.pop("CRING_AUTOTUNE_SAMPLE_SECONDS", None)
+    os.environ.pop("CRING_AUTOTUNE_STEPS_PER_SAMPLE", None)
     samples: dict = {}
     for _ in range(args.rounds):
         for (model, start), t in tuned.items():
@@ -195,7 +198,8 @@ def worker(args: argparse.Namespace) -> None:
     )
     print(
         f"\nautotune benchmark: 2 ranks, batch {BATCH}, median of {args.rounds} rounds of "
-        f"{args.steps} steps; tuning windows of {args.sample_seconds:g} s\n\n{head}"
+        f"{args.steps} steps; tuning windows of >= {args.sample_seconds:g} s and >= "
+        f"{args.steps_per_sample} steps\n\n{head}"
     )
     rows = []
     for (model, start), t in tuned.items():
@@ -243,15 +247,18 @@ def worker(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=20, help="steps per timed round")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--sample-seconds", type=float, default=0.5, help="CRING_AUTOTUNE_SAMPLE_SECONDS"
     )
+    parser.add_argument(
+        "--steps-per-sample", type=int, default=3, help="CRING_AUTOTUNE_STEPS_PER_SAMPLE"
+    )
     parser.add_argument("--quick", action="store_true", help="3 rounds of 5 steps, 0.2 s windows")
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.rounds, args.sample_seconds = 5, 3, 0.2
+        args.steps, args.rounds, args.sample_seconds, args.steps_per_sample = 5, 3, 0.2, 1
     if args.worker:
         worker(args)
     else:

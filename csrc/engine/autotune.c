@@ -2,19 +2,20 @@
  * on the running job from its measured throughput, then settling on the best.
  * Owns the search (a pure function of scores), the coordinator's windows and
  * log, and the agreement every rank applies at the same round. It never
- * touches tensor data, and costs the default path one flag test per round.
+ * touches tensor data, and costs the default path two flag tests per round
+ * (negotiate.c, execute.c).
  *
  * How it runs (every rank runs the same negotiation rounds in the same
  * order, so a round number means the same moment everywhere):
  *
  *   round:   ... r  r+1 ... s-1  [s]  s+1 ...  [s']  ...
  *                                 |              |
- *            sync round s: rank 0 closes its window (bytes completed / wall
- *            seconds since the last sync), feeds the search when a trial is
- *            complete, and broadcasts 24 bytes: the knobs, the number of
- *            rounds to the next sync (sized so a window lasts about
- *            CRING_AUTOTUNE_SAMPLE_SECONDS) and whether tuning has settled.
- *            Every rank applies them before its next round.
+ *            sync round s: rank 0 closes its window when it is long enough
+ *            (score: payload bytes completed / wall seconds), feeds the
+ *            search when a trial is complete, and broadcasts 24 bytes: the
+ *            knobs, the number of rounds to the next sync (about a quarter
+ *            of a window at the current round rate) and whether tuning has
+ *            settled. Every rank applies them before its next round.
  *
  *   trial:   [warm-up windows, discarded][scored windows] -> median score
  *
@@ -38,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "engine_internal.h"
 
@@ -151,7 +153,8 @@ static const char *phase_name(int phase) {
 static void publish(cring_engine_t *e, int state) {
     atomic_store(&e->tune.shown_threshold_bytes, (uint64_t)e->exec.threshold);
     double us = e->drive.cycle_time_s * 1e6 + 0.5;
-    atomic_store(&e->tune.shown_cycle_time_us, us > 0 ? (uint32_t)us : 0u);
+    atomic_store(&e->tune.shown_cycle_time_us,
+                 us > 0 ? (us < 4e9 ? (uint32_t)us : 4000000000u) : 0u);
     atomic_store(&e->tune.shown_state, state);
 }
 
@@ -169,7 +172,10 @@ static void log_row(cring_engine_t *e, int trial, int phase, cring__tune_knobs_t
 void cring__autotune_start(cring_engine_t *e) {
     cring__tune_t *t = &e->tune;
     publish(e, CRING_AUTOTUNE_OFF);
-    if (cring__env_long("CRING_AUTOTUNE", 0) <= 0) return;
+    const char *on = getenv("CRING_AUTOTUNE");
+    if (!on || !*on || !strcmp(on, "0") || !strcasecmp(on, "false") || !strcasecmp(on, "no") ||
+        !strcasecmp(on, "off"))
+        return;
     long warmup = cring__env_long("CRING_AUTOTUNE_WARMUP_SAMPLES", 1);
     long samples = cring__env_long("CRING_AUTOTUNE_SAMPLES", 3);
     double window_s = cring__env_double("CRING_AUTOTUNE_SAMPLE_SECONDS", 0.5);
@@ -178,8 +184,9 @@ void cring__autotune_start(cring_engine_t *e) {
     t->sample_windows = (int)CRING_MAX(1, CRING_MIN(samples, CRING__TUNE_MAX_SAMPLES));
     t->window_s = window_s > 0 ? window_s : 0.5;
     t->steps_per_window = steps < 0 ? 0 : (int)CRING_MIN(steps, 1000000);
+    double cycle_us = e->drive.cycle_time_s > 0 ? e->drive.cycle_time_s * 1e6 + 0.5 : 0;
     cring__tune_knobs_t start = {(uint64_t)e->exec.threshold,
-                                 (uint32_t)(e->drive.cycle_time_s * 1e6 + 0.5)};
+                                 cycle_us < 4e9 ? (uint32_t)cycle_us : 4000000000u};
     cring__tune_search_init(&t->search, start);
     t->next_sync_round = e->drive.rounds_done + FIRST_SYNC_ROUNDS;
     t->window_start_s = t->last_sync_s = cring__now_s();
