@@ -349,6 +349,7 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
     e->neg.stall_shutdown_s = cring__env_double("CRING_STALL_SHUTDOWN_SECONDS", 0.0);
     e->cache.capacity = (int)cring__env_long("CRING_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY);
     if (e->cache.capacity < 0) e->cache.capacity = 0;
+    cring__autotune_start(e); /* after the knobs it tunes */
     e->join.vhdr = CRING__V_HEADER + (size_t)e->size;
     e->drive.park_while_busy = cring__comm_idle_wait_sees_peer_input(comm);
     e->neg.timeout_s = cring__comm_timeout_s(comm);
@@ -420,6 +421,7 @@ void cring_engine_stop(cring_engine_t *e) {
     e->join.round = NULL;
     free(e->exec.fusion);
     e->exec.fusion = NULL;
+    cring__autotune_stop(e);
     cring_comm_destroy(e->comm);
     e->comm = NULL;
     pthread_mutex_unlock(&e->drive.mu);
@@ -454,6 +456,9 @@ void cring_engine_get_stats(cring_engine_t *e, cring_engine_stats_t *out) {
     out->tcp_bytes_received = traffic.tcp_bytes_received;
     out->shm_bytes_sent = traffic.shm_bytes_sent;
     out->shm_bytes_received = traffic.shm_bytes_received;
+    out->fusion_threshold_bytes = atomic_load(&e->tune.shown_threshold_bytes);
+    out->cycle_time_ms = atomic_load(&e->tune.shown_cycle_time_us) / 1000.0;
+    out->autotune = atomic_load(&e->tune.shown_state);
 }
 
 cring_status_t cring_engine_timeline(cring_engine_t *e, const char *path) {

@@ -6,6 +6,7 @@
 #define CRING_ENGINE_INTERNAL_H
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -127,6 +128,58 @@ typedef struct response_list {
 
 #include "backend.h"
 
+/* ---- autotune (autotune.c) -------------------------------------------------- */
+
+/* The knobs the tuner sets, as every rank applies them. */
+typedef struct cring__tune_knobs {
+    uint64_t fusion_threshold_bytes;
+    uint32_t cycle_time_us;
+} cring__tune_knobs_t;
+
+enum {
+    CRING__TUNE_BASELINE,
+    CRING__TUNE_THRESHOLD,
+    CRING__TUNE_CYCLE,
+    CRING__TUNE_CONFIRM,
+    CRING__TUNE_SETTLED
+};
+
+/* The search, a pure function of the scores it is given (autotune.c says
+ * which trials it runs). `current` is the trial being measured. */
+typedef struct cring__tune_search {
+    cring__tune_knobs_t start, current, best;
+    double best_score;
+    int phase;      /* CRING__TUNE_*: which knob the current trial varies */
+    int next;       /* the next grid index of the phase */
+    int trials;     /* trials scored so far */
+    int best_trial; /* which of them (1-based) scored best_score */
+    double confirm_start_score;
+} cring__tune_search_t;
+
+#define CRING__TUNE_MAX_SAMPLES 32
+
+/* The tuner's state. Rounds are numbered alike on every rank, so a sync
+ * round (every rank broadcasts rank 0's decision and applies it) falls on
+ * the same round boundary everywhere. Written by the driver only. */
+typedef struct cring__tune {
+    int on;                   /* tuning: the round hook runs (every rank) */
+    uint64_t next_sync_round; /* rounds_done at which the next decision travels */
+    /* rank 0, the coordinator */
+    int warmup_windows, sample_windows, window; /* window: index within the trial */
+    double window_s;                            /* aimed-at length of one window */
+    double window_start_s, last_sync_s;
+    uint64_t last_sync_round;
+    uint64_t bytes, tensors; /* payload and tensors completed in this window */
+    int steps_per_window;
+    double samples[CRING__TUNE_MAX_SAMPLES];
+    cring__tune_search_t search;
+    FILE *log;
+    /* what cring_engine_get_stats shows (any thread reads them) */
+    _Atomic uint64_t shown_threshold_bytes;
+    _Atomic uint32_t shown_cycle_time_us;
+    _Atomic int shown_state; /* CRING_AUTOTUNE_OFF / _TUNING / _SETTLED */
+} cring__tune_t;
+
 struct cring_engine {
     cring_comm_t *comm;
     int rank, size;
@@ -238,6 +291,7 @@ struct cring_engine {
     pthread_mutex_t timeline_mu;
     cring__timeline_t *timeline;
     _Atomic int timeline_on; /* read without the lock by submitters */
+    cring__tune_t tune;      /* autotune.c (its hooks: execute.c, negotiate.c) */
 };
 
 /* ---- engine.c ---------------------------------------------------------------- */
@@ -335,5 +389,24 @@ cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n);
 int cring__fusion_reserve(cring_engine_t *e, size_t bytes);
 void cring__fused_spans(cring_engine_t *e, req_t **batch, int n, const char *phase, double t0,
                         double t1, double t2, double t3, const char *args);
+
+/* ---- autotune.c --------------------------------------------------------------- */
+
+/* Read CRING_AUTOTUNE*; the current knobs are e->exec.threshold and
+ * e->drive.cycle_time_s, already read. Starts tuning when asked. */
+void cring__autotune_start(cring_engine_t *e);
+void cring__autotune_stop(cring_engine_t *e);
+/* While e->tune.on, after every round on every rank: at a sync round, rank 0
+ * decides and every rank applies the decision. Returns a transport failure. */
+cring_status_t cring__autotune_round(cring_engine_t *e);
+/* While e->tune.on: count the payload of a round's successful responses. */
+void cring__autotune_count(cring_engine_t *e, const response_t *resp, int n);
+/* The search (pure; tested in csrc/tests/test_autotune.c). step scores the
+ * current trial and moves to the next; returns 1 once settled (current is
+ * then the best). */
+void cring__tune_search_init(cring__tune_search_t *s, cring__tune_knobs_t start);
+int cring__tune_search_step(cring__tune_search_t *s, double score);
+/* The median of n scores (sorts them in place). */
+double cring__tune_median(double *scores, int n);
 
 #endif

@@ -96,6 +96,7 @@ static cring_status_t run_batch(cring_engine_t *e, const response_t *r0, req_t *
 /* Run every successful response in order, batching what can be fused, then
  * complete each request. Returns a transport failure, if any. */
 cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n) {
+    if (e->tune.on) cring__autotune_count(e, resp, n);
     /* Stable insertion sort by fusion key keeps the negotiated order within a key. */
     for (int i = 1; i < n; i++) {
         response_t cur = resp[i];

@@ -420,6 +420,8 @@ cring_status_t cring__negotiate_round(cring_engine_t *e, int *progress) {
     *progress = *progress || l.n > 0;
     if (st != CRING_OK) return cring__engine_transport_failed(e, st);
     stall_check(e);
+    if (e->tune.on && (st = cring__autotune_round(e)) != CRING_OK)
+        return cring__engine_transport_failed(e, st);
     return CRING_OK;
 }
 

@@ -306,6 +306,9 @@ def process_set_size_rank(process_set: Any = None) -> tuple:
     return _ps_size_rank(_ps_id(process_set))
 
 
+_KNOBS = ("fusion_threshold_bytes", "cycle_time_ms", "autotune")
+
+
 def engine_stats() -> dict:
     """Counters of the background engine: negotiation cycles, data
     collectives run (a fused batch counts once), tensors completed, tensors
@@ -313,7 +316,17 @@ def engine_stats() -> dict:
     payload bytes this rank moved per transport (tcp_bytes_sent/_received on
     its sockets, shm_bytes_sent/_received through shared memory)."""
     _require_init()
-    return dict(_C.engine_stats())
+    return {k: v for k, v in _C.engine_stats().items() if k not in _KNOBS}
+
+
+def engine_knobs() -> dict:
+    """The engine's knobs in force on this rank: fusion_threshold_bytes,
+    cycle_time_ms, and autotune: "off", "tuning" (CRING_AUTOTUNE is trying
+    values; every rank changes them at the same round) or "settled" (the
+    best values are in force for good). See docs/autotune.md."""
+    _require_init()
+    stats = _C.engine_stats()
+    return {k: stats[k] for k in _KNOBS}
 
 
 def _rank_path(path: str) -> str:

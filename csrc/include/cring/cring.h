@@ -318,12 +318,20 @@ typedef struct cring_engine_stats {
      * its collectives (a hierarchical communicator uses both). */
     uint64_t tcp_bytes_sent, tcp_bytes_received;
     uint64_t shm_bytes_sent, shm_bytes_received;
+    /* The knobs in force on this rank; with CRING_AUTOTUNE=1 the tuner
+     * changes them (on every rank at the same round) until it settles. */
+    uint64_t fusion_threshold_bytes;
+    double cycle_time_ms;
+    int autotune; /* CRING_AUTOTUNE_OFF, CRING_AUTOTUNE_TUNING, CRING_AUTOTUNE_SETTLED */
 } cring_engine_stats_t;
+
+enum { CRING_AUTOTUNE_OFF = 0, CRING_AUTOTUNE_TUNING = 1, CRING_AUTOTUNE_SETTLED = 2 };
 
 /* Start the engine thread; it takes ownership of comm (destroyed by
  * cring_engine_stop, or here on failure). Reads CRING_FUSION_THRESHOLD (bytes,
  * default 64 MiB), CRING_CYCLE_TIME (ms), CRING_CACHE_CAPACITY,
- * CRING_STALL_CHECK_SECONDS, CRING_STALL_SHUTDOWN_SECONDS, CRING_TIMELINE. */
+ * CRING_STALL_CHECK_SECONDS, CRING_STALL_SHUTDOWN_SECONDS, CRING_TIMELINE,
+ * CRING_AUTOTUNE and its CRING_AUTOTUNE_* settings (docs/autotune.md). */
 CRING_API cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **engine_out);
 /* Stop the thread and destroy the communicator; handles still pending complete
  * with ERR_CLOSED. Handles stay valid until freed. NULL is a no-op. */

@@ -163,6 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="Python that runs cring's remote wrapper on other hosts (default: this one's)",
     )
+    parser.add_argument(
+        "--autotune",
+        action="store_true",
+        help="tune the fusion threshold and cycle time on the running job (CRING_AUTOTUNE=1)",
+    )
+    parser.add_argument(
+        "--autotune-log-file",
+        metavar="FILE",
+        help="with --autotune: rank 0 writes one CSV row per trial here (CRING_AUTOTUNE_LOG)",
+    )
     elastic = parser.add_argument_group(
         "elastic training",
         "With --elastic, a worker that fails does not end the job: the others form a new "
@@ -238,6 +248,7 @@ _OPTIONS_WITH_VALUE = frozenset(
         "--host-discovery-script",
         "--discovery-interval",
         "--reset-limit",
+        "--autotune-log-file",
     }
 )
 
@@ -281,6 +292,15 @@ class Options:
     network_interface: str | None = None
     store_addr: str | None = None
     remote_python: str | None = None
+    autotune: bool = False
+    autotune_log_file: str | None = None
+
+    def rank_variables(self) -> dict[str, str]:
+        """What the options add to every rank's environment."""
+        env = {"CRING_AUTOTUNE": "1"} if self.autotune else {}
+        if self.autotune_log_file is not None:
+            env["CRING_AUTOTUNE_LOG"] = os.path.abspath(self.autotune_log_file)
+        return env
 
 
 def parse_args(argv: Sequence[str]) -> Options:
@@ -327,6 +347,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         parser.error(f"--min-np {min_np} is more than -np {namespace.num_proc}")
     if namespace.max_np is not None and namespace.max_np < namespace.num_proc:
         parser.error(f"--max-np {namespace.max_np} is less than -np {namespace.num_proc}")
+    if namespace.autotune_log_file is not None and not namespace.autotune:
+        parser.error("--autotune-log-file needs --autotune")
     script = namespace.host_discovery_script
     if script is not None and not (os.path.isfile(script) and os.access(script, os.X_OK)):
         parser.error(f"--host-discovery-script {script!r} is not an executable file")
@@ -349,4 +371,6 @@ def parse_args(argv: Sequence[str]) -> Options:
         network_interface=namespace.network_interface,
         store_addr=namespace.store_addr,
         remote_python=namespace.remote_python,
+        autotune=namespace.autotune,
+        autotune_log_file=namespace.autotune_log_file,
     )

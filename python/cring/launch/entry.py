@@ -90,8 +90,11 @@ def _launch(options: Options) -> int:
         return 1
     try:
         env = job_environment(port, secret, job_id, addr)
+        env.update(options.rank_variables())  # --autotune
         try:
-            plan = _hosts_plan(options, job_variables(addr, port, secret, job_id))
+            plan = _hosts_plan(
+                options, {**job_variables(addr, port, secret, job_id), **options.rank_variables()}
+            )
         except ValueError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 2
