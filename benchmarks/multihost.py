@@ -119,12 +119,13 @@ def sim_flat(P, n, p, cores):
 
 
 def sim_hier(H, L, n, p, cores):
-    # on one machine the "link" is not shared by the L local ranks: each cross
-    # flow is its own CPU copy, so beta is not multiplied by L (the factor
-    # below already spreads all ranks over the cores)
-    t = hier_allreduce(
-        H, L, n, p["alpha"], p["beta"] / L, p["shm_alpha"], p["shm_beta"], p["tree_max"]
-    )
+    """On one machine the "link" is not shared by the L local ranks: each
+    cross flow is its own CPU copy, so beta is not multiplied by L (the
+    factor spreads all ranks over the cores). With more ranks than cores a
+    shared-memory step waits for a descheduled peer like a TCP hop does: the
+    wake-up, not the copy, sets its latency (at least alpha)."""
+    shm_alpha = p["shm_alpha"] if H * L <= cores else max(p["shm_alpha"], p["alpha"])
+    t = hier_allreduce(H, L, n, p["alpha"], p["beta"] / L, shm_alpha, p["shm_beta"], p["tree_max"])
     return sim_factor(H * L, cores) * t
 
 
@@ -178,13 +179,26 @@ def acceptance(cores):
 
     print("== the model: fit alpha, beta on the 2x2 flat ring and the shared-memory terms")
     print("   on 1 host x 2 ranks, then predict the 2x2 hierarchical and 4x2 times")
+    print("   (all five jobs run in turn, three rounds, each keeps its best: the same load)")
     n = 64 * MIB
     spec = f"4:300,{n}:3"
-    cal = best_of(2, 2, spec, {"flat": FLAT_RING}, repeats=2)["flat"][0]
+    jobs = {
+        ("2x2", "flat"): (2, 2, FLAT_RING),
+        ("1x2", "shm"): (1, 2, HIER),
+        ("2x2", "hier"): (2, 2, HIER),
+        ("4x2", "flat"): (4, 2, FLAT_RING),
+        ("4x2", "hier"): (4, 2, HIER),
+    }
+    best = {}
+    for _ in range(3):
+        for key, (H, L, env) in jobs.items():
+            rows, _ = bench(H, L, spec, env)
+            old = best.get(key, rows)
+            best[key] = [(a[0], min(a[1], b[1]), a[2]) for a, b in zip(old, rows)]
+    cal, shm = best[("2x2", "flat")], best[("1x2", "shm")]
     f4 = sim_factor(4, cores)
     alpha = cal[0][1] / f4 / ring_allreduce(4, 0, 1, 0)  # 6 sequential hops
     beta = (cal[1][1] / f4 - ring_allreduce(4, 0, alpha, 0)) / (1.5 * n)
-    shm = best_of(1, 2, spec, {"shm": HIER}, repeats=2)["shm"][0]
     f2 = sim_factor(2, cores)
     params = {
         "alpha": alpha,
@@ -199,17 +213,16 @@ def acceptance(cores):
         f"{cores} cores\n"
     )
     checks = []
-    for H, labels in ((2, ("hier",)), (4, ("flat", "hier"))):
-        L, P = 2, 2 * H
-        envs = {k: {"flat": FLAT_RING, "hier": HIER}[k] for k in labels}
-        measured = best_of(H, L, spec, envs, repeats=2)
-        for label, env_rows in measured.items():
-            for nb, t_meas, _ in env_rows[0]:
-                if label == "flat":
-                    pred = sim_factor(P, cores) * ring_allreduce(P, nb, alpha, beta)
-                else:
-                    pred = sim_hier(H, L, nb, params, cores)
-                checks.append((f"{H}x{L}", label, nb, t_meas, pred))
+    for (hosts, label), rows in best.items():
+        if (hosts, label) in (("2x2", "flat"), ("1x2", "shm")):
+            continue
+        H, L, _ = jobs[(hosts, label)]
+        for nb, t_meas, _ in rows:
+            if label == "flat":
+                pred = sim_factor(H * L, cores) * ring_allreduce(H * L, nb, alpha, beta)
+            else:
+                pred = sim_hier(H, L, nb, params, cores)
+            checks.append((hosts, label, nb, t_meas, pred))
     print(f"{'hosts':8}{'table':8}{'bytes':>10}{'measured ms':>14}{'model ms':>12}{'error':>8}")
     for hosts, label, nb, t_meas, pred in checks:
         err = (pred - t_meas) / t_meas

@@ -11,9 +11,8 @@ from multihost_ranks import run
 
 from conftest import rank_results, run_ranks
 
-pytestmark = pytest.mark.skipif(
-    simhosts.unavailable() is not None, reason=str(simhosts.unavailable())
-)
+_WHY = simhosts.unavailable()
+needs_hosts = pytest.mark.skipif(_WHY is not None, reason=f"simulated hosts: {_WHY}")
 
 
 def _run(tmp_path, nhosts, per_host, mode, *args, env=None, layout="block", cring_timeout_s=30):
@@ -33,6 +32,7 @@ def _run(tmp_path, nhosts, per_host, mode, *args, env=None, layout="block", crin
 
 @pytest.mark.parametrize("hierarchical", [True, False], ids=["hier", "flat"])
 @pytest.mark.parametrize("nhosts,layout", [(2, "block"), (3, "cyclic")], ids=["2x2", "3x2-cyclic"])
+@needs_hosts
 def test_every_collective_across_hosts(tmp_path, nhosts, layout, hierarchical):
     env = None if hierarchical else {"CRING_HIERARCHICAL": "0"}
     codes, results, logs = _run(tmp_path, nhosts, 2, "collectives", env=env, layout=layout)
@@ -48,6 +48,7 @@ def test_every_collective_across_hosts(tmp_path, nhosts, layout, hierarchical):
         assert (stats["shm_bytes_sent"] > 0) == hierarchical
 
 
+@needs_hosts
 def test_uneven_hosts_use_the_flat_ring(tmp_path):
     codes, results, logs = _run(tmp_path, 2, 2, "tree", layout=[0, 0, 1])
     assert codes == [0, 0, 0], logs
@@ -55,6 +56,7 @@ def test_uneven_hosts_use_the_flat_ring(tmp_path):
     assert all(r["failures"] == [] for r in results)
 
 
+@needs_hosts
 def test_rank_killed_on_one_host_fails_every_rank(tmp_path):
     timeout_s = 10
     codes, results, logs = _run(tmp_path, 3, 2, "kill", "3", cring_timeout_s=timeout_s)
@@ -79,6 +81,7 @@ def test_tree_allreduce_over_tcp(tmp_path, world_size):
         assert res["failures"] == [] and res["cases"] == 100
 
 
+@needs_hosts
 def test_hierarchical_sends_fewer_tcp_bytes(tmp_path):
     nbytes = 8 << 20
     per_call = {}
