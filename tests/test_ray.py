@@ -75,7 +75,9 @@ class LocalCluster:
         # Ray's workers inherit the driver's environment at ray.init().
         os.environ["PYTHONPATH"] = os.pathsep.join(paths)
         # num_gpus declares GPUs Ray may hand out; nothing checks that they exist
+        # address="local": a new instance even if another Ray runs on this machine
         self.context = ray.init(
+            address="local",
             num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=True
         )
         self.address = self.context.address_info["gcs_address"]

@@ -23,11 +23,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("cring.ray needs Ray Train: pip install 'ray[train]'") from exc
 
 from ._backend import CRingConfig
+from ._elastic import ElasticRayExecutor
 from ._executor import RayExecutor, RaySettings, RayWorkerError
 from ._trainer import TRAIN_V2, CRingTrainer
 
 __all__ = [
     "CRingConfig",
+    "ElasticRayExecutor",
     "CRingTrainer",
     "RayExecutor",
     "RaySettings",

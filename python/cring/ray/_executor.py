@@ -203,7 +203,14 @@ class RayExecutor:
         use_gpu: bool = False,
         gpus_per_worker: Optional[float] = None,
         use_current_placement_group: bool = True,
+        min_workers: Optional[int] = None,
+        max_workers: Optional[int] = None,
     ) -> None:
+        if min_workers is not None or max_workers is not None:
+            raise TypeError(
+                "RayExecutor: for elastic training (Horovod's min_workers/max_workers) use "
+                "cring.ray.ElasticRayExecutor(settings, min_workers=..., max_workers=...)"
+            )
         if not isinstance(settings, RaySettings):
             raise TypeError(
                 "RayExecutor: settings must come from RayExecutor.create_settings(), got "
