@@ -78,7 +78,10 @@ class LocalCluster:
         # address="local": a new instance even if another Ray runs on this machine
         self.context = ray.init(
             address="local",
-            num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=True
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            include_dashboard=False,
+            log_to_driver=True,
         )
         self.address = self.context.address_info["gcs_address"]
         self.stopped = False
