@@ -10,6 +10,7 @@ runs a collective itself.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 import uuid
@@ -71,15 +72,12 @@ class RaySettings:
     transport: Optional[str] = None
 
     def __post_init__(self) -> None:
-        for field in ("timeout_s", "placement_group_timeout_s"):
-            if isinstance(getattr(self, field), bool) or not isinstance(
-                getattr(self, field), (int, float)
-            ):
-                raise TypeError(
-                    f"{field} must be a number of seconds, got {getattr(self, field)!r}"
-                )
-            if not getattr(self, field) > 0:
-                raise ValueError(f"{field} must be positive, got {getattr(self, field)!r}")
+        for name in ("timeout_s", "placement_group_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+            if not value > 0:  # also rejects NaN
+                raise ValueError(f"{name} must be positive, got {value!r}")
         if self.transport is not None and self.transport not in _TRANSPORTS:
             raise ValueError(
                 f"transport must be one of {', '.join(_TRANSPORTS)} or None, got {self.transport!r}"
@@ -98,17 +96,10 @@ class _Worker:
     def node_id(self) -> str:
         return _worker.node_id()
 
-    def where(self) -> tuple[str, int]:
-        import os
-
-        return ray.util.get_node_ip_address(), os.getpid()
-
     def start_store(self, secret: str) -> tuple[str, int]:
         return _worker.start_store(secret)
 
     def set_env(self, env: dict[str, str], extra: dict[str, Any]) -> None:
-        import os
-
         _worker.set_env(env)
         os.environ.update({str(k): str(v) for k, v in extra.items()})
         # a sync actor runs every method in this one thread: make its GPU current once
