@@ -104,9 +104,9 @@ class ElasticRayExecutor:
                 "ElasticRayExecutor: settings must come from RayExecutor.create_settings(), "
                 f"got {type(settings).__name__}"
             )
-        self.min_workers = _positive_int("min_workers", min_workers)
+        self.min_workers = _positive_int("min_workers", min_workers, "ElasticRayExecutor")
         self.max_workers = _positive_int(
-            "max_workers", min_workers if max_workers is None else max_workers
+            "max_workers", min_workers if max_workers is None else max_workers, "ElasticRayExecutor"
         )
         if self.max_workers < self.min_workers:
             raise ValueError(

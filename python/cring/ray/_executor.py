@@ -118,9 +118,9 @@ class _Worker:
         _worker.shutdown()
 
 
-def _positive_int(name: str, value: Any) -> int:
+def _positive_int(name: str, value: Any, owner: str = "RayExecutor") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"RayExecutor: {name} must be a positive integer, got {value!r}")
+        raise ValueError(f"{owner}: {name} must be a positive integer, got {value!r}")
     return value
 
 
