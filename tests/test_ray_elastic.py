@@ -190,3 +190,20 @@ def test_too_few_workers_left_raises(cluster, tmp_path):
         assert error.rank == 0
         with pytest.raises(RuntimeError, match="call shutdown"):
             executor.run(elastic_train, args=[1, str(tmp_path)])
+
+
+def test_reset_limit_ends_the_run(cluster, tmp_path):
+    from cring.ray import ElasticRayExecutor, RayExecutor, RayWorkerError
+
+    with ElasticRayExecutor(
+        RayExecutor.create_settings(timeout_s=30), min_workers=1, max_workers=2, reset_limit=0
+    ) as executor:
+        executor.start()
+        thread, box = _run_in_thread(executor, elastic_train, [10_000, str(tmp_path)])
+        _wait_for(lambda: len(_progress(tmp_path)) >= 2 or box, "2 steps")
+        ray.kill(executor.workers[1])
+        thread.join(RUN_TIMEOUT_S)
+        assert not thread.is_alive(), "run() did not return after a worker died"
+        error = box.get("error")
+        assert isinstance(error, RayWorkerError), box
+        assert "worker 1 (rank 1 of 2) died; reset_limit=0 reached" in str(error)

@@ -335,7 +335,8 @@ class ElasticRayExecutor:
             running = {m.ref: m for m in self.members if not m.done}
             if not running:
                 return [m.result for m in self.members]
-            waits = list(running) + ([] if finishing else list(self._waiting))
+            growing = not finishing and self._may_reset()
+            waits = list(running) + (list(self._waiting) if growing else [])
             ready, _ = ray.wait(waits, num_returns=1, timeout=_POLL_S)
             if ready:
                 ready, _ = ray.wait(waits, num_returns=len(waits), timeout=0)
@@ -382,14 +383,14 @@ class ElasticRayExecutor:
                 for _ in dead:  # placed again when Ray can: the job grows back
                     if len(self.members) + len(self._waiting) < self.max_workers:
                         self._request_group()
-            placed = [] if finishing or not self._may_reset() else self._placed_groups(0)
+            placed = self._placed_groups(0) if not finishing and self._may_reset() else []
             added = self._spawn(placed) if placed else []
             reason = None
             if dead:
                 reason = what
             elif added:
                 reason = f"{len(added)} added"
-            elif not finishing:
+            elif not finishing and self._may_reset():
                 reason = self._requests()
             if reason is not None:
                 self._publish(list(self.members), added, reason)
