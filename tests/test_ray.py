@@ -66,7 +66,7 @@ class LocalCluster:
     """ray.init() with this checkout's cring (and the loops in tests/workers)
     importable on the workers; shutdown() stops Ray and reports what is left."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_cpus: int = 4, num_gpus: int = 2) -> None:
         self.before = set(_ray_processes())
         self.saved_pythonpath = os.environ.get("PYTHONPATH")
         paths = [str(CRING_PATH), str(WORKERS)]
@@ -75,7 +75,14 @@ class LocalCluster:
         # Ray's workers inherit the driver's environment at ray.init().
         os.environ["PYTHONPATH"] = os.pathsep.join(paths)
         # num_gpus declares GPUs Ray may hand out; nothing checks that they exist
-        self.context = ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=True)
+        # address="local": a new instance even if another Ray runs on this machine
+        self.context = ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            include_dashboard=False,
+            log_to_driver=True,
+        )
         self.address = self.context.address_info["gcs_address"]
         self.stopped = False
 

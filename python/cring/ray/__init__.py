@@ -1,4 +1,5 @@
-"""cring.ray: Ray Train integration, the HorovodTrainer pattern on cring.
+"""cring.ray: Ray integration: CRingTrainer (Ray Train, the HorovodTrainer
+pattern) and RayExecutor (Horovod's executor API); see docs/ray.md.
 
     import ray.train
     from ray.train import ScalingConfig
@@ -22,6 +23,16 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("cring.ray needs Ray Train: pip install 'ray[train]'") from exc
 
 from ._backend import CRingConfig
+from ._elastic import ElasticRayExecutor
+from ._executor import RayExecutor, RaySettings, RayWorkerError
 from ._trainer import TRAIN_V2, CRingTrainer
 
-__all__ = ["CRingConfig", "CRingTrainer", "TRAIN_V2"]
+__all__ = [
+    "CRingConfig",
+    "ElasticRayExecutor",
+    "CRingTrainer",
+    "RayExecutor",
+    "RaySettings",
+    "RayWorkerError",
+    "TRAIN_V2",
+]

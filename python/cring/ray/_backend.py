@@ -49,11 +49,16 @@ class CRingConfig(BackendConfig):
             ``None`` leaves the choice to the workers' environment (default auto).
         shutdown_timeout_s: how long stopping a worker group waits for the
             workers to leave cring before Ray kills them anyway.
+        check_data_cpus: with ``datasets=``, make ``fit()`` raise when the
+            workers would hold every CPU of the cluster, leaving none for Ray
+            Data's read tasks (the run would wait forever). Turn it off on a
+            cluster that autoscales.
     """
 
     timeout_s: Optional[float] = None
     transport: Optional[str] = None
     shutdown_timeout_s: float = 30.0
+    check_data_cpus: bool = True
 
     def __post_init__(self) -> None:
         if self.timeout_s is not None:
@@ -81,6 +86,7 @@ class CRingConfig(BackendConfig):
             "timeout_s": self.timeout_s,
             "transport": self.transport,
             "shutdown_timeout_s": self.shutdown_timeout_s,
+            "check_data_cpus": self.check_data_cpus,
         }
 
 

@@ -1,0 +1,460 @@
+"""ElasticRayExecutor: elastic training on Ray actors, the launcher's part of
+cring.elastic (what `cringrun --elastic` does for processes) done by the driver.
+
+It serves the job's rendezvous store in the driver, places each worker with
+its own one-bundle placement group, publishes generation records
+(cring._elastic_protocol) when workers die or can be placed again, and
+collects the results. The workers run cring.elastic unchanged; this module
+never runs a collective and never touches training state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from cring import _C
+from cring import _elastic_protocol as protocol
+
+from ._backend import worker_environments
+from ._executor import (
+    _POLL_S,
+    _SHUTDOWN_TIMEOUT_S,
+    RaySettings,
+    RayWorkerError,
+    _no_callbacks,
+    _positive_int,
+    _Worker,
+)
+
+logger = logging.getLogger(__name__)
+
+# Once min_workers are placed, how long start() waits for the other groups.
+_START_GRACE_S = 5.0
+
+
+@dataclass
+class _Member:
+    worker_id: int
+    actor: Any
+    group: PlacementGroup
+    node_id: str = ""
+    ref: Any = None  # the running call, while it runs
+    added_in: int = 0  # the generation it was started for
+    result: Any = field(default=None)
+    done: bool = False
+
+
+class ElasticRayExecutor:
+    """Elastic training on Ray, as Horovod's elastic RayExecutor: workers that
+    die leave the job, the others go on from their last ``state.commit()``,
+    and workers are added back (up to ``max_workers``) when Ray can place
+    them again. The training function uses ``cring.elastic`` (or
+    ``cring.torch.elastic``) exactly as under ``cringrun --elastic``:
+
+        def train():
+            import cring, cring.elastic
+            cring.init()
+
+            @cring.elastic.run
+            def loop(state):
+                while state.step < 100:
+                    ...
+                    state.step += 1
+                    state.commit()
+                return state.step
+
+            return loop(cring.elastic.ObjectState(step=0))
+
+        executor = ElasticRayExecutor(RayExecutor.create_settings(timeout_s=30),
+                                      min_workers=1, max_workers=4)
+        executor.start()
+        results = executor.run(train)      # one per worker of the last generation
+        executor.shutdown()
+
+    Each worker has its own one-bundle placement group. When a worker dies
+    its group is removed and a new one requested: a worker is started in it
+    (a new generation, "added") as soon as Ray places it, so the job grows
+    back when the resources return. Fewer than ``min_workers`` left, or more
+    than ``reset_limit`` new generations, ends ``run`` with RayWorkerError.
+    """
+
+    def __init__(
+        self,
+        settings: RaySettings,
+        min_workers: int = 1,
+        max_workers: Optional[int] = None,
+        cpus_per_worker: float = 1,
+        use_gpu: bool = False,
+        gpus_per_worker: Optional[float] = None,
+        reset_limit: Optional[int] = None,
+    ) -> None:
+        if not isinstance(settings, RaySettings):
+            raise TypeError(
+                "ElasticRayExecutor: settings must come from RayExecutor.create_settings(), "
+                f"got {type(settings).__name__}"
+            )
+        self.min_workers = _positive_int("min_workers", min_workers, "ElasticRayExecutor")
+        self.max_workers = _positive_int(
+            "max_workers", min_workers if max_workers is None else max_workers, "ElasticRayExecutor"
+        )
+        if self.max_workers < self.min_workers:
+            raise ValueError(
+                f"ElasticRayExecutor: max_workers ({max_workers}) < min_workers ({min_workers})"
+            )
+        if reset_limit is not None and (
+            isinstance(reset_limit, bool) or not isinstance(reset_limit, int) or reset_limit < 0
+        ):
+            raise ValueError(f"ElasticRayExecutor: reset_limit must be >= 0, got {reset_limit!r}")
+        if gpus_per_worker is not None and not use_gpu:
+            raise ValueError("ElasticRayExecutor: gpus_per_worker needs use_gpu=True")
+        self.settings = settings
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
+        self.reset_limit = reset_limit
+        self.members: list[_Member] = []  # the current generation, in rank order
+        self.generation = -1
+        self.resets = 0
+        self._waiting: dict[Any, PlacementGroup] = {}  # ready() ref -> group not yet placed
+        self._next_worker_id = 0
+        self._store: Any = None
+        self._client: Optional[protocol.StoreClient] = None
+        self._keys: Optional[protocol.Keys] = None
+        self._addr = ""
+        self._secret = ""
+        self._job_id = ""
+        self._executable: tuple = (None, [], {})
+        self._extra_env: dict = {}
+        self._next_request = 1
+        self._broken: Optional[str] = None
+        self._started = False
+
+    @property
+    def workers(self) -> list:
+        """The actors of the current generation, in rank order."""
+        return [m.actor for m in self.members]
+
+    # -- placement and generations -----------------------------------------------------
+
+    def _request_group(self) -> None:
+        bundle = {"CPU": float(self.cpus_per_worker)}
+        if self.gpus_per_worker:
+            bundle["GPU"] = float(self.gpus_per_worker)
+        group = placement_group([bundle], strategy="PACK")
+        self._waiting[group.ready()] = group
+
+    def _placed_groups(self, timeout_s: float) -> list[PlacementGroup]:
+        """Groups Ray has placed (waiting at most timeout_s for the first)."""
+        if not self._waiting:
+            return []
+        refs = list(self._waiting)
+        done, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
+        if done:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return [self._waiting.pop(ref) for ref in done]
+
+    def _spawn(self, groups: list[PlacementGroup]) -> list[_Member]:
+        actor_cls = ray.remote(_Worker)
+        added = []
+        for group in groups:
+            actor = actor_cls.options(
+                num_cpus=self.cpus_per_worker,
+                num_gpus=self.gpus_per_worker,
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0),
+            ).remote()
+            added.append(_Member(self._next_worker_id, actor, group))
+            self._next_worker_id += 1
+        for member, node in zip(added, ray.get([m.actor.node_id.remote() for m in added])):
+            member.node_id = node
+        return added
+
+    def _publish(self, carried: list[_Member], added: list[_Member], reason: str) -> None:
+        """Form generation +1 = carried + added: give the added workers their
+        environment and executable, then publish the record."""
+        generation = self.generation + 1
+        members = carried + added
+        for m in added:
+            m.added_in = generation
+        if added:
+            envs = worker_environments(
+                [m.node_id for m in members],
+                self._addr,
+                int(self._store.port),
+                self._secret,
+                self._job_id,
+                self.settings.cring_config(),
+            )
+            first = len(carried)
+            calls = []
+            for m, env in zip(added, envs[first:]):
+                env.update(
+                    CRING_ELASTIC="1",
+                    CRING_ELASTIC_WORKER_ID=str(m.worker_id),
+                    CRING_ELASTIC_GENERATION=str(generation),
+                )
+                calls.append(m.actor.set_env.remote(env, self._extra_env))
+                calls.append(m.actor.start_executable.remote(*self._executable))
+            ray.get(calls)
+        assert self._client is not None and self._keys is not None
+        record = protocol.make_record(
+            generation, [m.worker_id for m in members], [m.worker_id for m in added], reason
+        )
+        self._client.set(self._keys.generation(generation), record)
+        self._client.set(self._keys.latest, str(generation).encode())
+        if generation > 0:
+            self.resets += 1
+        self.generation = generation
+        self.members = members
+        logger.info(
+            "cring: elastic generation %d: %d workers (%s)", generation, len(members), reason
+        )
+
+    # -- start ------------------------------------------------------------------------
+
+    def start(
+        self,
+        executable_cls: Optional[type] = None,
+        executable_args: Optional[list] = None,
+        executable_kwargs: Optional[dict] = None,
+        extra_env_vars: Optional[dict] = None,
+    ) -> None:
+        """Serve the store, request max_workers placement groups and start
+        the first generation with those Ray places: at least min_workers
+        within placement_group_timeout_s (else TimeoutError), and the others
+        that Ray places within 5 s more (later ones join while run() runs)."""
+        if self._started:
+            raise RuntimeError("ElasticRayExecutor.start: already started; call shutdown() first")
+        if not ray.is_initialized():
+            ray.init()
+        self._started = True
+        self._broken = None
+        self._executable = (
+            executable_cls,
+            list(executable_args or []),
+            dict(executable_kwargs or {}),
+        )
+        self._extra_env = dict(extra_env_vars or {})
+        self._secret = secrets.token_hex(16)
+        self._job_id = f"ray-elastic-{uuid.uuid4().hex[:12]}"
+        self._keys = protocol.Keys(self._job_id)
+        self._addr = ray.util.get_node_ip_address()
+        try:
+            self._store = _C.StoreServer(self._addr, 0, self._secret)
+            self._client = protocol.StoreClient(
+                self._addr, int(self._store.port), self._secret, 10.0
+            )
+            for _ in range(self.max_workers):
+                self._request_group()
+            placed: list[PlacementGroup] = []
+            deadline = time.monotonic() + self.settings.placement_group_timeout_s
+            while len(placed) < self.min_workers:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"ElasticRayExecutor.start: Ray placed {len(placed)} of min_workers="
+                        f"{self.min_workers} workers within "
+                        f"{self.settings.placement_group_timeout_s:g} s; the cluster has "
+                        f"{ray.available_resources()} available"
+                    )
+                placed += self._placed_groups(left)
+            # the others get a short grace, so that a free cluster starts at max_workers
+            grace_end = min(deadline, time.monotonic() + _START_GRACE_S)
+            while self._waiting and time.monotonic() < grace_end:
+                placed += self._placed_groups(max(0.0, grace_end - time.monotonic()))
+            self._publish([], self._spawn(placed), "start")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # -- running ----------------------------------------------------------------------
+
+    def _call(self, member: _Member, call: tuple) -> None:
+        method, args = call
+        member.ref = getattr(member.actor, method).remote(*args)
+        member.done = False
+
+    def _may_reset(self) -> bool:
+        return self.reset_limit is None or self.resets < self.reset_limit
+
+    def _fail(self, message: str, rank: int, cause: Optional[BaseException] = None) -> None:
+        self._broken = message
+        raise RayWorkerError(f"ElasticRayExecutor: {message}", rank) from cause
+
+    def _requests(self) -> Optional[str]:
+        """A worker's request for a new generation (after a time-out), if any."""
+        assert self._client is not None and self._keys is not None
+        reason = None
+        while True:
+            value = self._client.get(self._keys.request(self._next_request), 0.0)
+            if value is None:
+                return reason
+            self._next_request += 1
+            try:
+                request = json.loads(value)
+            except ValueError:
+                continue
+            if isinstance(request, dict) and request.get("generation") == self.generation:
+                reason = f"worker {request.get('worker')} asked ({request.get('reason', '')})"
+
+    def _finish(self, finished: _Member) -> None:
+        """A worker returned: no generation follows; workers started for a
+        generation the others never formed are stopped."""
+        assert self._client is not None and self._keys is not None
+        reason = f"worker {finished.worker_id} has finished, so the job is ending"
+        self._client.set(
+            self._keys.generation(self.generation + 1),
+            protocol.make_final_record(self.generation + 1, reason),
+        )
+        for group in self._waiting.values():
+            remove_placement_group(group)
+        self._waiting.clear()
+        formed = self._client.get(self._keys.formed(self.generation), 0.0) is not None
+        if self.generation > 0 and not formed:
+            for m in [m for m in self.members if m.added_in == self.generation and not m.done]:
+                logger.info("cring: stopping worker %d, started too late", m.worker_id)
+                self.members.remove(m)
+                ray.kill(m.actor)
+                remove_placement_group(m.group)
+
+    def _loop(self, call: tuple) -> list:
+        for m in self.members:
+            self._call(m, call)
+        finishing = False
+        while True:
+            running = {m.ref: m for m in self.members if not m.done}
+            if not running:
+                return [m.result for m in self.members]
+            growing = not finishing and self._may_reset()
+            waits = list(running) + (list(self._waiting) if growing else [])
+            ready, _ = ray.wait(waits, num_returns=1, timeout=_POLL_S)
+            if ready:
+                ready, _ = ray.wait(waits, num_returns=len(waits), timeout=0)
+            dead: list[tuple[_Member, BaseException]] = []
+            for ref in ready:
+                m = running.get(ref)
+                if m is None or m not in self.members:  # a group ref, or a worker stopped
+                    continue
+                try:
+                    m.result, m.done = ray.get(ref), True
+                except RayActorError as exc:
+                    dead.append((m, exc))
+                    continue
+                except RayTaskError as exc:
+                    self._broken = f"worker {m.worker_id} raised"
+                    raise exc.as_instanceof_cause() from None
+                if not finishing:
+                    finishing = True
+                    self._finish(m)
+            if dead:
+                ranks = {id(m): r for r, m in enumerate(self.members)}
+                what = "; ".join(
+                    f"worker {m.worker_id} (rank {ranks[id(m)]} of {len(self.members)}) died"
+                    for m, _ in dead
+                )
+                for m, _ in dead:
+                    self.members.remove(m)
+                    remove_placement_group(m.group)
+                if finishing:
+                    self._fail(f"{what} after another finished", ranks[id(dead[0][0])], dead[0][1])
+                if len(self.members) < self.min_workers:
+                    self._fail(
+                        f"{what}; {len(self.members)} left, fewer than min_workers="
+                        f"{self.min_workers}",
+                        ranks[id(dead[0][0])],
+                        dead[0][1],
+                    )
+                if not self._may_reset():
+                    self._fail(
+                        f"{what}; reset_limit={self.reset_limit} reached",
+                        ranks[id(dead[0][0])],
+                        dead[0][1],
+                    )
+                for _ in dead:  # placed again when Ray can: the job grows back
+                    if len(self.members) + len(self._waiting) < self.max_workers:
+                        self._request_group()
+            placed = self._placed_groups(0) if not finishing and self._may_reset() else []
+            added = self._spawn(placed) if placed else []
+            reason = None
+            if dead:
+                reason = what
+            elif added:
+                reason = f"{len(added)} added"
+            elif not finishing and self._may_reset():
+                reason = self._requests()
+            if reason is not None:
+                self._publish(list(self.members), added, reason)
+                for m in added:
+                    self._call(m, call)
+
+    def _check_running(self, what: str) -> None:
+        if not self._started or not self.members:
+            raise RuntimeError(f"ElasticRayExecutor.{what}: call start() first")
+        if self._broken is not None:
+            raise RuntimeError(
+                f"ElasticRayExecutor.{what}: {self._broken}; call shutdown() and start() again"
+            )
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Optional[list] = None,
+        kwargs: Optional[dict] = None,
+        callbacks: Optional[list] = None,
+    ) -> list:
+        """``fn(*args, **kwargs)`` on every worker, including those added
+        while it runs; the results of the last generation's workers, in rank
+        order. ``fn`` should call ``cring.init()`` and a function decorated
+        with ``cring.elastic.run``."""
+        _no_callbacks(callbacks)
+        self._check_running("run")
+        return self._loop(("run", (fn, list(args or []), dict(kwargs or {}))))
+
+    def execute(self, fn: Callable[[Any], Any], callbacks: Optional[list] = None) -> list:
+        """``fn(executable)`` on every worker, elastic as run()."""
+        _no_callbacks(callbacks)
+        self._check_running("execute")
+        return self._loop(("execute", (fn,)))
+
+    # -- shutdown -------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every worker, free the placement groups and the store."""
+        members, self.members = self.members, []
+        # a worker still inside run() (after a failure) cannot leave cring: it is only killed
+        idle = [m for m in members if m.ref is None or m.done]
+        if idle:
+            refs = [m.actor.shutdown.remote() for m in idle]
+            ray.wait(refs, num_returns=len(refs), timeout=_SHUTDOWN_TIMEOUT_S)
+        if members:
+            for m in members:
+                ray.kill(m.actor)
+                remove_placement_group(m.group)
+        for group in self._waiting.values():
+            remove_placement_group(group)
+        self._waiting.clear()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._store is not None:
+            self._store.stop()
+            self._store = None
+        self._started = False
+        self.generation = -1
+        self.resets = 0
+
+    def __enter__(self) -> ElasticRayExecutor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
