@@ -178,7 +178,9 @@ def worker(args: argparse.Namespace) -> None:
     tuned: dict = {}
     for model in MODELS:
         for start, knobs in STARTS.items():
-            tuned[model, start] = tune(model, knobs, args)
+            tuned[model, start] = t = tune(model, knobs, args)
+            if os.environ.get("CRING_RANK", "0") == "0":
+                print(f"tuned {model}, {start}: {t}", flush=True)
     os.environ.pop("CRING_AUTOTUNE_SAMPLE_SECONDS", None)
     os.environ.pop("CRING_AUTOTUNE_STEPS_PER_SAMPLE", None)
     samples: dict = {}
@@ -206,9 +208,11 @@ def worker(args: argparse.Namespace) -> None:
         a, b = med[model, start, "start"], med[model, start, "tuned"]
         chosen = {k: t[k] for k in ("CRING_FUSION_THRESHOLD", "CRING_CYCLE_TIME")}
         took = f"{t['seconds']:.0f} s/{t['steps']}" if t["settled"] else "not settled"
+        same = knob_text(STARTS[start]) == knob_text(chosen)
         print(
             f"{model:13s} {start:16s} {knob_text(STARTS[start]):>15s} {knob_text(chosen):>15s} "
             f"{took:>12s} {a * 1e3:9.2f} {b * 1e3:9.2f} {a / b:7.2f}x"
+            + ("  (same knobs: the difference is noise)" if same else "")
         )
         rows.append(
             (
