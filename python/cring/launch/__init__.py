@@ -1,12 +1,24 @@
-# cringrun, the single-host process launcher, as a package: cli (command
-# line), output (the output pump), signals, job (the ranks), elastic_driver
-# (--elastic) and entry (main). Must not import torch or any framework.
-"""Launch N local processes of one command as the ranks of a cring job.
+# cringrun, the process launcher, as a package: cli (command line), hosts
+# (host lists, placement), job (the ranks), remote + remote_wrapper (ranks on
+# other hosts), output, signals, elastic_driver (--elastic) and entry (main).
+# Must not import torch or any framework.
+"""Launch N processes of one command as the ranks of a cring job.
 
 Usage::
 
     cringrun -np N [--no-prefix] [--grace-seconds S] [--] command [args ...]
+    cringrun -np N -H hostA:4,hostB:4 | --hostfile FILE [-x VAR[=VALUE]]
+             [--rsh CMD] [--ssh-port P] [--ssh-identity-file F]
+             [--network-interface IFACE | --store-addr ADDR] command [args ...]
     python -m cring.run -np N ... command [args ...]
+
+Several hosts (docs/launcher.md): ranks fill the hosts' slots in order; ranks
+on this machine start as below, the others through the remote shell and
+remote_wrapper.py, which gets its environment (the secret included) on stdin
+and stops its rank when the launcher goes away. Remote ranks get PATH,
+PYTHONPATH, LD_LIBRARY_PATH, every CRING_* variable and the -x ones. The text
+below describes ranks on this machine; remote ranks behave the same way
+(prefixes, signals, exit codes).
 
 Everything from the first argument that is not a launcher option (or
 everything after ``--``) is the command; its own flags are never parsed here.
@@ -66,15 +78,17 @@ start; the output prefix is the worker id, not the rank). A worker that fails
 new *generation* in its store (the survivors in their previous rank order,
 ranks 0..n-1) and the workers re-rendezvous into it (cring.elastic.run). If
 fewer than M (default K) workers would remain, or R generations have already
-been formed after the first, the job fails as above. The discovery script
-(an executable printing 'host[:slots]' lines) is run every T seconds (default
-1); while it reports more slots on this host than there are workers (at most
-N), new workers are started for a new generation; slots on other hosts are
-ignored with a warning. Failed workers are replaced only that way. Once a
-worker has exited 0 the job is finishing: no generation is formed any more,
-and a later failure ends the job. Extra environment of every worker:
-CRING_ELASTIC=1, CRING_ELASTIC_WORKER_ID, CRING_ELASTIC_GENERATION. The exit
-status is 0 when every worker still in the job exits 0.
+been formed after the first, the job fails as above. The discovery script (an
+executable printing 'host[:slots]' lines) is run every T seconds (default 1);
+while it reports more slots on this host than there are workers (at most N),
+new workers are started for a new generation; slots on other hosts are ignored
+with a warning, unless -H/--hostfile is given: then every listed host gets
+workers on its free slots and hosts that disappear lose theirs. Failed workers
+are replaced only that way. Once a worker has exited 0 the job is finishing:
+no generation is formed any more, and a later failure ends the job. Extra
+environment of every worker: CRING_ELASTIC=1, CRING_ELASTIC_WORKER_ID,
+CRING_ELASTIC_GENERATION. The exit status is 0 when every worker still in the
+job exits 0.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 # cringrun's command line: the options, where the command starts, and the
-# checks of option combinations. Parses only; starts nothing.
+# checks of option combinations (hosts and slots included). Parses only;
+# starts nothing.
 """Command line of cringrun (see cring.launch for what the options do)."""
 
 from __future__ import annotations
@@ -7,16 +8,15 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .hosts import HostSlots, assign_ranks, parse_hostfile, parse_hosts
+from .remote import RSH_ENV, parse_exports
 
 PROG = "cringrun"
 DEFAULT_GRACE_SECONDS = 5.0
 DEFAULT_DISCOVERY_INTERVAL_S = 1.0
 
-_HOSTS_UNSUPPORTED = (
-    "multi-host launch is not supported by cringrun yet; start one process per rank "
-    "with CRING_* variables (see README)"
-)
 _USAGE = f"{PROG} -np N [options] [--] command [args ...]"
 
 
@@ -40,6 +40,16 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 1..65535, got {text!r}")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -56,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         usage=_USAGE,
-        description="Run N local processes of a command as the ranks of one cring job.",
+        description=(
+            "Run N processes of a command as the ranks of one cring job, on this host "
+            "or, with -H/--hostfile, on several hosts (over ssh)."
+        ),
         epilog=(
             "Everything from the first non-option argument on (or after '--') is the "
             "command and its arguments. Each rank gets CRING_RANK, CRING_SIZE, "
@@ -92,11 +105,63 @@ def build_parser() -> argparse.ArgumentParser:
             f"SIGKILL (default {DEFAULT_GRACE_SECONDS:g})"
         ),
     )
-    parser.add_argument(
+    hosts = parser.add_argument_group(
+        "hosts",
+        "Ranks fill the hosts' slots in order; ranks on this machine (localhost, its name "
+        "or address) start directly, the others through the remote shell (docs/launcher.md).",
+    )
+    hosts.add_argument(
         "-H",
         "--hosts",
         metavar="HOSTS",
-        help="not supported yet: cringrun launches on this host only",
+        help="hosts and their slots, 'hostA:4,hostB:4' (a host without ':N' has 1 slot)",
+    )
+    hosts.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="a file of 'host slots=N' (or 'host:N') lines; '#' starts a comment",
+    )
+    hosts.add_argument(
+        "--rsh",
+        metavar="COMMAND",
+        help=(
+            "remote-shell command that runs 'COMMAND HOST CMDLINE', e.g. "
+            f'"ssh -o StrictHostKeyChecking=no" (default: ${RSH_ENV}, else '
+            "'ssh -o BatchMode=yes')"
+        ),
+    )
+    hosts.add_argument("--ssh-port", type=_port, metavar="PORT", help="ssh port (ssh -p)")
+    hosts.add_argument("--ssh-identity-file", metavar="FILE", help="ssh private key file (ssh -i)")
+    hosts.add_argument(
+        "-x",
+        "--env",
+        dest="exports",
+        action="append",
+        default=[],
+        metavar="VAR[=VALUE]",
+        help=(
+            "forward VAR (its value here, or VALUE) to every rank; remote ranks also get "
+            "PATH, PYTHONPATH, LD_LIBRARY_PATH and every CRING_* variable (repeatable)"
+        ),
+    )
+    address = hosts.add_mutually_exclusive_group()
+    address.add_argument(
+        "--network-interface",
+        metavar="IFACE",
+        help="serve the rendezvous store on this interface's IPv4 address",
+    )
+    address.add_argument(
+        "--store-addr",
+        metavar="ADDR",
+        help=(
+            "address the ranks reach the store on (default: this host's address on the "
+            "route toward the first remote host)"
+        ),
+    )
+    hosts.add_argument(
+        "--remote-python",
+        metavar="PATH",
+        help="Python that runs cring's remote wrapper on other hosts (default: this one's)",
     )
     elastic = parser.add_argument_group(
         "elastic training",
@@ -125,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--host-discovery-script",
         metavar="SCRIPT",
         help=(
-            "executable printing one 'host[:slots]' line per host; workers are added "
-            "while this host has more slots than running workers (only this host is used)"
+            "executable printing one 'host[:slots]' line per host; workers are added on "
+            "free slots (only this host's, unless -H/--hostfile is given: then hosts are "
+            "added and removed)"
         ),
     )
     elastic.add_argument(
@@ -158,6 +224,15 @@ _OPTIONS_WITH_VALUE = frozenset(
         "--grace-seconds",
         "-H",
         "--hosts",
+        "--hostfile",
+        "--rsh",
+        "--ssh-port",
+        "--ssh-identity-file",
+        "-x",
+        "--env",
+        "--network-interface",
+        "--store-addr",
+        "--remote-python",
         "--min-np",
         "--max-np",
         "--host-discovery-script",
@@ -197,6 +272,15 @@ class Options:
     discovery_script: str | None = None
     discovery_interval_s: float = DEFAULT_DISCOVERY_INTERVAL_S
     reset_limit: int | None = None
+    # Multi-host (None: every rank on this host, as without -H)
+    hosts: tuple[HostSlots, ...] | None = None
+    rsh: str | None = None
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    exports: tuple[tuple[str, str | None], ...] = field(default_factory=tuple)
+    network_interface: str | None = None
+    store_addr: str | None = None
+    remote_python: str | None = None
 
 
 def parse_args(argv: Sequence[str]) -> Options:
@@ -204,10 +288,26 @@ def parse_args(argv: Sequence[str]) -> Options:
     parser = build_parser()
     launcher_args, command = split_command(argv)
     namespace = parser.parse_args(launcher_args)
-    if namespace.hosts is not None:
-        parser.error(_HOSTS_UNSUPPORTED)
+    hosts = None
+    try:
+        if namespace.hosts is not None and namespace.hostfile is not None:
+            parser.error("give -H or --hostfile, not both")
+        if namespace.hosts is not None:
+            hosts = tuple(parse_hosts(namespace.hosts))
+        elif namespace.hostfile is not None:
+            hosts = tuple(parse_hostfile(namespace.hostfile))
+        exports = tuple(parse_exports(namespace.exports))
+    except ValueError as exc:
+        parser.error(str(exc))
+    if namespace.num_proc is None and hosts is not None:
+        namespace.num_proc = sum(h.slots for h in hosts)
     if namespace.num_proc is None:
         parser.error("the number of processes is required: -np N")
+    if hosts is not None:
+        try:
+            assign_ranks(hosts, namespace.num_proc)
+        except ValueError as exc:
+            parser.error(str(exc))
     if not command:
         parser.error("missing the command to run after the options")
     elastic_only = {
@@ -241,4 +341,12 @@ def parse_args(argv: Sequence[str]) -> Options:
         discovery_script=script,
         discovery_interval_s=namespace.discovery_interval,
         reset_limit=namespace.reset_limit,
+        hosts=hosts,
+        rsh=namespace.rsh,
+        ssh_port=namespace.ssh_port,
+        ssh_identity_file=namespace.ssh_identity_file,
+        exports=exports,
+        network_interface=namespace.network_interface,
+        store_addr=namespace.store_addr,
+        remote_python=namespace.remote_python,
     )

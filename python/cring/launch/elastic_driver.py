@@ -1,15 +1,14 @@
 # The elastic driver of `cringrun --elastic`: forms generations of workers,
 # publishes them in the launcher's store (cring._elastic_protocol), runs host
-# discovery and answers workers' requests. The worker side is cring.elastic.
+# discovery (adding and removing workers per host with -H/--hostfile) and
+# answers workers' requests. The worker side is cring.elastic.
 """cringrun --elastic: the launcher's side of elastic training (docs/elastic.md)."""
 
 from __future__ import annotations
 
 import json
-import os
 import queue
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -17,9 +16,11 @@ from typing import Any
 
 from .. import _elastic_protocol as protocol
 from .cli import Options
+from .hosts import is_local, local_host_names
 from .job import (
     FAILED_RANK_OUTPUT_TIMEOUT_S,
     OUTPUT_THREAD_JOIN_TIMEOUT_S,
+    HostsPlan,
     Job,
     Rank,
     count_processes,
@@ -27,6 +28,7 @@ from .job import (
     exit_code_of,
     exit_status_nowait,
     rank_environment,
+    signal_rank,
 )
 from .output import OutputPump
 from .signals import SignalWatcher, signals_blocked
@@ -35,15 +37,6 @@ from .signals import SignalWatcher, signals_blocked
 _DISCOVERY_TIMEOUT_S = 30.0
 # Blocking store reads of the request thread are renewed this often.
 _REQUEST_WAIT_S = 3600.0
-
-
-def local_host_names() -> frozenset[str]:
-    names = {"localhost", "127.0.0.1", "::1", "localhost.localdomain"}
-    for name in (socket.gethostname(), socket.getfqdn()):
-        if name:
-            names.add(name.lower())
-            names.add(name.split(".")[0].lower())
-    return frozenset(names)
 
 
 def parse_discovery(text: str) -> tuple[dict[str, int], list[str]]:
@@ -63,7 +56,7 @@ def parse_discovery(text: str) -> tuple[dict[str, int], list[str]]:
         if not host or slots < 0:
             problems.append(f"ignoring the line {line!r} (expected host or host:slots)")
             continue
-        hosts[host.lower()] = hosts.get(host.lower(), 0) + slots
+        hosts[host] = hosts.get(host, 0) + slots
     return hosts, problems
 
 
@@ -81,8 +74,10 @@ class ElasticJob(Job):
     more and a failure ends the job as without --elastic.
     """
 
-    def __init__(self, options: Options, env: dict[str, str], job_id: str) -> None:
-        super().__init__(options, env)
+    def __init__(
+        self, options: Options, env: dict[str, str], job_id: str, hosts: HostsPlan | None = None
+    ) -> None:
+        super().__init__(options, env, hosts)
         self._keys = protocol.Keys(job_id)
         self._store: Any = None
         self._generation = -1
@@ -100,6 +95,11 @@ class ElasticJob(Job):
         self._closing = False
         self._added_now: list[Rank] = []  # started for the current generation (not the first)
         self._abandoned: set[int] = set()  # ids of workers the launcher stopped: not failures
+        # With -H/--hostfile: the hosts the discovery script reports ({} before
+        # it has run: only the initial hosts) and remote hosts where a worker
+        # failed, which get no new workers.
+        self._discovered_hosts: dict[str, int] | None = None
+        self._failed_hosts: set[str] = set()
 
     def run(self) -> int:
         with SignalWatcher() as watcher:
@@ -131,7 +131,7 @@ class ElasticJob(Job):
 
     def _client(self) -> Any:
         return protocol.StoreClient(
-            "127.0.0.1", int(self._env["CRING_PORT"]), self._env["CRING_SECRET"], 10.0
+            self._env["CRING_ADDR"], int(self._env["CRING_PORT"]), self._env["CRING_SECRET"], 10.0
         )
 
     # -- requests from workers -------------------------------------------------
@@ -193,23 +193,38 @@ class ElasticJob(Job):
     # -- generations -----------------------------------------------------------
 
     def _spawn_all(self) -> None:
-        self._new_generation([], self._options.num_proc, "start")
+        if self._hosts is None:
+            self._new_generation([], self._options.num_proc, "start")
+        else:
+            hosts = [p.host for p in self._hosts.placements]
+            self._new_generation([], hosts, "start")
 
-    def _new_generation(self, carried: list[Rank], added: int, reason: str) -> None:
-        """Start `added` workers and publish generation +1 = carried + started."""
+    def _new_generation(
+        self, carried: list[Rank], added: int | list[str | None], reason: str
+    ) -> None:
+        """Start workers (`added`: how many here, or the host of each) and
+        publish generation +1 = carried + started."""
         generation = self._generation + 1
-        size = len(carried) + added
+        new_hosts = [None] * added if isinstance(added, int) else list(added)
+        size = len(carried) + len(new_hosts)
         started: list[Rank] = []
-        for index in range(added):
+        for index, host in enumerate(new_hosts):
             worker_id = self._next_worker_id
             self._next_worker_id += 1
             variables = rank_environment(len(carried) + index, size)
+            if host is not None:
+                on_host = [w for w in carried + started if w.host == host]
+                variables.update(
+                    CRING_LOCAL_RANK=str(len(on_host)),
+                    CRING_LOCAL_SIZE=str(len(on_host) + new_hosts[index:].count(host)),
+                    CRING_HOSTNAME=host,
+                )
             variables.update(
                 CRING_ELASTIC="1",
                 CRING_ELASTIC_WORKER_ID=str(worker_id),
                 CRING_ELASTIC_GENERATION=str(generation),
             )
-            worker = self._spawn(worker_id, variables)
+            worker = self._spawn(worker_id, variables, host)
             if worker is None:
                 self._begin_stop(signal.SIGTERM)
                 return
@@ -330,10 +345,7 @@ class ElasticJob(Job):
         for worker in added:
             self._abandoned.add(worker.rank)
             self._members.remove(worker)
-            try:
-                os.killpg(worker.process.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
+            signal_rank(worker, signal.SIGTERM)
 
     def _wait_for_output(self, workers: list[Rank]) -> None:
         if self._pump is not None:
@@ -346,17 +358,26 @@ class ElasticJob(Job):
         lost = []
         for worker in failed:
             assert worker.status is not None
+            if self._hosts is not None and not self._hosts.is_local(worker.host):
+                assert worker.host is not None
+                if worker.host not in self._failed_hosts:
+                    self._failed_hosts.add(worker.host)
+                    self.message(
+                        f"no new workers on {worker.host}: worker {worker.rank} failed there"
+                    )
             where = (
                 f" (rank {self._members.index(worker)} of {size})"
                 if worker in self._members
                 else ""
             )
-            lost.append(f"worker {worker.rank}{where} {describe_status(worker.status)}")
+            lost.append(
+                f"worker {worker.rank}{worker.where()}{where} {describe_status(worker.status)}"
+            )
             if worker in self._members:
                 self._members.remove(worker)
         carried = list(self._members)
-        added = max(0, self._wanted_workers() - len(carried))
-        total = len(carried) + added
+        added = self._additions(carried)
+        total = len(carried) + len(added)
         what = "; ".join(lost)
         if total < self._options.min_np:
             first = failed[0]
@@ -370,7 +391,7 @@ class ElasticJob(Job):
             return
         if not self._may_reset():
             return
-        more = f" ({added} new)" if added else ""
+        more = f" ({len(added)} new)" if added else ""
         self.message(
             f"{what}; continuing with {count_workers(total)}{more} as generation "
             f"{self._generation + 1}"
@@ -413,13 +434,17 @@ class ElasticJob(Job):
             self._discovery_warning(f"{script} exited with code {result.returncode}: {tail}")
             return
         hosts, problems = parse_discovery(result.stdout.decode(errors="replace"))
-        remote = sorted(h for h in hosts if h not in self._local_names)
+        if self._hosts is not None:
+            self._discovery_warning("; ".join(problems) or None)
+            self._discover_hosts(hosts)
+            return
+        remote = sorted(h for h in hosts if not is_local(h, self._local_names))
         if remote:
             problems.append(
                 f"cringrun starts workers on this host only; ignoring {', '.join(remote)}"
             )
         self._discovery_warning("; ".join(problems) or None)
-        self._discovered_slots = sum(n for h, n in hosts.items() if h in self._local_names)
+        self._discovered_slots = sum(n for h, n in hosts.items() if is_local(h, self._local_names))
         added = self._wanted_workers() - len(self._members)
         if added > 0 and not self._may_reset(fail=False):
             self._discovery_warning(
@@ -432,6 +457,70 @@ class ElasticJob(Job):
                 f"{self._generation + 1}"
             )
             self._new_generation(self._members, added, f"{added} added by host discovery")
+
+    # -- discovery across hosts (-H/--hostfile) -----------------------------------
+
+    def _additions(self, members: list[Rank]) -> list[str | None]:
+        """Hosts of the workers to add to `members`: this host's free slots
+        without -H; with it, every discovered host's free slots in the script's
+        order (none on hosts where a worker failed); at most --max-np in all."""
+        if self._hosts is None:
+            return [None] * max(0, self._wanted_workers() - len(members))
+        if self._discovered_hosts is None:
+            return []
+        room = None if self._options.max_np is None else self._options.max_np - len(members)
+        hosts: list[str | None] = []
+        for host, slots in self._discovered_hosts.items():
+            if host in self._failed_hosts:
+                continue
+            free = slots - sum(1 for w in members if w.host == host)
+            hosts.extend([host] * max(0, free))
+        return hosts if room is None else hosts[: max(0, room)]
+
+    def _discover_hosts(self, hosts: dict[str, int]) -> None:
+        """Stop the workers of hosts gone from the script's output (or beyond
+        their slots, newest first); add workers on free slots; one generation."""
+        self._discovered_hosts = hosts
+        removed: list[Rank] = []
+        for host in dict.fromkeys(w.host for w in self._members):
+            on_host = [w for w in self._members if w.host == host]
+            excess = len(on_host) - hosts.get(str(host), 0)
+            if excess > 0:
+                removed.extend(on_host[-excess:])
+        carried = [w for w in self._members if w not in removed]
+        added = self._additions(carried)
+        if not removed and not added:
+            return
+        total = len(carried) + len(added)
+        if not self._may_reset(fail=False):
+            self._discovery_warning(
+                f"not changing workers: --reset-limit {self._options.reset_limit} reached"
+            )
+            return
+        what = []
+        if removed:
+            gone = ", ".join(f"{w.rank} on {w.host}" for w in removed)
+            what.append(f"stopping {count_workers(len(removed))} ({gone})")
+        if added:
+            what.append(f"adding {count_workers(len(added))} ({', '.join(map(str, added))})")
+        if total < self._options.min_np:
+            self.message(
+                f"host discovery: {'; '.join(what)} would leave {count_workers(total)}, "
+                f"fewer than --min-np {self._options.min_np}: stopping the job"
+            )
+            if self._exit_code is None:
+                self._exit_code = 1
+            self._begin_stop(signal.SIGTERM)
+            return
+        self.message(
+            f"host discovery: {'; '.join(what)}; continuing with {count_workers(total)} as "
+            f"generation {self._generation + 1}"
+        )
+        for worker in removed:
+            self._abandoned.add(worker.rank)
+        self._new_generation(carried, added, f"host discovery: {'; '.join(what)}")
+        for worker in removed:  # after the survivors can read where to go
+            signal_rank(worker, signal.SIGTERM)
 
 
 def count_workers(count: int) -> str:

@@ -1,6 +1,6 @@
-# The job of local processes: starts the ranks, supervises them, forwards
-# signals to their process groups, stops them and computes the exit status.
-# Elastic behaviour is in elastic_driver.py (a subclass); output in output.py.
+# The job: starts the ranks (here, or on other hosts through remote.py's
+# remote shell), supervises them, forwards signals, stops them and computes
+# the exit status. Elastic behaviour is in elastic_driver.py (a subclass).
 """The ranks of one cringrun job and their supervision."""
 
 from __future__ import annotations
@@ -10,11 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .cli import PROG, Options
+from .hosts import Placement, is_local, local_host_names
 from .output import LineBuffer, OutputPump, Sink, Stream
+from .remote import ControlChannel, RemoteShell, spec_line
 from .signals import SignalWatcher, signal_name, signals_blocked
 
 # After the last rank has exited, how long to wait for its pipes to close (a
@@ -27,16 +29,45 @@ FAILED_RANK_OUTPUT_TIMEOUT_S = 0.5
 OUTPUT_THREAD_JOIN_TIMEOUT_S = 5.0
 
 
-def start_store(secret: str) -> tuple[Any, int]:
-    """Serve the job's rendezvous store on 127.0.0.1; return (server, port).
+# After a remote rank was told to die (SIGKILL), how long its ssh client gets
+# to report the exit before the launcher kills the client itself.
+_REMOTE_EXIT_TIMEOUT_S = 10.0
+# ssh's exit status when it fails itself (no connection, authentication).
+_REMOTE_SHELL_FAILED = 255
+
+
+def start_store(secret: str, addr: str = "127.0.0.1") -> tuple[Any, int]:
+    """Serve the job's rendezvous store on addr; return (server, port).
 
     The server object has .stop(). Kept as one small function so that tests of
     pure launcher behaviour can replace it.
     """
     from cring._C import StoreServer
 
-    server = StoreServer("127.0.0.1", 0, secret)
+    try:
+        server = StoreServer(addr, 0, secret)
+    except Exception:
+        if addr in ("127.0.0.1", "0.0.0.0"):
+            raise
+        # An address of this host that it cannot bind (e.g. behind NAT): listen
+        # on every interface; the ranks still use addr.
+        server = StoreServer("0.0.0.0", 0, secret)
     return server, int(server.port)
+
+
+@dataclass
+class HostsPlan:
+    """Where the ranks of a multi-host job run and how remote ones start."""
+
+    placements: list[Placement]
+    shell: RemoteShell
+    # What remote ranks get on top of their login environment (remote.py's
+    # forwarded_environment plus the job's CRING_* variables).
+    remote_env: dict[str, str]
+    local_names: frozenset[str] = field(default_factory=local_host_names)
+
+    def is_local(self, host: str | None) -> bool:
+        return host is None or is_local(host, self.local_names)
 
 
 def exit_code_of(status: int) -> int:
@@ -59,6 +90,12 @@ class Rank:
     rank: int
     process: subprocess.Popen[bytes]
     status: int | None = None  # Popen.returncode convention once it has exited
+    host: str | None = None  # None: this host, started directly
+    # Remote ranks: the ssh client's stdin, remote_wrapper.py's control channel.
+    control: ControlChannel | None = None
+
+    def where(self) -> str:
+        return "" if self.host is None else f" on {self.host}"
 
 
 def exit_status_nowait(process: subprocess.Popen[bytes]) -> int | None:
@@ -86,9 +123,12 @@ def exit_status_nowait(process: subprocess.Popen[bytes]) -> int | None:
 class Job:
     """Starts the ranks, watches them, stops them, and computes the exit status."""
 
-    def __init__(self, options: Options, env: dict[str, str]) -> None:
+    def __init__(
+        self, options: Options, env: dict[str, str], hosts: HostsPlan | None = None
+    ) -> None:
         self._options = options
         self._env = env
+        self._hosts = hosts
         self._stdout = Sink(sys.stdout)
         self._stderr = Sink(sys.stderr)
         self._ranks: list[Rank] = []
@@ -118,22 +158,37 @@ class Job:
     def _spawn_all(self) -> None:
         size = self._options.num_proc
         for rank in range(size):
-            if self._spawn(rank, rank_environment(rank, size)) is None:
+            host, variables = None, rank_environment(rank, size)
+            if self._hosts is not None:
+                placement = self._hosts.placements[rank]
+                host, variables = placement.host, placement_environment(placement, size)
+            if self._spawn(rank, variables, host) is None:
                 if self._ranks:
                     self._begin_stop(signal.SIGTERM)
                 return
 
-    def _spawn(self, label: int, variables: dict[str, str]) -> Rank | None:
+    def _spawn(self, label: int, variables: dict[str, str], host: str | None = None) -> Rank | None:
         """Start one process of the command (label: its rank, or its worker id
-        under --elastic; label 0 reads stdin). On failure, print why, set the
-        exit code (127 not found, 126 not executable, else 1) and return None."""
-        env = dict(self._env)
-        env.update(variables)
+        under --elastic; label 0 reads stdin) on `host` (None: here). On
+        failure, print why, set the exit code (127 not found, 126 not
+        executable, else 1) and return None."""
+        plan = self._hosts
+        remote = plan is not None and not plan.is_local(host)
+        if plan is not None and remote:
+            argv = plan.shell.command_line(str(host), self._options.command)
+            env = dict(self._env)  # for the remote shell itself (ssh-agent, ...)
+            stdin: Any = subprocess.PIPE
+        else:
+            argv = self._options.command
+            env = dict(self._env)
+            env.update({name: value for name, value in self._options.exports if value is not None})
+            env.update(variables)
+            stdin = None if label == 0 else subprocess.DEVNULL
         try:
             process = subprocess.Popen(
-                self._options.command,
+                argv,
                 env=env,
-                stdin=None if label == 0 else subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
@@ -148,9 +203,16 @@ class Job:
                 self._exit_code = 1
             detail = getattr(exc, "strerror", None) or str(exc)
             what = "worker" if self._options.elastic else "rank"
-            self.message(f"cannot start {what} {label}: {self._options.command[0]}: {detail}")
+            where = f" on {host}" if host is not None else ""
+            self.message(f"cannot start {what} {label}{where}: {argv[0]}: {detail}")
             return None
-        started = Rank(label, process)
+        started = Rank(label, process, host=host)
+        if plan is not None and remote:
+            assert process.stdin is not None
+            started.control = ControlChannel(process.stdin)
+            remote_env = dict(plan.remote_env)
+            remote_env.update(variables)
+            started.control.send(spec_line(remote_env, os.getcwd(), self._options.grace_seconds))
         self._ranks.append(started)
         return started
 
@@ -227,7 +289,9 @@ class Job:
         if self._pump is not None:
             self._pump.wait_closed(FAILED_RANK_OUTPUT_TIMEOUT_S, rank=failed.rank)
         others = len(self._running())
-        summary = f"rank {failed.rank} {describe_status(status)}"
+        summary = f"rank {failed.rank}{failed.where()} {describe_status(status)}"
+        if failed.control is not None and status == _REMOTE_SHELL_FAILED:
+            summary += " (the remote shell's code when it cannot connect or start the command)"
         if others:
             summary += f"; stopping the other {count_processes(others)}"
         self.message(summary)
@@ -236,13 +300,8 @@ class Job:
     # -- stop ----------------------------------------------------------------
 
     def _signal_groups(self, signum: int) -> None:
-        # Leaders are not reaped before _finish, so every pid here is still
-        # ours and is the id of the rank's process group.
         for rank in self._ranks:
-            try:
-                os.killpg(rank.process.pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass  # the group is empty (or, for a zombie leader, only that)
+            signal_rank(rank, signum)
 
     def _begin_stop(self, signum: int) -> None:
         self._stop_signal = signum
@@ -261,7 +320,17 @@ class Job:
         if self._pump is not None:
             self._pump.wait_closed(_OUTPUT_DRAIN_TIMEOUT_S)
         self._signal_groups(signal.SIGKILL)  # stragglers started by the ranks
+        remote_deadline = time.monotonic() + _REMOTE_EXIT_TIMEOUT_S
         for rank in self._ranks:
+            if rank.control is not None:  # the wrapper has been told to kill
+                try:
+                    rank.process.wait(timeout=max(0.0, remote_deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self.message(
+                        f"rank {rank.rank}{rank.where()} did not report its exit; "
+                        "killing its remote shell"
+                    )
+                kill_group(rank.process.pid, signal.SIGKILL)
             try:
                 rank.process.wait(timeout=self._options.grace_seconds + 10)
             except subprocess.TimeoutExpired:
@@ -275,6 +344,37 @@ class Job:
                 for pipe in (rank.process.stdout, rank.process.stderr):
                     if pipe is not None:
                         pipe.close()
+
+
+def kill_group(pid: int, signum: int) -> None:
+    # Leaders are not reaped before Job._finish, so every pid here is still
+    # ours and is the id of the rank's process group.
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is empty (or, for a zombie leader, only that)
+
+
+def signal_rank(rank: Rank, signum: int) -> None:
+    """Send signum to a rank: its process group here, or through the control
+    channel to the wrapper on its host (which signals the rank's group there)."""
+    if rank.control is not None:
+        rank.control.signal(signum)
+    else:
+        kill_group(rank.process.pid, signum)
+
+
+def placement_environment(placement: Placement, size: int) -> dict[str, str]:
+    return {
+        "CRING_RANK": str(placement.rank),
+        "CRING_SIZE": str(size),
+        "CRING_LOCAL_RANK": str(placement.local_rank),
+        "CRING_LOCAL_SIZE": str(placement.local_size),
+        "CRING_CROSS_RANK": str(placement.cross_rank),
+        "CRING_CROSS_SIZE": str(placement.cross_size),
+        "CRING_NODE_RANK": str(placement.host_index),
+        "CRING_HOSTNAME": placement.host,
+    }
 
 
 def rank_environment(rank: int, size: int) -> dict[str, str]:
