@@ -1,8 +1,10 @@
 /* submit.c: building engine requests from Python arguments: submit() for
- * every collective, the in-place allreduce fast paths (allreduce_ for NumPy
- * arrays and torch tensors on the CPU or CUDA, allreduce_async_ for torch
- * CUDA tensors), and the small DLPack utilities (tensor_info, copy). Arguments are bound and checked once, here or in the engine's
- * validation (whose statuses errors.c maps); no waiting logic (handles.c). */
+ * every collective (on the global engine, or a process set's from
+ * process_sets.c), the in-place allreduce fast paths (global set only:
+ * allreduce_ for NumPy arrays and torch tensors on the CPU or CUDA,
+ * allreduce_async_ for torch CUDA tensors), and the small DLPack utilities
+ * (tensor_info, copy). Arguments are bound and checked once, here or in the
+ * engine's validation (whose statuses errors.c maps); no waiting logic (handles.c). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
@@ -581,6 +583,10 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
             PyErr_NoMemory();
             goto done;
         }
+    }
+    if (process_set != 0) { /* reading the tensors ran Python: the set may be gone */
+        const cring__pyext_pset_t *set;
+        if (!(engine = cring__pyext_pset_engine(s, process_set, &set))) goto done;
     }
     cring_request_t req = {.name = name,
                            .collective = (cring_collective_t)coll,

@@ -72,7 +72,8 @@ def init(
 
     Calling init() again while initialised does nothing (as in Horovod).
     """
-    _init(rank, size, addr, port, secret, transport, timeout_s)
+    if not _init(rank, size, addr, port, secret, transport, timeout_s):
+        return  # initialised already: nothing changes, no set is added
     seen: dict = {}
     for ps in process_sets or ():
         ps = ps if isinstance(ps, ProcessSet) else ProcessSet(ps)
@@ -91,11 +92,11 @@ def _init(
     secret: Optional[str],
     transport: Optional[str],
     timeout_s: Optional[float],
-) -> None:
+) -> bool:
     global _generation, _plan_server
     with _state_lock:
         if _C.is_initialized():
-            return
+            return False
         plan = _discovery.plan_init(
             rank=rank,
             size=size,
@@ -138,6 +139,7 @@ def _init(
         _topology.update(_C.topology())
         _name_counters.clear()
         global_process_set.ranks = list(range(plan.size))
+        return True
 
 
 def shutdown() -> None:

@@ -7,8 +7,8 @@
 
 Same names, signatures, defaults and semantics as horovod.torch; collectives
 run on cring's engine. torch is optional for cring; this module needs it.
-Not supported (they raise NotImplementedError): process sets other than
-global_process_set. Adasum works on CPU tensors (docs/adasum.md).
+Adasum works on CPU tensors (docs/adasum.md); process sets: see
+docs/process_sets.md.
 """
 
 from .functions import broadcast_optimizer_state, broadcast_parameters
