@@ -85,6 +85,7 @@ from .mpi_ops import (
     synchronize,
 )
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",
@@ -104,6 +105,7 @@ __all__ = [
     "Product",
     "ReduceOp",
     "Sum",
+    "SyncBatchNorm",
     "TimeoutInternalError",
     "add_process_set",
     "allgather",
