@@ -55,3 +55,22 @@ def test_single_process_and_bad_input():
         bn(torch.randn(3))
     with pytest.raises(ValueError, match="process_group"):
         SyncBatchNorm(3, process_group=object())
+
+
+def test_lightning_sync_batchnorm(tmp_path):
+    """Trainer(strategy="cring", sync_batchnorm=True) on 2 ranks with different
+    data per rank: batch norm is cring's SyncBatchNorm during fit (plain
+    BatchNorm1d again after it), and both ranks end with the same running
+    statistics and weights."""
+    pytest.importorskip("lightning")
+    run_ranks(2, "lightning_syncbn.py", str(tmp_path), timeout=240)
+    a, b = rank_results(tmp_path, 2)
+    for res in (a, b):
+        assert res["size"] == 2
+        assert res["classes_in_fit"] == ["SyncBatchNorm"]
+        assert res["class_after_fit"] == "BatchNorm1d"
+    assert a["running_mean"] == pytest.approx(b["running_mean"], abs=1e-6)
+    assert a["running_var"] == pytest.approx(b["running_var"], abs=1e-6)
+    assert max(abs(v) for v in a["running_mean"]) > 0.05  # the statistics moved
+    for wa, wb in zip(a["weights"], b["weights"]):
+        assert wa == pytest.approx(wb, abs=1e-6)
