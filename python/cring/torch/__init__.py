@@ -11,7 +11,15 @@ Not supported (they raise NotImplementedError): process sets other than
 global_process_set, and Adasum.
 """
 
-from .functions import broadcast_optimizer_state, broadcast_parameters
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as _missing:
+    raise ImportError(
+        "cring.torch needs PyTorch, which is not installed: "
+        'pip install "cring[torch]" (or install the torch build you want first)'
+    ) from _missing
+
+from .functions import broadcast_optimizer_state, broadcast_parameters  # noqa: E402
 from .mpi_ops import (
     Adasum,
     Average,
@@ -80,6 +88,7 @@ from .mpi_ops import (
     rocm_built,
     shutdown,
     size,
+    sparse_allreduce_async,
     start_timeline,
     stop_timeline,
     synchronize,
@@ -159,6 +168,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

@@ -1,0 +1,113 @@
+"""The Horovod drop-in pieces of cring.torch on 2 and 3 real ranks
+(tests/workers/hvd_parity.py): sparse_allreduce_async equals the dense
+allreduce (a rank with no entries too), DistributedOptimizer trains a sparse
+embedding (gathered, or sparse_as_dense) exactly as a dense one,
+broadcast_optimizer_state on a fresh optimizer gives trainable parameters
+zero gradients without moving them, _parameter_names, and join() followed by
+a broadcast from the rank it returns leaves every rank with the same weights.
+The import-error message without torch is checked in a subprocess."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import rank_results, run_ranks
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
+def results(request, tmp_path_factory):
+    np_ = request.param
+    tmp = tmp_path_factory.mktemp(f"parity{np_}")
+    run_ranks(np_, "hvd_parity.py", str(tmp), timeout=240)
+    return rank_results(tmp, np_)
+
+
+def test_sparse_allreduce_async_equals_dense(results):
+    for res in results:
+        assert res["sparse_errors"] == pytest.approx([0, 0, 0], abs=1e-6)
+        assert res["sparse_is_sparse"] == [True, True, True]
+        assert "Average or Sum" in res["max_error"]
+
+
+def test_sparse_gradients_train_like_dense(results):
+    for res in results:
+        assert res["sparse_gathered_err"] <= 1e-6
+        assert res["sparse_as_dense_err"] <= 1e-6
+        assert res["dense_weights"] == results[0]["dense_weights"]
+
+
+def test_broadcast_optimizer_state_without_gradients(results):
+    for res in results:
+        assert res["no_grad_a_grad_is_none"]
+        assert res["no_grad_b_grad"] == [0.0, 0.0, 0.0, 0.0]
+        assert res["no_grad_b_unmoved"]
+
+
+def test_parameter_names(results):
+    for res in results:
+        assert res["noname"] == ["noname.0.0", "noname.0.1", "noname.1.0", "noname.1.1"]
+        assert res["noname_keys_are_params"]
+        assert res["named"] == ["0.bias", "0.weight", "1.bias", "1.weight"]
+
+
+def test_join_then_broadcast_from_last_rank(results):
+    size = results[0]["size"]
+    for res in results:
+        assert res["join_last"] == size - 1  # the rank with the most batches joins last
+        assert res["join_differ_before"]  # ranks that ran out of data held other weights
+        assert res["join_same_after"] and res["join_kept_last"]
+
+
+HIDE = """
+import importlib.abc, sys
+class Hide(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in HIDDEN:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+HIDDEN = set(sys.argv[1].split(","))
+for m in list(sys.modules):
+    if m.split(".")[0] in HIDDEN:
+        del sys.modules[m]
+sys.meta_path.insert(0, Hide())
+try:
+    __import__(sys.argv[2])
+except ImportError as e:
+    print("ImportError:", e)
+else:
+    print("imported")
+"""
+
+
+@pytest.mark.parametrize(
+    "module,hidden,extra",
+    [
+        ("cring.torch", "torch", "cring[torch]"),
+        ("cring.lightning", "lightning,pytorch_lightning", "cring[lightning]"),
+        ("cring.lightning", "torch", "cring[lightning]"),
+        ("cring.ray", "ray", "cring[ray]"),
+    ],
+)
+def test_missing_framework_says_what_to_install(module, hidden, extra):
+    out = subprocess.run(
+        [sys.executable, "-c", HIDE, hidden, module],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ImportError:"), out.stdout + out.stderr
+    assert f'pip install "{extra}"' in out.stdout
+
+
+def test_cring_imports_without_torch():
+    out = subprocess.run(
+        [sys.executable, "-c", HIDE, "torch,lightning,ray", "cring"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == "imported", out.stdout + out.stderr
