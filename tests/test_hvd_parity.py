@@ -7,6 +7,7 @@ zero gradients without moving them, _parameter_names, and join() followed by
 a broadcast from the rank it returns leaves every rank with the same weights.
 The import-error message without torch is checked in a subprocess."""
 
+import json
 import subprocess
 import sys
 
@@ -111,3 +112,57 @@ def test_cring_imports_without_torch():
         timeout=120,
     )
     assert out.stdout.strip() == "imported", out.stdout + out.stderr
+
+
+def test_horovod_knobs_are_honoured(tmp_path):
+    """HOROVOD_FUSION_THRESHOLD / CYCLE_TIME / TIMELINE / LOG_LEVEL become their
+    CRING_* equivalents (a CRING_* variable set too wins), the timeline is
+    written, and one warning lists the settings cring has no equivalent for."""
+    env = {
+        "HOROVOD_FUSION_THRESHOLD": "1048576",
+        "HOROVOD_CYCLE_TIME": "3.5",
+        "HOROVOD_TIMELINE": str(tmp_path / "hvd_trace.json"),
+        "HOROVOD_LOG_LEVEL": "fatal",
+        "HOROVOD_CACHE_CAPACITY": "64",
+        "CRING_CACHE_CAPACITY": "128",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+        "HOROVOD_TIMELINE_MARK_CYCLES": "1",
+        "HOROVOD_GPU_OPERATIONS": "XLA",
+    }
+    run_ranks(2, "horovod_env.py", str(tmp_path), env=env, timeout=120)
+    for res in rank_results(tmp_path, 2):
+        got = res["env"]
+        assert got["CRING_FUSION_THRESHOLD"] == "1048576"
+        assert got["CRING_CYCLE_TIME"] == "3.5"
+        assert got["CRING_LOG_LEVEL"] == "error"
+        assert got["CRING_CACHE_CAPACITY"] == "128"  # CRING_* wins
+        assert len(res["warnings"]) == 1, res["warnings"]
+        message = res["warnings"][0]
+        for name in (
+            "HOROVOD_HIERARCHICAL_ALLREDUCE",
+            "HOROVOD_TIMELINE_MARK_CYCLES",
+            "HOROVOD_GPU_OPERATIONS='XLA'",
+        ):
+            assert name in message
+        assert "HOROVOD_FUSION_THRESHOLD" not in message
+    for r in range(2):
+        events = json.loads((tmp_path / f"hvd_trace.{r}.json").read_text())
+        assert any("hvd_env.0" in json.dumps(e) for e in events)
+
+
+def test_horovod_env_table_unit():
+    from cring import _horovod_env
+
+    env = {
+        "HOROVOD_STALL_CHECK_DISABLE": "1",
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "5",
+        "HOROVOD_RANK": "0",
+        "HOROVOD_GPU_OPERATIONS": "NCCL",
+    }
+    applied = _horovod_env.apply_horovod_environment(env)
+    assert env["CRING_STALL_CHECK_SECONDS"] == "1e12"  # disabling wins over a check time
+    assert env["CRING_GPU_OPERATIONS"] == "nccl"
+    assert sorted(applied) == ["CRING_GPU_OPERATIONS", "CRING_STALL_CHECK_SECONDS"]
+    env = {"HOROVOD_STALL_CHECK_DISABLE": "0", "HOROVOD_STALL_CHECK_TIME_SECONDS": "5"}
+    _horovod_env.apply_horovod_environment(env)
+    assert env["CRING_STALL_CHECK_SECONDS"] == "5"

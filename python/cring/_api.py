@@ -12,6 +12,7 @@ from typing import Any, Optional
 from . import (
     _C,
     _discovery,  # CUDA tensors (see the marked branches below)
+    _horovod_env,
 )
 from ._core import (
     _CALLER_WAITS,
@@ -63,6 +64,7 @@ def init(
     with _state_lock:
         if _C.is_initialized():
             return
+        _horovod_env.apply_horovod_environment()  # HOROVOD_* knobs, before anything reads CRING_*
         plan = _discovery.plan_init(
             rank=rank,
             size=size,
