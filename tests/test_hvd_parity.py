@@ -166,3 +166,19 @@ def test_horovod_env_table_unit():
     env = {"HOROVOD_STALL_CHECK_DISABLE": "0", "HOROVOD_STALL_CHECK_TIME_SECONDS": "5"}
     _horovod_env.apply_horovod_environment(env)
     assert env["CRING_STALL_CHECK_SECONDS"] == "5"
+
+
+def test_example_with_uneven_data_joins_and_ends_identical():
+    """examples/train_torch.py --uneven: ranks run out of data at different
+    steps, join(), then take the weights of the rank join() returns."""
+    proc = run_ranks(
+        2,
+        "../../examples/train_torch.py",
+        "--uneven",
+        "--samples",
+        "4000",
+        "--epochs",
+        "2",
+        timeout=240,
+    )
+    assert "parameters identical on all ranks: True" in proc.stdout, proc.stdout[-3000:]
