@@ -205,7 +205,7 @@ class _DistributedOptimizer:
         that has none: another rank may have one, and every rank must submit)."""
         entries = []
         compressor = self._cring_torch_compression
-        submitted = self._cring_handles[unit] = []
+        sparse_submitted: list = []  # gathers of sparse gradients, started as met
         for p in unit.params:
             grad = p.grad
             if grad is None:
@@ -215,7 +215,11 @@ class _DistributedOptimizer:
                 # Horovod's way: allgather the indices and values (not compressed)
                 name = unit.name if len(unit.params) == 1 else f"{unit.name}.{self._cring_names[p]}"
                 entry = _Entry(p, grad, grad, grad, False, None, True)
-                submitted.append((_sparse_allreduce_async(grad, name, self.op), [entry]))
+                # process_set: the attribute helper psets' DistributedOptimizer(process_set=) sets
+                process_set = getattr(self, "process_set", None)
+                kwargs = {} if process_set is None else {"process_set": process_set}
+                handle = _sparse_allreduce_async(grad, name, self.op, **kwargs)
+                sparse_submitted.append((handle, [entry]))
                 continue
             if sparse:
                 buffer = grad.to_dense()
@@ -236,6 +240,7 @@ class _DistributedOptimizer:
             prescale_factor=self._cring_prescale,
             postscale_factor=self._cring_postscale,
         )
+        submitted = self._cring_handles[unit] = sparse_submitted
         if not entries:
             return
         if len(entries) == 1:
