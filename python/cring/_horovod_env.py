@@ -55,9 +55,11 @@ HOROVOD_TO_CRING: dict[str, tuple[str, Callable[[str], Optional[str]]]] = {
     "HOROVOD_AUTOTUNE_LOG": ("CRING_AUTOTUNE_LOG", _same),
 }
 
-# read directly by cring's rank discovery (cring._discovery, cring.lightning), not knobs
-_READ_BY_DISCOVERY = frozenset(
+# not warned about: read directly by cring's rank discovery (cring._discovery,
+# cring.lightning), or nothing to do (cring's add_process_set needs no opt-in)
+_UNDERSTOOD = frozenset(
     {
+        "HOROVOD_DYNAMIC_PROCESS_SETS",
         "HOROVOD_RANK",
         "HOROVOD_SIZE",
         "HOROVOD_LOCAL_RANK",
@@ -82,7 +84,7 @@ def apply_horovod_environment(environ: Optional[MutableMapping[str, str]] = None
     for name in sorted(k for k in env if k.startswith("HOROVOD_")):
         row = HOROVOD_TO_CRING.get(name)
         if row is None:
-            if name not in _READ_BY_DISCOVERY:
+            if name not in _UNDERSTOOD:
                 ignored.append(name)
             continue
         cring_name, convert = row
