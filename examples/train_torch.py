@@ -5,9 +5,13 @@ synthetic data, each rank on its own shard, Horovod-style:
     rank 0's weights and optimizer state;
   * DistributedOptimizer starts each gradient's allreduce the moment backward
     has produced it (the engine fuses those that arrive together) and waits
-    for them in step().
+    for them in step();
+  * with --uneven, ranks hold different amounts of data: a rank that runs out
+    calls join() (the others' allreduces go on with zeros for it), and once
+    all have joined every rank takes the weights and optimizer state of the
+    rank join() returns, the last to finish, as Horovod's docs advise.
 
-    cringrun -np 2 python examples/train_torch.py
+    cringrun -np 2 python examples/train_torch.py [--uneven]
 """
 
 import argparse
@@ -34,6 +38,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=128, help="per-rank batch size")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--uneven", action="store_true",
+                        help="rank r drops r * 10%% of its shard, then join() evens out")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -42,6 +48,9 @@ def main() -> None:
     dim, hidden, classes = 32, 128, 10
     x_all, y_all = make_data(args.samples, dim, classes)
     x, y = x_all[rank::size], y_all[rank::size]  # this rank's shard
+    if args.uneven:  # shards of different lengths: ranks run out of data at different steps
+        keep = len(x) - len(x) * rank // 10
+        x, y = x[:keep], y[:keep]
 
     torch.manual_seed(1234 + rank)  # deliberately different on every rank...
     model = torch.nn.Sequential(
@@ -66,6 +75,13 @@ def main() -> None:
             loss.backward()  # each gradient's allreduce starts as soon as it is ready
             optimizer.step()  # waits for what is still in flight, then Adam's step
             loss_sum += loss.item()
+        if args.uneven:
+            # out of data: until every rank has joined, the others' allreduces complete
+            # with zeros for this rank. Ranks that joined early skipped steps, so their
+            # weights are behind: take those of the rank that joined last.
+            last = cring.join()
+            broadcast_parameters(model.state_dict(), root_rank=last)
+            broadcast_optimizer_state(optimizer, root_rank=last)
         cring.allreduce_(loss_sum, op=cring.Average, name="loss")
         if rank == 0:
             print(f"epoch {epoch + 1}: mean loss {loss_sum.item() / steps:.4f}", flush=True)
@@ -76,7 +92,8 @@ def main() -> None:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     every = cring.allgather(flat[None])
     same = all(torch.equal(every[r], every[0]) for r in range(size))
-    samples = steps * args.batch * size * args.epochs
+    samples = cring.allreduce(torch.tensor([steps * args.batch * args.epochs]), op=cring.Sum,
+                              name="samples").item()
     if rank == 0:
         stats = cring.engine_stats()
         print(f"trained on {size} ranks over {cring.transport()}: {samples / elapsed:,.0f} "

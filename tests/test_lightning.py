@@ -383,8 +383,9 @@ def test_unsupported_settings_raise(pl):
 
     import cring.lightning as cl
 
-    with pytest.raises(ValueError, match="sync_batchnorm"):
-        pl.Trainer(strategy="cring", accelerator="cpu", devices=2, sync_batchnorm=True)
+    # sync_batchnorm=True is supported (cring.torch.SyncBatchNorm): test_sync_batchnorm.py
+    trainer = pl.Trainer(strategy="cring", accelerator="cpu", devices=2, sync_batchnorm=True)
+    assert type(trainer.strategy._layer_sync).__name__ == "CRingSyncBatchNorm"
     strategy = cl.CRingStrategy()
     with pytest.raises(ValueError, match="reduce_op='median'"):
         strategy.reduce(torch.ones(2), reduce_op="median")

@@ -16,6 +16,7 @@ import numpy as _np
 from . import (
     _C,
     _discovery,  # CUDA tensors (see the marked branches below)
+    _horovod_env,
 )
 from ._collectives import allgather_async
 from ._core import (
@@ -97,6 +98,7 @@ def _init(
     with _state_lock:
         if _C.is_initialized():
             return False
+        _horovod_env.apply_horovod_environment()  # HOROVOD_* knobs, before anything reads CRING_*
         plan = _discovery.plan_init(
             rank=rank,
             size=size,

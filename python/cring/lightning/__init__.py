@@ -31,7 +31,15 @@ import warnings
 from types import SimpleNamespace
 from typing import Any, Optional
 
-from . import _flavors
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as _missing:
+    raise ImportError(
+        "cring.lightning needs PyTorch and Lightning; torch is not installed: "
+        'pip install "cring[lightning]"'
+    ) from _missing
+
+from . import _flavors  # noqa: E402
 
 __all__ = ["CRingEnvironment", "CRingFabricStrategy", "CRingStrategy", "classes"]
 
@@ -91,7 +99,8 @@ def _default_flavor() -> str:
         if _flavors.installed(flavor):
             return flavor
     raise ImportError(
-        "cring.lightning needs Lightning: pip install lightning (or pytorch-lightning)"
+        'cring.lightning needs Lightning, which is not installed: pip install "cring[lightning]" '
+        "(or pip install lightning, or pytorch-lightning)"
     )
 
 
@@ -150,7 +159,8 @@ def _register_installed() -> None:
     installed = [f for f in _flavors.FLAVORS if _flavors.installed(f)]
     if not installed:
         raise ImportError(
-            "cring.lightning needs Lightning: pip install lightning (or pytorch-lightning)"
+            "cring.lightning needs Lightning, which is not installed: "
+            'pip install "cring[lightning]" (or pip install lightning, or pytorch-lightning)'
         )
     for flavor in installed:
         if _TOP[flavor] in sys.modules:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -74,6 +75,22 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
         self._init_cring_state(timeout_s)
         self._averager: Optional[_common.GradientAverager] = None
 
+    # ---- sync_batchnorm ------------------------------------------------------------------------
+
+    @property
+    def _layer_sync(self) -> Any:
+        return self.__dict__.get("_cring_layer_sync")
+
+    @_layer_sync.setter
+    def _layer_sync(self, plugin: Any) -> None:
+        # Trainer(sync_batchnorm=True) hands every strategy torch's TorchSyncBatchNorm
+        # plugin, which needs torch.distributed: cring's converts to cring.torch's instead
+        # (a user's own LayerSync plugin is kept as given)
+        layer_sync = _layer_sync_module(self._lib)
+        if type(plugin) is layer_sync.TorchSyncBatchNorm:
+            plugin = _cring_sync_batchnorm_class(self._lib)()
+        self.__dict__["_cring_layer_sync"] = plugin
+
     # ---- environment, devices, ranks (the rest is in _common.StrategyMixin) --------------------
 
     @property
@@ -88,11 +105,6 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
     def _check_configuration(self) -> None:
         if self.accelerator is not None:
             self._check_devices()
-        if getattr(self, "_layer_sync", None) is not None:
-            raise ValueError(
-                "strategy 'cring' does not support sync_batchnorm=True (torch's "
-                "SyncBatchNorm needs torch.distributed)"
-            )
         env = self.cluster_environment
         if env is not None:
             env.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
@@ -117,6 +129,8 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
     def setup(self, trainer: Any) -> None:
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == self._lib.TrainerFn.FITTING
+        if fitting and self._layer_sync:
+            self.model = self._layer_sync.apply(self.model)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         _common.broadcast_module(self.model, "lightning.initial")  # every rank starts from rank 0's
@@ -190,6 +204,80 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
         if self._averager is not None:
             self._averager.close()
             self._averager = None
+
+    def teardown(self) -> None:
+        module = self.lightning_module
+        trainer = getattr(module, "_trainer", None) if module is not None else None
+        if (
+            trainer is not None
+            and trainer.state.fn == self._lib.TrainerFn.FITTING
+            and self._layer_sync
+            and self.model is not None
+        ):
+            self.model = self._layer_sync.revert(self.model)  # plain BatchNorm again, as DDP does
+        super().teardown()
+
+
+def _layer_sync_module(lib: SimpleNamespace) -> Any:
+    return importlib.import_module(f"{lib.trainer_pkg}.plugins.layer_sync")
+
+
+_SYNC_BN_CLASSES: dict = {}
+
+
+def _cring_sync_batchnorm_class(lib: SimpleNamespace) -> type:
+    """Lightning's LayerSync plugin for Trainer(sync_batchnorm=True) on cring:
+    apply() converts every BatchNorm to cring.torch.SyncBatchNorm, revert()
+    back to the BatchNorm1d/2d/3d it was (the same tensors). One class per
+    Lightning distribution (their LayerSync classes differ)."""
+    cls = _SYNC_BN_CLASSES.get(lib.flavor)
+    if cls is None:
+        cls = type(
+            "CRingSyncBatchNorm",
+            (_CRingSyncBatchNormMixin, _layer_sync_module(lib).LayerSync),
+            {"__module__": "cring.lightning", "__doc__": _cring_sync_batchnorm_class.__doc__},
+        )
+        _SYNC_BN_CLASSES[lib.flavor] = cls
+    return cls
+
+
+class _BatchNormAnyDim(torch.nn.modules.batchnorm._BatchNorm):
+    """What revert() gives when the original class is unknown: batch norm of any rank."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        return
+
+
+class _CRingSyncBatchNormMixin:
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+        from cring.torch.sync_batch_norm import SyncBatchNorm
+
+        self._originals = getattr(self, "_originals", {})
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(
+                m, SyncBatchNorm
+            ):
+                self._originals[id(m.running_mean if m.running_mean is not None else m)] = type(m)
+        return SyncBatchNorm.convert_sync_batchnorm(model)
+
+    def revert(self, model: torch.nn.Module) -> torch.nn.Module:
+        from cring.torch.sync_batch_norm import SyncBatchNorm
+
+        if not isinstance(model, SyncBatchNorm):
+            for name, child in model.named_children():
+                model.add_module(name, self.revert(child))
+            return model
+        key = id(model.running_mean if model.running_mean is not None else model)
+        cls = getattr(self, "_originals", {}).get(key, _BatchNormAnyDim)
+        plain = cls(
+            model.num_features, model.eps, model.momentum, model.affine, model.track_running_stats
+        )
+        if model.affine:
+            plain.weight, plain.bias = model.weight, model.bias
+        plain.running_mean, plain.running_var = model.running_mean, model.running_var
+        plain.num_batches_tracked = model.num_batches_tracked
+        plain.training = model.training
+        return plain
 
 
 def build_strategy(lib: SimpleNamespace, environment: type, launcher: type) -> type:

@@ -20,7 +20,10 @@ Needs ``ray[train]``; importing ``cring`` alone never imports Ray.
 try:
     import ray.train  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("cring.ray needs Ray Train: pip install 'ray[train]'") from exc
+    raise ImportError(
+        'cring.ray needs Ray Train, which is not installed: pip install "cring[ray]" '
+        "(or pip install 'ray[train]')"
+    ) from exc
 
 from ._backend import CRingConfig
 from ._elastic import ElasticRayExecutor

@@ -11,7 +11,15 @@ Adasum works on CPU tensors (docs/adasum.md); process sets: see
 docs/process_sets.md.
 """
 
-from .functions import broadcast_optimizer_state, broadcast_parameters
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as _missing:
+    raise ImportError(
+        "cring.torch needs PyTorch, which is not installed: "
+        'pip install "cring[torch]" (or install the torch build you want first)'
+    ) from _missing
+
+from .functions import broadcast_optimizer_state, broadcast_parameters  # noqa: E402
 from .mpi_ops import (
     Adasum,
     Average,
@@ -80,11 +88,13 @@ from .mpi_ops import (
     rocm_built,
     shutdown,
     size,
+    sparse_allreduce_async,
     start_timeline,
     stop_timeline,
     synchronize,
 )
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",
@@ -104,6 +114,7 @@ __all__ = [
     "Product",
     "ReduceOp",
     "Sum",
+    "SyncBatchNorm",
     "TimeoutInternalError",
     "add_process_set",
     "allgather",
@@ -157,6 +168,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

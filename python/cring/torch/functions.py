@@ -100,8 +100,30 @@ def _describe_state(state: Any) -> Optional[dict]:
     }
 
 
+def _give_zero_gradients(optimizer: torch.optim.Optimizer, model: Any) -> None:
+    """Horovod's preparation of a fresh optimizer (no state yet): every
+    trainable parameter without a gradient gets a zero one (sparse for
+    SparseAdam and for sparse nn.Embedding layers of `model`), so that code
+    written for Horovod finds .grad set afterwards. Unlike Horovod, no step
+    is taken: the parameters do not move (weight decay would move them)."""
+    sparse_ids = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse_ids.update(id(p) for p in m.parameters())
+    all_sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                zero = torch.zeros_like(p.detach())
+                p.grad = zero.to_sparse() if all_sparse or id(p) in sparse_ids else zero
+
+
 def broadcast_optimizer_state(
-    optimizer: torch.optim.Optimizer, root_rank: int, process_set: Any = None
+    optimizer: torch.optim.Optimizer,
+    root_rank: int,
+    model: Optional[torch.nn.Module] = None,
+    process_set: Any = None,
 ) -> None:
     """Make every rank's optimizer state equal to root_rank's: the
     hyperparameters of each param group (lr, betas, ...), and each
@@ -116,11 +138,18 @@ def broadcast_optimizer_state(
     the same number of param groups and parameters (ValueError on every rank
     otherwise). Works on a DistributedOptimizer or a plain optimizer.
     `process_set`: only its ranks take part (root_rank is a global rank in it).
+
+    As in Horovod, on a rank whose optimizer has no state yet, trainable
+    parameters whose .grad is None get a zero gradient (sparse for
+    SparseAdam, and for `model`'s sparse nn.Embedding layers when `model` is
+    given); the parameters themselves are not touched.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
             f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
+    if not optimizer.state:
+        _give_zero_gradients(optimizer, model)
     is_root = cring.rank() == int(root_rank)
     groups = optimizer.param_groups
     params = [p for group in groups for p in group["params"]]

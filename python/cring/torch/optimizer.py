@@ -6,7 +6,8 @@ Each gradient's allreduce is submitted the moment backward has finished
 accumulating it (a post-accumulate-grad hook on the parameter), so
 communication overlaps the rest of backward and the engine fuses the
 gradients that arrive together; step() only waits for what is still in
-flight. This module uses cring's public API and torch, nothing else.
+flight. This module uses cring's public API, torch and cring.torch.mpi_ops'
+sparse_allreduce_async, nothing else.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import cring
 from . import _adasum
 from . import sharded as _sharded
 from .functions import broadcast_optimizer_state, broadcast_parameters
+from .mpi_ops import sparse_allreduce_async as _sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state"]
 
@@ -208,18 +210,23 @@ class _DistributedOptimizer:
         that has none: another rank may have one, and every rank must submit)."""
         entries = []
         compressor = self._cring_torch_compression
+        sparse_submitted: list = []  # gathers of sparse gradients, started as met
         for p in unit.params:
             grad = p.grad
             if grad is None:
                 grad = p.grad = torch.zeros_like(p.detach())
             sparse = grad.is_sparse
+            if sparse and not self.sparse_as_dense:
+                # Horovod's way: allgather the indices and values (not compressed)
+                name = unit.name if len(unit.params) == 1 else f"{unit.name}.{self._cring_names[p]}"
+                entry = _Entry(p, grad, grad, grad, False, None, True)
+                # process_set: the attribute helper psets' DistributedOptimizer(process_set=) sets
+                process_set = getattr(self, "process_set", None)
+                kwargs = {} if process_set is None else {"process_set": process_set}
+                handle = _sparse_allreduce_async(grad, name, self.op, **kwargs)
+                sparse_submitted.append((handle, [entry]))
+                continue
             if sparse:
-                if not self.sparse_as_dense:
-                    raise NotImplementedError(
-                        f"parameter '{self._cring_names[p]}' has a sparse gradient: cring has "
-                        "no sparse allreduce; pass sparse_as_dense=True to DistributedOptimizer "
-                        "to allreduce it as a dense tensor"
-                    )
                 buffer = grad.to_dense()
             else:
                 buffer = grad if grad.is_contiguous() else grad.contiguous()
@@ -239,7 +246,9 @@ class _DistributedOptimizer:
             postscale_factor=self._cring_postscale,
             process_set=self.process_set,
         )
-        submitted = self._cring_handles[unit] = []
+        submitted = self._cring_handles[unit] = sparse_submitted
+        if not entries:
+            return
         if len(entries) == 1:
             submitted.append(
                 (cring.allreduce_async_(entries[0].wire, name=unit.name, **kwargs), entries)
@@ -255,6 +264,12 @@ class _DistributedOptimizer:
                 submitted.append((handle, part))
 
     def _cring_finish(self, handle: Any, entries: list) -> None:
+        if not isinstance(handle, cring.Handle):  # a sparse gradient's gather
+            (e,) = entries
+            reduced = handle()
+            # in place, as Horovod does: the .grad object the caller holds is the result
+            e.grad.zero_().add_(reduced.to(e.grad.dtype))
+            return
         cring.synchronize(handle)
         compressor = self._cring_torch_compression
         for e in entries:
@@ -268,6 +283,12 @@ class _DistributedOptimizer:
                 e.grad.copy_(e.buffer)
 
     # ---- the public methods ------------------------------------------------------------------
+
+    @property
+    def _parameter_names(self) -> dict:
+        """Horovod's attribute: parameter -> the name its gradient is reduced
+        under (the allreduce is "allreduce.<name>"). Read-only."""
+        return dict(self._cring_names)
 
     def synchronize(self) -> None:
         """Finish every gradient's allreduce: start those not started yet
@@ -364,7 +385,7 @@ class _DistributedOptimizer:
         for submitted in list(self._cring_handles.values()):
             for handle, _ in submitted:
                 try:
-                    cring.synchronize(handle)
+                    handle() if not isinstance(handle, cring.Handle) else cring.synchronize(handle)
                 except cring.CRingError:
                     pass
         self._cring_handles.clear()
@@ -537,9 +558,12 @@ def DistributedOptimizer(
             contiguous groups; or a list of lists of parameters (the rest
             alone). Each group is one grouped allreduce, started once all of
             its gradients are ready.
-        sparse_as_dense: allreduce sparse gradients as dense tensors (the
-            result is made sparse again). Without it a sparse gradient raises
-            NotImplementedError: cring has no sparse allreduce.
+        sparse_as_dense: allreduce sparse gradients (nn.Embedding(sparse=True))
+            as dense tensors (the result is made sparse again). Without it a
+            sparse gradient's indices and values are allgathered, as Horovod
+            does (sparse_allreduce_async; op Average or Sum only), which is
+            smaller while few rows are touched. Either way every rank must
+            produce a sparse gradient for that parameter in that step.
 
         shard_state: 0 (default): every rank holds the whole optimizer state.
             1 or 2 (ZeRO stages 1 and 2, docs/sharded.md): each rank keeps the

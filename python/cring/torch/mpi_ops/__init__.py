@@ -17,6 +17,7 @@ each importing only those above it:
     _collectives  allreduce, allgather, broadcast, reducescatter, alltoall
                   (plain, async, in-place, grouped), join, barrier, poll,
                   synchronize, broadcast_object, allgather_object
+    _sparse       sparse_allreduce_async (allgathers of indices and values)
 """
 
 from ._basics import (
@@ -99,6 +100,7 @@ from ._compression import (
     FP16Compressor,
     NoneCompressor,
 )
+from ._sparse import sparse_allreduce_async
 
 __all__ = [
     "Adasum",
@@ -168,6 +170,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",
