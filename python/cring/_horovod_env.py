@@ -53,6 +53,8 @@ HOROVOD_TO_CRING: dict[str, tuple[str, Callable[[str], Optional[str]]]] = {
     "HOROVOD_GPU_OPERATIONS": ("CRING_GPU_OPERATIONS", _gpu_operations),
     "HOROVOD_AUTOTUNE": ("CRING_AUTOTUNE", _same),
     "HOROVOD_AUTOTUNE_LOG": ("CRING_AUTOTUNE_LOG", _same),
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": ("CRING_AUTOTUNE_WARMUP_SAMPLES", _same),
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": ("CRING_AUTOTUNE_STEPS_PER_SAMPLE", _same),
 }
 
 # not warned about: read directly by cring's rank discovery (cring._discovery,
