@@ -83,7 +83,16 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
             "join() returns",
             e->rank);
     }
-    if (cring__strmap_get(&e->queue.in_flight, r->name)) {
+    req_t *same = cring__strmap_get(&e->queue.in_flight, r->name);
+    if (same && (q->flags & CRING_REQUEST_SEQUENCED)) { /* wait behind it (name_done) */
+        while (same->successor) same = same->successor;
+        same->successor = r;
+        atomic_fetch_add(&e->refs, 1);
+        pthread_mutex_unlock(&e->queue.mu);
+        *handle_out = h;
+        return CRING_OK;
+    }
+    if (same) {
         pthread_mutex_unlock(&e->queue.mu);
         cring_status_t st =
             cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
@@ -109,6 +118,41 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     if (!(q->flags & CRING_REQUEST_CALLER_WAITS)) cring__comm_wake(e->comm);
     *handle_out = h;
     return CRING_OK;
+}
+
+void cring__engine_name_done(cring_engine_t *e, req_t *r, cring_status_t st, const char *error) {
+    pthread_mutex_lock(&e->queue.mu);
+    cring__strmap_remove(&e->queue.in_flight, r->name);
+    req_t *next = r->successor;
+    r->successor = NULL;
+    int stopping = atomic_load(&e->stop) || atomic_load(&e->broken) != CRING_OK;
+    if (next && !stopping) {
+        if (cring__strmap_put_borrowed(&e->queue.in_flight, next->name, next) != 0) {
+            stopping = 1; /* out of memory: fail it below rather than lose it */
+            st = CRING_ERR_NO_MEMORY;
+            error = "out of memory";
+        } else {
+            next->next = NULL;
+            if (e->queue.tail) e->queue.tail->next = next;
+            else e->queue.head = next;
+            e->queue.tail = next;
+        }
+    }
+    pthread_mutex_unlock(&e->queue.mu);
+    if (!next) return;
+    if (stopping) { /* nothing will run it: it ends the way the engine did */
+        if (st == CRING_OK && atomic_load(&e->broken) != CRING_OK) {
+            st = (cring_status_t)atomic_load(&e->broken);
+            error = e->broken_msg;
+        } else if (st == CRING_OK) {
+            st = CRING_ERR_CLOSED;
+            error = "cring was shut down before this request completed";
+        }
+        cring__engine_complete(e, next, st, error);
+        cring__req_free(next);
+        return;
+    }
+    cring__comm_wake(e->comm); /* the engine thread may be the one to run it */
 }
 
 void cring__engine_span(cring_engine_t *e, const char *name, const char *phase, double t0,

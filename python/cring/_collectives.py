@@ -457,9 +457,19 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
     return synchronize(_broadcast_async(tensor, root_rank, _name("broadcast", name), False, True))
 
 
-def broadcast_(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
-    """Overwrite `tensor` on every rank with root_rank's values; returns it."""
+def _broadcast_inplace_general(tensor: Any, root_rank: int, name: Optional[str] = None) -> Any:
+    """broadcast_ for what _C.broadcast_ does not do itself: CUDA tensors and
+    other libraries' tensors, and the errors of bad arguments."""
     return synchronize(_broadcast_async(tensor, root_rank, _name("broadcast", name), True, True))
+
+
+# cring.broadcast_(tensor, root_rank, name=None): overwrite `tensor` on every
+# rank with root_rank's values; returns it. A NumPy array or CPU torch tensor
+# is bound and broadcast by _C.broadcast_ without a Python frame (a small one
+# rides the engine's negotiation round); the rest comes back to
+# _broadcast_inplace_general.
+_C.broadcast_fallback = _broadcast_inplace_general
+broadcast_ = _C.broadcast_
 
 
 def _allgather_async(tensors: list, name: str, grouped: bool, caller_waits: bool) -> Handle:
@@ -491,11 +501,21 @@ def allgather_async(tensor: Any, name: Optional[str] = None) -> Handle:
     return _allgather_async([tensor], _name("allgather", name), False, False)
 
 
-def allgather(tensor: Any, name: Optional[str] = None) -> Any:
-    """Concatenate every rank's tensor along the first dimension (which may
-    differ between ranks); trailing dimensions and dtype must match. A 0-d
-    tensor gathers as one row."""
+def _allgather_general(tensor: Any, name: Optional[str] = None) -> Any:
+    """allgather for what _C.allgather does not do itself (everything but a
+    NumPy array)."""
     return synchronize(_allgather_async([tensor], _name("allgather", name), False, True))
+
+
+# cring.allgather(tensor, name=None): concatenate every rank's tensor along
+# the first dimension (which may differ between ranks); trailing dimensions
+# and dtype must match; a 0-d tensor gathers as one row. A NumPy array is
+# gathered by _C.allgather without a Python frame (small results copied into
+# a new array, large ones lent through _C.allgather_view); the rest comes
+# back to _allgather_general.
+_C.allgather_fallback = _allgather_general
+_C.allgather_view = lambda x, h, shape: result_like(x, h, 0, shape, "")
+allgather = _C.allgather
 
 
 def grouped_allgather_async(tensors: Sequence[Any], name: Optional[str] = None) -> Handle:

@@ -9,7 +9,6 @@ other way round. It submits requests but builds none of its own.
 from __future__ import annotations
 
 import enum
-import itertools
 from typing import Any, Callable, Optional
 
 from . import _C
@@ -88,16 +87,27 @@ def size() -> int:
 
 # ---- names of unnamed collectives ---------------------------------------------------------------
 
-_name_counters: dict[str, itertools.count] = {}
+
+class _NameCounters:
+    """The per-kind counters of unnamed calls live in cring._C (its fast
+    paths name unnamed calls too); cring._api.init clears them."""
+
+    def clear(self) -> None:
+        _C.noname_reset()
+
+
+_name_counters = _NameCounters()
 
 
 def _name(kind: str, name: Optional[str]) -> str:
     """`name` as a string, or the next deterministic name for an unnamed call
-    of this kind (every rank makes unnamed calls in the same order)."""
+    of this kind ("allreduce.noname.3"; every rank makes unnamed calls in the
+    same order). The names cycle, so the response cache serves unnamed calls
+    as it does named ones; a call whose name is still in flight waits behind
+    the earlier one."""
     if name is not None:
         return name if type(name) is str else str(name)
-    counter = _name_counters.setdefault(kind, itertools.count())
-    return f"{kind}.noname.{next(counter)}"
+    return _C.noname(kind)
 
 
 # ---- compression ---------------------------------------------------------------------------------
