@@ -303,11 +303,13 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
 }
 
 /* allreduce_async_(tensor, op=Average, name=None, ...): cring.allreduce_async_
- * itself. A torch CUDA tensor with a name and no compression or scaling, on
- * the NCCL path, is queued here without a Python frame: an event on the
- * caller's current stream, the request, and a cring.Handle (the class the
- * module's `handle_wrapper` attribute holds) whose synchronize() returns the
- * tensor. Everything else goes to the module's `allreduce_async_fallback`. */
+ * itself. A NumPy array, a CPU torch tensor or a torch CUDA tensor on the
+ * NCCL path, without compression or scaling, is queued here without a
+ * Python frame (a CUDA one after an event on the caller's current stream):
+ * the request, and a cring.Handle (the class the module's `handle_wrapper`
+ * attribute holds) whose synchronize() returns the tensor. Unnamed calls get
+ * the next generated name. Everything else goes to the module's
+ * `allreduce_async_fallback`. */
 static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames) {
     static PyObject *fallback_name, *wrapper_name, *attr[4];
@@ -318,27 +320,35 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     if (!is_cuda_name && !(is_cuda_name = PyUnicode_InternFromString("is_cuda"))) return NULL;
     int fast = bind_allreduce(args, nargs, kwnames, v);
     if (fast < 0) return NULL;
-    if (fast && v[2] && v[2] != Py_None && s->engine &&
-        cring__dl_is_torch(v[0])) { /* a CPU tensor exports nothing here */
+    int cuda = 0; /* a torch CUDA tensor on the NCCL path; else a NumPy array or CPU tensor */
+    if (!fast || !s->engine) {
+        fast = 0;
+    } else if (cring__dl_is_torch(v[0])) {
         PyObject *is_cuda = PyObject_GetAttr(v[0], is_cuda_name);
-        fast = is_cuda == Py_True && cuda_fast_ok();
+        cuda = is_cuda == Py_True;
+        fast = is_cuda != NULL && (!cuda || cuda_fast_ok());
         Py_XDECREF(is_cuda);
         PyErr_Clear();
     } else {
-        fast = 0;
+        fast = cring__dl_is_ndarray(v[0]);
     }
     cring__dl_ref_t *ref = NULL;
-    int taken = 0;
+    int taken = 0, unnamed = !v[2] || v[2] == Py_None;
+    char generated[64];
     const char *name = NULL;
     int op = -1;
-    if (fast && (name = PyUnicode_AsUTF8(v[2])) && (op = cring__pyext_parse_op(v[1])) >= 0 &&
+    if (fast && (op = cring__pyext_parse_op(v[1])) >= 0 &&
+        (name = unnamed ? (cring__pyext_noname("allreduce", generated, sizeof generated, 0) < 0
+                               ? NULL
+                               : generated)
+                        : PyUnicode_AsUTF8(v[2])) &&
         (ref = PyMem_Calloc(1, sizeof *ref)))
-        taken = cring__dl_acquire_fast(v[0], name, 1, 1, ref);
+        taken = cring__dl_acquire_fast(v[0], name, 1, cuda, ref);
     if (PyErr_Occurred()) {
         PyMem_Free(ref);
         return NULL;
     }
-    if (taken && ref->t->device.device_type != CRING_DL_CUDA) { /* the CPU: Python's route */
+    if (taken && (ref->t->device.device_type == CRING_DL_CUDA) != cuda) { /* Python's route */
         cring__dl_release(ref);
         taken = 0;
     }
@@ -346,6 +356,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
         PyMem_Free(ref);
         return fall_back(module, &fallback_name, "allreduce_async_fallback", args, nargs, kwnames);
     }
+    if (unnamed) cring__pyext_noname("allreduce", generated, sizeof generated, 1);
     for (int j = 0; j < 4; j++)
         if (!attr[j] && !(attr[j] = PyUnicode_InternFromString(attr_names[j]))) goto fail;
     if (!wrapper_name && !(wrapper_name = PyUnicode_InternFromString("handle_wrapper"))) goto fail;
@@ -353,7 +364,8 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     cring_tensor_t t;
     cring_request_t req;
     one_tensor_request(&req, &t, &one, ref, name, op);
-    if (cuda_device_of(ref, &req.device) < 0) goto fail;
+    if (unnamed) req.flags = CRING_REQUEST_SEQUENCED;
+    if (cuda && cuda_device_of(ref, &req.device) < 0) goto fail;
     if (s->dropped) cring__pyext_sweep(s, 0);
     cring_handle_t *handle;
     cring_status_t st = cring_engine_submit(s->engine, &req, &handle);
@@ -364,9 +376,11 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     HandleObject *h =
         (HandleObject *)cring__pyext_handle_new(s, handle, ref, 1, CRING_COLL_ALLREDUCE, name);
     if (!h) return NULL; /* it took the view */
-    h->cuda_device = req.device.id;
-    h->cuda_torch = 1;
-    h->cuda_stream = req.device.stream;
+    if (cuda) {
+        h->cuda_device = req.device.id;
+        h->cuda_torch = 1;
+        h->cuda_stream = req.device.stream;
+    }
     PyObject *wrapper_type = PyObject_GetAttr(module, wrapper_name);
     PyObject *w = NULL;
     if (wrapper_type && PyType_Check(wrapper_type)) {

@@ -31,6 +31,34 @@ for k, (a, h) in enumerate(zip(arrays, handles)):
     assert cring.synchronize(h) is a
     assert a.tolist() == [float(sum(range(size)) + size * k)] * 4, (k, a)
 
+# allreduce_async_ on the C fast path: named NumPy arrays and CPU torch
+# tensors, the default op, a read-only array refused as the sync path does
+named = [np.full(3, float(rank + k), np.float64) for k in range(10)]
+handles = [cring.allreduce_async_(a, name=f"async.{k}") for k, a in enumerate(named)]
+for k, (a, h) in enumerate(zip(named, handles)):
+    assert cring.synchronize(h) is a and a.tolist() == [sum(range(size)) / size + k] * 3, a
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is not None:
+    ts = [torch.full((4,), float(rank + k)) for k in range(5)]
+    hs = [cring.allreduce_async_(t, op=cring.Sum, name=f"torch.{k}") for k, t in enumerate(ts)]
+    for h in hs:
+        cring.synchronize(h)
+    for h in [cring.allreduce_async_(t, op=cring.Sum) for t in ts]:
+        assert isinstance(cring.synchronize(h), torch.Tensor)
+    for k, t in enumerate(ts):
+        assert t.tolist() == [float(size * (sum(range(size)) + size * k))] * 4, (k, t)
+frozen = np.ones(2)
+frozen.flags.writeable = False
+try:
+    cring.allreduce_async_(frozen, name="frozen")
+except ValueError:
+    pass
+else:
+    raise AssertionError("a read-only array was accepted")
+
 # synchronous and asynchronous unnamed calls interleaved differently per rank
 # still pair up in call order
 if rank == 0:
