@@ -336,9 +336,12 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
     size_t payload = spec ? spec_payload(e, spec, e->rank) : 0;
     size_t max_len = BLOCK_IDS + 4 * (size_t)nslots; /* worst case: every slot listed */
     /* the choice of exchange depends only on what every rank knows */
-    if (!cring__comm_can_gather_small(e->comm) || max_len > cring__comm_gather_small_max(e->comm))
+    if (!cring__comm_can_gather_small(e->comm))
         return cring__comm_allreduce(e->comm, v, v, vlen, CRING_UINT8, CRING_MIN);
-    if (spec && max_len + payload > cring__comm_gather_small_max(e->comm)) {
+    const size_t small_max = cring__comm_gather_small_max(e->comm);
+    if (max_len > small_max)
+        return cring__comm_allreduce(e->comm, v, v, vlen, CRING_UINT8, CRING_MIN);
+    if (spec && max_len + payload > small_max) {
         spec = NULL; /* too large to ride: the other ranks see that in this block */
         payload = 0;
     }
