@@ -254,8 +254,14 @@ void cring__engine_release(cring_engine_t *e);
  * that waited behind it (CRING_REQUEST_SEQUENCED), or fail that one too when
  * the engine is stopping. */
 void cring__engine_name_done(cring_engine_t *e, req_t *r, cring_status_t st, const char *error);
-void cring__engine_span(cring_engine_t *e, const char *name, const char *phase, double t0,
-                        double t1, const char *args);
+void cring__engine_span_write(cring_engine_t *e, const char *name, const char *phase, double t0,
+                              double t1, const char *args);
+/* A timeline span, when a timeline is open (a small call makes several: the
+ * check stays inline, so without a timeline they cost nothing). */
+static inline void cring__engine_span(cring_engine_t *e, const char *name, const char *phase,
+                                      double t0, double t1, const char *args) {
+    if (e->timeline) cring__engine_span_write(e, name, phase, t0, t1, args);
+}
 
 /* Timestamps only matter to the timeline; reading the clock is not free. */
 static inline double cring__engine_tl_now(const cring_engine_t *e) {
