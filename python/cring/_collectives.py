@@ -507,12 +507,10 @@ def _allgather_general(tensor: Any, name: Optional[str] = None) -> Any:
     return synchronize(_allgather_async([tensor], _name("allgather", name), False, True))
 
 
-# cring.allgather(tensor, name=None): concatenate every rank's tensor along
-# the first dimension (which may differ between ranks); trailing dimensions
-# and dtype must match; a 0-d tensor gathers as one row. A NumPy array is
-# gathered by _C.allgather without a Python frame (small results copied into
-# a new array, large ones lent through _C.allgather_view); the rest comes
-# back to _allgather_general.
+# cring.allgather(tensor, name=None) (the docstring is _C.allgather's): a
+# NumPy array is gathered by _C.allgather without a Python frame (small results
+# copied into a new array, large ones lent through _C.allgather_view); the
+# rest comes back to _allgather_general.
 _C.allgather_fallback = _allgather_general
 _C.allgather_view = lambda x, h, shape: result_like(x, h, 0, shape, "")
 allgather = _C.allgather
