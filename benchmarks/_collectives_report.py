@@ -213,6 +213,23 @@ TARGETS = [
     ("broadcast 64 MiB vs Open MPI", "cring-shm", "mpi", "broadcast", [64 * MiB], 1.0),
     ("allgather 1 MiB vs Open MPI", "cring-shm", "mpi", "allgather", [MiB], 1.0),
     ("allgather 64 MiB vs Open MPI", "cring-shm", "mpi", "allgather", [64 * MiB], 1.0),
+    # issue 20: small broadcast and allgather (the --loop mode times plain loops)
+    (
+        "broadcast 8 B..64 KiB vs mpi4py (worst size)",
+        "cring-shm",
+        "mpi",
+        "broadcast",
+        [8, KiB, 64 * KiB],
+        1.5,
+    ),
+    (
+        "allgather 8 B..64 KiB vs mpi4py (worst size)",
+        "cring-shm",
+        "mpi",
+        "allgather",
+        [8, KiB, 64 * KiB],
+        1.5,
+    ),
 ]
 
 

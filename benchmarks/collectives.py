@@ -2,6 +2,7 @@
 (mpi4py), two ranks on this machine, in one invocation.
 
     python benchmarks/collectives.py [--sizes 8 1K 1M 64M] [--quick] [--out DIR]
+    python benchmarks/collectives.py --loop [--loop-calls N] [--rounds R]
 
 (under cringrun, rank 0 runs it and the other ranks exit). It starts every
 library's two ranks itself, all at once:
@@ -35,7 +36,13 @@ Prints a table per collective (time, algbw, busbw per library, and the ratio
 of cring's time to each peer's), writes DIR/collectives.csv,
 DIR/collectives.png (busbw against size, log-log), DIR/collectives.json
 (summary) and DIR/collectives_raw.json (every rank's repetitions), and checks
-the targets of issue 7. DIR defaults to benchmarks/results.
+the targets of issue 7 and issue 20's small broadcast and allgather rows.
+DIR defaults to benchmarks/results.
+
+--loop (benchmarks/_collectives_loop.py) times plain long loops of the small
+calls instead, as a user writes them, against mpi4py in the same loops, and
+checks issue 20's loop targets (allreduce_ named, unnamed and default-op
+<= 1.0x mpi4py; broadcast_ and allgather 8 B..64 KiB <= 1.5x).
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ from _collectives_common import (
     machine,
     parse_size,
 )
+from _collectives_loop import loop_main
 from _collectives_report import check_targets, fmt_time, plot, print_tables, summarise, write_csv
 from _collectives_worker import worker
 
@@ -418,6 +426,19 @@ def main() -> int:
         help="seconds allowed for start-up and for each size (default "
         "%(default)s); a library that takes longer is stopped",
     )
+    parser.add_argument(
+        "--loop",
+        action="store_true",
+        help="time plain long loops of small calls instead (allreduce_ named, unnamed and "
+        "default-op, broadcast_, allgather; 8 B to 64 KiB) against mpi4py in the same loops; "
+        "--libraries picks among cring-shm, cring-tcp and mpi (default cring-shm and mpi)",
+    )
+    parser.add_argument(
+        "--loop-calls",
+        type=int,
+        default=20000,
+        help="calls per loop with --loop (a tenth from 64 KiB on; default %(default)s)",
+    )
     parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
     parser.add_argument("--control", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -434,6 +455,12 @@ def main() -> int:
         return 0
     if os.environ.get("CRING_RANK", "0") != "0":
         return 0  # under cringrun: rank 0 runs the benchmark, which starts its own ranks
+    if args.loop:
+        if args.libraries == list(LIBRARIES):
+            args.libraries = ["cring-shm", "mpi"]
+        if args.reps == (5 if args.quick else 10):
+            args.reps = 3
+        return loop_main(args)
     return parent(args)
 
 

@@ -20,3 +20,21 @@ def test_matrix(tmp_path, world_size, transport):
         assert res["transport"] == expected_transport
         assert res["failures"] == []
         assert res["cases"] > 400
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_unnamed_calls_match_in_order_and_hit_the_cache(tmp_path, transport):
+    """Unnamed calls reuse a cycle of names: values right in long loops, more
+    in flight than the cycle, sync and async mixed, mismatches still raise."""
+    proc = run_ranks(2, "unnamed.py", env={"CRING_TRANSPORT": transport}, timeout=120)
+    for r in range(2):
+        assert f"rank {r}: unnamed ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_small_broadcast_and_allgather_fast_path(tmp_path, world_size):
+    """broadcast_ and allgather bound in C, the small ones riding the
+    negotiation round once cached: values, uneven first dimensions, limits."""
+    proc = run_ranks(world_size, "small_moves.py", timeout=180)
+    for r in range(world_size):
+        assert f"rank {r}: small moves ok" in proc.stdout, proc.stdout + proc.stderr

@@ -83,7 +83,16 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
             "join() returns",
             e->rank);
     }
-    if (cring__strmap_get(&e->queue.in_flight, r->name)) {
+    req_t *same = cring__strmap_get(&e->queue.in_flight, r->name);
+    if (same && (q->flags & CRING_REQUEST_SEQUENCED)) { /* wait behind it (name_done) */
+        while (same->successor) same = same->successor;
+        same->successor = r;
+        atomic_fetch_add(&e->refs, 1);
+        pthread_mutex_unlock(&e->queue.mu);
+        *handle_out = h;
+        return CRING_OK;
+    }
+    if (same) {
         pthread_mutex_unlock(&e->queue.mu);
         cring_status_t st =
             cring__engine_submit_fail(CRING_ERR_INVALID_ARGUMENT,
@@ -111,9 +120,43 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     return CRING_OK;
 }
 
-void cring__engine_span(cring_engine_t *e, const char *name, const char *phase, double t0,
-                        double t1, const char *args) {
-    if (!e->timeline) return;
+void cring__engine_name_done(cring_engine_t *e, req_t *r, cring_status_t st, const char *error) {
+    pthread_mutex_lock(&e->queue.mu);
+    cring__strmap_remove(&e->queue.in_flight, r->name);
+    req_t *next = r->successor;
+    r->successor = NULL;
+    int stopping = atomic_load(&e->stop) || atomic_load(&e->broken) != CRING_OK;
+    if (next && !stopping) {
+        if (cring__strmap_put_borrowed(&e->queue.in_flight, next->name, next) != 0) {
+            stopping = 1; /* out of memory: fail it below rather than lose it */
+            st = CRING_ERR_NO_MEMORY;
+            error = "out of memory";
+        } else {
+            next->next = NULL;
+            if (e->queue.tail) e->queue.tail->next = next;
+            else e->queue.head = next;
+            e->queue.tail = next;
+        }
+    }
+    pthread_mutex_unlock(&e->queue.mu);
+    if (!next) return;
+    if (stopping) { /* nothing will run it: it ends the way the engine did */
+        if (st == CRING_OK && atomic_load(&e->broken) != CRING_OK) {
+            st = (cring_status_t)atomic_load(&e->broken);
+            error = e->broken_msg;
+        } else if (st == CRING_OK) {
+            st = CRING_ERR_CLOSED;
+            error = "cring was shut down before this request completed";
+        }
+        cring__engine_complete(e, next, st, error);
+        cring__req_free(next);
+        return;
+    }
+    cring__comm_wake(e->comm); /* the engine thread may be the one to run it */
+}
+
+void cring__engine_span_write(cring_engine_t *e, const char *name, const char *phase, double t0,
+                              double t1, const char *args) {
     pthread_mutex_lock(&e->timeline_mu);
     cring__timeline_span(e->timeline, name, phase, t0, t1, args);
     pthread_mutex_unlock(&e->timeline_mu);
@@ -131,11 +174,11 @@ cring_status_t cring__engine_transport_failed(cring_engine_t *e, cring_status_t 
 
 /* Run rounds while this rank has work or a peer waits for it. With `until`,
  * return as soon as that handle is done; with deadline_s > 0, once
- * cring__now_s() passes it (between rounds). Called with progress_mu held. */
+ * cring__now_coarse_s() passes it (between rounds). Called with progress_mu held. */
 static void drive(cring_engine_t *e, cring_handle_t *until, double deadline_s) {
     for (int first = 1;; first = 0) {
         /* Not on the first pass: a wait that finishes in one round pays no clock read. */
-        if (deadline_s > 0 && !first && cring__now_s() >= deadline_s) return;
+        if (deadline_s > 0 && !first && cring__now_coarse_s() >= deadline_s) return;
         if (atomic_load(&e->broken) != CRING_OK) {
             cring__negotiate_fail_all(e, (cring_status_t)atomic_load(&e->broken), e->broken_msg);
             return;
@@ -274,7 +317,7 @@ static int wait_until(cring_handle_t *h, double deadline_s) {
         } else if (deadline_s > 0) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            double left = deadline_s - cring__now_s();
+            double left = deadline_s - cring__now_coarse_s();
             if (left <= 0) {
                 atomic_fetch_sub(&e->drive.callers_waiting, 1);
                 return atomic_load(&h->done);
@@ -296,7 +339,7 @@ static int wait_until(cring_handle_t *h, double deadline_s) {
         if (atomic_load(&e->drive.thread_parked)) cring__comm_wake(e->comm);
         if (stopped && !atomic_load(&h->done)) wait_done_cv(e, h, 10 * 1000 * 1000);
         if (atomic_load(&h->done)) return 1;
-        if (deadline_s > 0 && cring__now_s() >= deadline_s) return atomic_load(&h->done);
+        if (deadline_s > 0 && cring__now_coarse_s() >= deadline_s) return atomic_load(&h->done);
     }
     return 1;
 }
@@ -309,7 +352,10 @@ cring_status_t cring_handle_wait(cring_handle_t *h) {
 int cring_handle_wait_for(cring_handle_t *h, double timeout_s) {
     if (atomic_load(&h->done)) return 1;
     if (timeout_s <= 0) return 0;
-    return wait_until(h, cring__now_s() + timeout_s);
+    /* the coarse clock: these deadlines only bound how long a wait goes
+     * without running signal handlers, and a precise clock read was a
+     * measurable part of a small synchronous call */
+    return wait_until(h, cring__now_coarse_s() + timeout_s);
 }
 
 /* ---- lifecycle ------------------------------------------------------------------- */

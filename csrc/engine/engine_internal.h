@@ -54,7 +54,8 @@ typedef struct req {
     int wants_resend;
     double submit_s, ready_s;
     struct req *next;
-    size_t alloc_bytes; /* of this allocation, so a spare can be reused */
+    struct req *successor; /* CRING_REQUEST_SEQUENCED: the next request of this name */
+    size_t alloc_bytes;    /* of this allocation, so a spare can be reused */
 } req_t;
 
 struct cring_handle {
@@ -240,10 +241,11 @@ struct cring_engine {
         size_t block_cap;
         const void **peer_blocks;
         size_t *peer_lens;
-        uint16_t *slot_hits;  /* per slot while combining blocks; all zero between rounds */
-        uint32_t *inval_ids;  /* scratch: slots this rank invalidates in a round */
-        req_t *last_attached; /* the request most recently matched to a cache slot */
-        response_t *resp;     /* run_round's responses, kept between rounds */
+        uint16_t *slot_hits;        /* per slot while combining blocks; all zero between rounds */
+        uint32_t *inval_ids;        /* scratch: slots this rank invalidates in a round */
+        req_t *last_attached;       /* the request most recently matched to a cache slot */
+        cring_status_t spec_status; /* a request that rode the round but could not finish */
+        response_t *resp;           /* run_round's responses, kept between rounds */
         int cap_resp;
         int abort_requested;
         double last_stall_check_s;
@@ -302,8 +304,18 @@ cring_status_t cring__engine_submit_fail(cring_status_t st, const char *fmt, ...
 /* The communicator failed: mark the engine broken and fail every request. */
 cring_status_t cring__engine_transport_failed(cring_engine_t *e, cring_status_t st);
 void cring__engine_release(cring_engine_t *e);
-void cring__engine_span(cring_engine_t *e, const char *name, const char *phase, double t0,
-                        double t1, const char *args);
+/* r completed: drop its name from the in-flight set and queue the request
+ * that waited behind it (CRING_REQUEST_SEQUENCED), or fail that one too when
+ * the engine is stopping. */
+void cring__engine_name_done(cring_engine_t *e, req_t *r, cring_status_t st, const char *error);
+void cring__engine_span_write(cring_engine_t *e, const char *name, const char *phase, double t0,
+                              double t1, const char *args);
+/* A timeline span, when a timeline is open (a small call makes several: the
+ * check stays inline, so without a timeline they cost nothing). */
+static inline void cring__engine_span(cring_engine_t *e, const char *name, const char *phase,
+                                      double t0, double t1, const char *args) {
+    if (e->timeline) cring__engine_span_write(e, name, phase, t0, t1, args);
+}
 
 /* Timestamps only matter to the timeline; reading the clock is not free. */
 static inline double cring__engine_tl_now(const cring_engine_t *e) {

@@ -47,9 +47,7 @@ void cring__engine_complete(cring_engine_t *e, req_t *r, cring_status_t st, cons
     }
     h->status = st;
     if (st != CRING_OK) h->error = strdup(error && *error ? error : cring_status_string(st));
-    pthread_mutex_lock(&e->queue.mu);
-    cring__strmap_remove(&e->queue.in_flight, r->name);
-    pthread_mutex_unlock(&e->queue.mu);
+    cring__engine_name_done(e, r, st, error);
     cring__engine_stats_add(&e->stats.tensors, (uint64_t)r->ntensors);
     if (st != CRING_OK) cring__engine_stats_add(&e->stats.errors, 1);
     atomic_store(&h->done, 1);

@@ -35,6 +35,9 @@
 
 /* A lone small allreduce rides along with the negotiation round (below). */
 #define SPECULATE_MAX_BYTES 4096
+/* A lone broadcast or allgather up to this size rides along too: it costs
+ * a copy of its data into the round's block, and saves a collective. */
+#define SPECULATE_MOVE_MAX_BYTES (64u << 10)
 #define BLOCK_HEADER_BYTES 16 /* plus 8: six u32 header words in all */
 #define BLOCK_IDS (BLOCK_HEADER_BYTES + 8)
 #define ALL_IDLE 0x0101010101010101ull /* eight slot bytes that are all 1 */
@@ -92,16 +95,38 @@ void cring__negotiate_fail_all(cring_engine_t *e, cring_status_t st, const char 
 }
 
 /* A request whose data can travel with this round: the only thing pending
- * here, cached, a plain small allreduce. */
+ * here, cached, one small CPU tensor: a plain allreduce, a broadcast or an
+ * allgather. */
 static req_t *speculation_candidate(cring_engine_t *e) {
     req_t *r = e->neg.last_attached;
     if (!r || e->neg.pending.count != 1 || e->neg.nuncached || r->cache_id < 0) return NULL;
-    if (r->coll != CRING_COLL_ALLREDUCE || r->ntensors != 1 || r->op == CRING_ADASUM ||
-        r->compression != CRING_DTYPE_COUNT || r->prescale != 1.0 ||
-        r->device.type != CRING_DEVICE_CPU)
+    if (r->ntensors != 1 || r->device.type != CRING_DEVICE_CPU ||
+        e->cache.slot_state[r->cache_id] != 2)
         return NULL;
-    if (r->t[0].bytes > SPECULATE_MAX_BYTES || e->cache.slot_state[r->cache_id] != 2) return NULL;
-    return r;
+    switch (r->coll) {
+    case CRING_COLL_ALLREDUCE: /* Adasum is no sum: it never rides the round */
+        if (r->op == CRING_ADASUM || r->compression != CRING_DTYPE_COUNT || r->prescale != 1.0)
+            return NULL;
+        return r->t[0].bytes <= SPECULATE_MAX_BYTES ? r : NULL;
+    case CRING_COLL_BROADCAST:
+    case CRING_COLL_ALLGATHER: return r->t[0].bytes <= SPECULATE_MOVE_MAX_BYTES ? r : NULL;
+    default: return NULL;
+    }
+}
+
+/* The bytes rank q appends for spec: the same on every rank, for they come
+ * from what the ranks agreed on (the cached slot: root, first dimensions,
+ * the trailing shape and dtype). */
+static size_t spec_payload(const cring_engine_t *e, const req_t *spec, int q) {
+    const tensor_spec_t *t = &spec->t[0];
+    switch (spec->coll) {
+    case CRING_COLL_BROADCAST: return q == spec->root ? t->bytes : 0;
+    case CRING_COLL_ALLGATHER:
+        if (q == e->rank) return t->bytes; /* a 0-d tensor gathers as one row */
+        return (size_t)e->cache.slots[spec->cache_id].first_dims[q] * t->row_elems *
+               cring_dtype_size(t->dtype);
+    default: return t->bytes;
+    }
 }
 
 /* ---- the vector exchange ----------------------------------------------------------
@@ -178,8 +203,9 @@ static size_t encode_block(cring_engine_t *e, const uint8_t *v, int nslots, cons
 
 /* Combine the gathered blocks into v: flags by OR, pending slots by count,
  * invalidations by union. *agree: every rank speculated the same slot. */
-static cring_status_t combine_blocks(cring_engine_t *e, uint8_t *v, int nslots, int spec_here,
+static cring_status_t combine_blocks(cring_engine_t *e, uint8_t *v, int nslots, const req_t *spec,
                                      int *agree) {
+    const int spec_here = spec != NULL;
     const int P = e->size;
     const uint32_t *mine = (const uint32_t *)e->neg.block;
     uint32_t flags = 0;
@@ -202,7 +228,7 @@ static cring_status_t combine_blocks(cring_engine_t *e, uint8_t *v, int nslots, 
             e->neg.slot_hits[id] =
                 k < h[1] ? e->neg.slot_hits[id] + 1 : (uint16_t)(e->neg.slot_hits[id] | 0x8000);
         }
-        if (!spec_here || h[3] != mine[3] || h[4] != mine[4]) *agree = 0;
+        if (!spec_here || h[3] != mine[3] || h[4] != spec_payload(e, spec, q)) *agree = 0;
     }
     v[0] = (flags & 1) ? 0 : 1;
     v[1] = (flags & 2) ? 0 : 1;
@@ -254,24 +280,82 @@ static void reduce_speculated(cring_engine_t *e, req_t *spec) {
     cring__engine_stats_add(&e->stats.collectives, 1);
 }
 
+/* Every rank sent spec's part: a broadcast copies the root's block, an
+ * allgather concatenates the blocks in rank order into a new result. */
+static const uint8_t *block_data(const cring_engine_t *e, int q) {
+    uint32_t h[6];
+    memcpy(h, e->neg.peer_blocks[q], sizeof h);
+    return (const uint8_t *)e->neg.peer_blocks[q] + BLOCK_IDS + 4 * (size_t)(h[1] + h[2]);
+}
+
+static cring_status_t run_speculated(cring_engine_t *e, req_t *spec) {
+    tensor_spec_t *t = &spec->t[0];
+    double t0 = cring__engine_tl_now(e);
+    if (spec->coll == CRING_COLL_ALLREDUCE) {
+        reduce_speculated(e, spec);
+        return CRING_OK;
+    }
+    if (spec->coll == CRING_COLL_BROADCAST) {
+        const void *src = e->rank == spec->root ? t->send : block_data(e, spec->root);
+        if (src != t->recv) memcpy(t->recv, src, t->bytes);
+        cring__engine_span(e, spec->name, "BROADCAST", t0, cring__engine_tl_now(e),
+                           "\"with_negotiation\": true");
+    } else {
+        const int P = e->size;
+        const int64_t *dims = e->cache.slots[spec->cache_id].first_dims;
+        cring_handle_t *h = spec->handle;
+        size_t total = 0;
+        for (int q = 0; q < P; q++) total += spec_payload(e, spec, q);
+        h->outputs = calloc(1, sizeof *h->outputs);
+        h->output_bytes = calloc(1, sizeof *h->output_bytes);
+        h->first_dims = malloc(sizeof(int64_t) * (size_t)P);
+        if (!h->outputs || !h->output_bytes || !h->first_dims ||
+            !(h->outputs[0] = cring__output_alloc(e, total))) {
+            e->neg.spec_status = CRING_ERR_NO_MEMORY; /* its response says so (read_slots) */
+            return CRING_OK;
+        }
+        memcpy(h->first_dims, dims, sizeof(int64_t) * (size_t)P);
+        h->output_bytes[0] = total;
+        uint8_t *out = h->outputs[0];
+        for (int q = 0; q < P; q++) {
+            size_t n = spec_payload(e, spec, q);
+            memcpy(out, q == e->rank ? t->send : block_data(e, q), n);
+            out += n;
+        }
+        cring__engine_span(e, spec->name, "ALLGATHER", t0, cring__engine_tl_now(e),
+                           "\"with_negotiation\": true");
+    }
+    cring__engine_stats_add(&e->stats.collectives, 1);
+    return CRING_OK;
+}
+
 static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **executed_out) {
     *executed_out = NULL;
     uint8_t *v = e->neg.vec;
     const int nslots = (int)(vlen - e->join.vhdr);
     req_t *spec = speculation_candidate(e);
-    size_t payload = spec ? spec->t[0].bytes : 0;
-    size_t max_len = BLOCK_IDS + 4 * (size_t)nslots + payload; /* worst case: every slot listed */
-    if (!cring__comm_can_gather_small(e->comm) || max_len > cring__comm_gather_small_max(e->comm))
+    size_t payload = spec ? spec_payload(e, spec, e->rank) : 0;
+    size_t max_len = BLOCK_IDS + 4 * (size_t)nslots; /* worst case: every slot listed */
+    /* the choice of exchange depends only on what every rank knows */
+    if (!cring__comm_can_gather_small(e->comm))
         return cring__comm_allreduce(e->comm, v, v, vlen, CRING_UINT8, CRING_MIN);
+    const size_t small_max = cring__comm_gather_small_max(e->comm);
+    if (max_len > small_max)
+        return cring__comm_allreduce(e->comm, v, v, vlen, CRING_UINT8, CRING_MIN);
+    if (spec && max_len + payload > small_max) {
+        spec = NULL; /* too large to ride: the other ranks see that in this block */
+        payload = 0;
+    }
+    max_len += payload;
     if (ensure_block_space(e, max_len) != 0) return CRING_ERR_NO_MEMORY;
     size_t len = encode_block(e, v, nslots, spec, payload);
     CRING_CHECK(
         cring__comm_gather_small(e->comm, e->neg.block, len, e->neg.peer_blocks, e->neg.peer_lens));
     int agree;
-    CRING_CHECK(combine_blocks(e, v, nslots, spec != NULL, &agree));
+    CRING_CHECK(combine_blocks(e, v, nslots, spec, &agree));
     if (agree && v[e->join.vhdr + spec->cache_id] == 2 && v[1] != 0) {
-        reduce_speculated(e, spec);
         *executed_out = spec;
+        return run_speculated(e, spec);
     }
     return CRING_OK;
 }
@@ -352,6 +436,11 @@ static cring_status_t read_slots(cring_engine_t *e, const uint8_t *v, req_t *spe
             out->req = r;
             out->first_dims = s->first_dims;
             out->executed = spec && r == spec;
+            if (out->executed && e->neg.spec_status != CRING_OK) {
+                out->status = e->neg.spec_status;
+                out->error = strdup("out of memory");
+                e->neg.spec_status = CRING_OK;
+            }
             if (conflict) {
                 out->status = CRING_ERR_MISMATCH;
                 out->error = strdup(msg);

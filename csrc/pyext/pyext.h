@@ -119,6 +119,21 @@ extern PyMethodDef cring__pyext_handle_functions[];
 
 /* ---- submit.c ---------------------------------------------------------------- */
 extern PyMethodDef cring__pyext_submit_functions[];
+/* The reduction op an argument names (None: Average), or -1 with the error set. */
+int cring__pyext_parse_op(PyObject *obj);
+/* The next name of an unnamed call of `kind` ("allreduce.noname.3") into out,
+ * counted when `consume`; -1 with the error set. Needs the GIL. */
+int cring__pyext_noname(const char *kind, char *out, size_t cap, int consume);
+/* Submit req, wait here (running signal handlers) and raise its error; views
+ * are its tensor views, released by the caller unless an interrupted wait
+ * took them (*nviews is then 0). 0, or -1 with the error set. */
+int cring__pyext_submit_wait_here(module_state *s, cring_engine_t *engine,
+                                  const cring_request_t *req, cring__dl_ref_t *views, int *nviews);
+
+/* ---- submit_small.c ---------------------------------------------------------- */
+/* broadcast_ and allgather for NumPy arrays (and broadcast_ for CPU torch
+ * tensors) bound and run in C; the rest goes to their Python fallbacks. */
+extern PyMethodDef cring__pyext_small_functions[];
 
 /* ---- process_sets.c ---------------------------------------------------------- */
 /* Keep what a process set's communicator needs of the global init's config

@@ -27,7 +27,7 @@ static int same_layout(const cring__dl_ref_t *a, const cring__dl_ref_t *b, const
 /* The reduction op an argument names (an int, a cring.ReduceOp or anything
  * with __index__; None is Average), or -1 with ValueError.
  * The engine checks that the op can reduce each tensor's dtype. */
-static int parse_op(PyObject *obj) {
+int cring__pyext_parse_op(PyObject *obj) {
     if (!obj || obj == Py_None) return CRING_AVERAGE;
     long op = -1;
     if (PyLong_Check(obj) || (!PyFloat_Check(obj) && PyIndex_Check(obj))) {
@@ -72,8 +72,8 @@ static void drop_views(module_state *s, cring_handle_t *h, cring__dl_ref_t *view
  * (then *nviews is set to 0). A CUDA request's stream (the caller's) then
  * waits on its completion: no host wait for the device. Returns 0, or -1
  * with the error set. */
-static int submit_wait_here(module_state *s, cring_engine_t *engine, const cring_request_t *req,
-                            cring__dl_ref_t *views, int *nviews) {
+int cring__pyext_submit_wait_here(module_state *s, cring_engine_t *engine,
+                                  const cring_request_t *req, cring__dl_ref_t *views, int *nviews) {
     cring_handle_t *handle;
     if (s->dropped) cring__pyext_sweep(s, 0);
     cring_status_t st = cring_engine_submit(engine, req, &handle);
@@ -96,6 +96,71 @@ static int submit_wait_here(module_state *s, cring_engine_t *engine, const cring
     }
     cring_handle_free(handle);
     return rc;
+}
+
+/* ---- names of unnamed calls ------------------------------------------------
+ * The k-th unnamed call of a kind is "<kind>.noname.<k mod NONAME_CYCLE>":
+ * every rank makes unnamed calls in the same order, so the names match in
+ * call order, and reused names let the response cache serve them (a name
+ * still in flight makes the next one wait behind it: CRING_REQUEST_SEQUENCED).
+ * The cycle bounds how many unnamed calls of a kind one round can fuse. */
+#define NONAME_CYCLE 64  /* at most 100: two digits */
+#define NONAME_KINDS 256 /* kinds x process sets */
+static struct {
+    char kind[40];
+    unsigned long long next;
+} noname_counters[NONAME_KINDS];
+static int noname_nkinds;
+
+/* The next generated name of `kind` into out (GIL held), counted when
+ * `consume` (else the same name comes next time); -1 with an error. */
+int cring__pyext_noname(const char *kind, char *out, size_t cap, int consume) {
+    int i = 0;
+    while (i < noname_nkinds && strcmp(noname_counters[i].kind, kind) != 0) i++;
+    if (i == noname_nkinds) {
+        if (i == NONAME_KINDS || strlen(kind) >= sizeof noname_counters[i].kind) {
+            PyErr_Format(PyExc_ValueError, "cannot name unnamed '%s' calls", kind);
+            return -1;
+        }
+        snprintf(noname_counters[i].kind, sizeof noname_counters[i].kind, "%s", kind);
+        noname_counters[i].next = 0;
+        noname_nkinds++;
+    }
+    /* by hand: snprintf's "%s...%llu" costs a tenth of a small call */
+    size_t len = strlen(noname_counters[i].kind);
+    unsigned k = (unsigned)(noname_counters[i].next % NONAME_CYCLE);
+    if (cap < len + 8 + 4) return PyErr_Format(PyExc_ValueError, "kind %s too long", kind), -1;
+    memcpy(out, noname_counters[i].kind, len);
+    memcpy(out + len, ".noname.", 8);
+    len += 8;
+    if (k >= 10) out[len++] = (char)('0' + k / 10);
+    out[len++] = (char)('0' + k % 10);
+    out[len] = 0;
+    noname_counters[i].next += consume != 0;
+    return 0;
+}
+
+/* A name noname_next made: ".noname." then digits only. */
+static int is_generated(const char *name) {
+    const char *p = strstr(name, ".noname.");
+    if (!p || !p[8]) return 0;
+    for (p += 8; *p; p++)
+        if (*p < '0' || *p > '9') return 0;
+    return 1;
+}
+
+/* noname(kind) -> the next name of an unnamed call of that kind. */
+static PyObject *py_noname(PyObject *module, PyObject *arg) {
+    const char *kind = PyUnicode_AsUTF8(arg);
+    char name[64];
+    if (!kind || cring__pyext_noname(kind, name, sizeof name, 1) < 0) return NULL;
+    return PyUnicode_FromString(name);
+}
+
+/* noname_reset(): every kind counts from 0 again (a new job: init). */
+static PyObject *py_noname_reset(PyObject *module, PyObject *unused) {
+    for (int i = 0; i < noname_nkinds; i++) noname_counters[i].next = 0;
+    Py_RETURN_NONE;
 }
 
 static int is_one(PyObject *x) {
@@ -129,8 +194,8 @@ static int bind_allreduce(PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         if (j < 0 || v[j]) fast = 0; /* the fallback raises the TypeError */
         else v[j] = args[nargs + k];
     }
-    return fast && v[0] && v[2] && PyUnicode_CheckExact(v[2]) && (!v[3] || v[3] == Py_None) &&
-           is_one(v[4]) && is_one(v[5]);
+    return fast && v[0] && (!v[2] || v[2] == Py_None || PyUnicode_CheckExact(v[2])) &&
+           (!v[3] || v[3] == Py_None) && is_one(v[4]) && is_one(v[5]);
 }
 
 /* Call the module's Python fallback attribute `attr` with the call's arguments. */
@@ -199,11 +264,15 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
     int fast = bind_allreduce(args, nargs, kwnames, v);
     if (fast < 0) return NULL;
     if (fast) {
-        const char *name = PyUnicode_AsUTF8(v[2]);
-        if (!name) return NULL;
-        int op = parse_op(v[1]);
+        int op = cring__pyext_parse_op(v[1]);
         if (op < 0) return NULL;
         if (!s->engine) return cring__pyext_not_initialized(s);
+        char generated[64];
+        int unnamed = !v[2] || v[2] == Py_None;
+        const char *name = unnamed ? generated : PyUnicode_AsUTF8(v[2]);
+        if (!name ||
+            (unnamed && cring__pyext_noname("allreduce", generated, sizeof generated, 0) < 0))
+            return NULL;
         cring__dl_ref_t ref;
         int taken = cring__dl_acquire_fast(v[0], name, 1, 1, &ref);
         if (taken < 0) return NULL;
@@ -215,15 +284,16 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
             int64_t one;
             cring_tensor_t t;
             cring_request_t req;
+            if (unnamed) cring__pyext_noname("allreduce", generated, sizeof generated, 1);
             one_tensor_request(&req, &t, &one, &ref, name, op);
-            req.flags = CRING_REQUEST_CALLER_WAITS;
+            req.flags = CRING_REQUEST_CALLER_WAITS | (unnamed ? CRING_REQUEST_SEQUENCED : 0);
             if (ref.t->device.device_type == CRING_DL_CUDA &&
                 cuda_device_of(&ref, &req.device) < 0) {
                 cring__dl_release(&ref);
                 return NULL;
             }
             int nviews = 1;
-            int rc = submit_wait_here(s, s->engine, &req, &ref, &nviews);
+            int rc = cring__pyext_submit_wait_here(s, s->engine, &req, &ref, &nviews);
             if (nviews) cring__dl_release(&ref);
             return rc < 0 ? NULL : Py_NewRef(v[0]);
         }
@@ -232,11 +302,13 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
 }
 
 /* allreduce_async_(tensor, op=Average, name=None, ...): cring.allreduce_async_
- * itself. A torch CUDA tensor with a name and no compression or scaling, on
- * the NCCL path, is queued here without a Python frame: an event on the
- * caller's current stream, the request, and a cring.Handle (the class the
- * module's `handle_wrapper` attribute holds) whose synchronize() returns the
- * tensor. Everything else goes to the module's `allreduce_async_fallback`. */
+ * itself. A NumPy array, a CPU torch tensor or a torch CUDA tensor on the
+ * NCCL path, without compression or scaling, is queued here without a
+ * Python frame (a CUDA one after an event on the caller's current stream):
+ * the request, and a cring.Handle (the class the module's `handle_wrapper`
+ * attribute holds) whose synchronize() returns the tensor. Unnamed calls get
+ * the next generated name. Everything else goes to the module's
+ * `allreduce_async_fallback`. */
 static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames) {
     static PyObject *fallback_name, *wrapper_name, *attr[4];
@@ -247,26 +319,35 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     if (!is_cuda_name && !(is_cuda_name = PyUnicode_InternFromString("is_cuda"))) return NULL;
     int fast = bind_allreduce(args, nargs, kwnames, v);
     if (fast < 0) return NULL;
-    if (fast && s->engine && cring__dl_is_torch(v[0])) { /* a CPU tensor exports nothing here */
+    int cuda = 0; /* a torch CUDA tensor on the NCCL path; else a NumPy array or CPU tensor */
+    if (!fast || !s->engine) {
+        fast = 0;
+    } else if (cring__dl_is_torch(v[0])) {
         PyObject *is_cuda = PyObject_GetAttr(v[0], is_cuda_name);
-        fast = is_cuda == Py_True && cuda_fast_ok();
+        cuda = is_cuda == Py_True;
+        fast = is_cuda != NULL && (!cuda || cuda_fast_ok());
         Py_XDECREF(is_cuda);
         PyErr_Clear();
     } else {
-        fast = 0;
+        fast = cring__dl_is_ndarray(v[0]);
     }
     cring__dl_ref_t *ref = NULL;
-    int taken = 0;
+    int taken = 0, unnamed = !v[2] || v[2] == Py_None;
+    char generated[64];
     const char *name = NULL;
     int op = -1;
-    if (fast && (name = PyUnicode_AsUTF8(v[2])) && (op = parse_op(v[1])) >= 0 &&
+    if (fast && (op = cring__pyext_parse_op(v[1])) >= 0 &&
+        (name = unnamed ? (cring__pyext_noname("allreduce", generated, sizeof generated, 0) < 0
+                               ? NULL
+                               : generated)
+                        : PyUnicode_AsUTF8(v[2])) &&
         (ref = PyMem_Calloc(1, sizeof *ref)))
-        taken = cring__dl_acquire_fast(v[0], name, 1, 1, ref);
+        taken = cring__dl_acquire_fast(v[0], name, 1, cuda, ref);
     if (PyErr_Occurred()) {
         PyMem_Free(ref);
         return NULL;
     }
-    if (taken && ref->t->device.device_type != CRING_DL_CUDA) { /* the CPU: Python's route */
+    if (taken && (ref->t->device.device_type == CRING_DL_CUDA) != cuda) { /* Python's route */
         cring__dl_release(ref);
         taken = 0;
     }
@@ -274,6 +355,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
         PyMem_Free(ref);
         return fall_back(module, &fallback_name, "allreduce_async_fallback", args, nargs, kwnames);
     }
+    if (unnamed) cring__pyext_noname("allreduce", generated, sizeof generated, 1);
     for (int j = 0; j < 4; j++)
         if (!attr[j] && !(attr[j] = PyUnicode_InternFromString(attr_names[j]))) goto fail;
     if (!wrapper_name && !(wrapper_name = PyUnicode_InternFromString("handle_wrapper"))) goto fail;
@@ -281,7 +363,8 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     cring_tensor_t t;
     cring_request_t req;
     one_tensor_request(&req, &t, &one, ref, name, op);
-    if (cuda_device_of(ref, &req.device) < 0) goto fail;
+    if (unnamed) req.flags = CRING_REQUEST_SEQUENCED;
+    if (cuda && cuda_device_of(ref, &req.device) < 0) goto fail;
     if (s->dropped) cring__pyext_sweep(s, 0);
     cring_handle_t *handle;
     cring_status_t st = cring_engine_submit(s->engine, &req, &handle);
@@ -292,9 +375,11 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     HandleObject *h =
         (HandleObject *)cring__pyext_handle_new(s, handle, ref, 1, CRING_COLL_ALLREDUCE, name);
     if (!h) return NULL; /* it took the view */
-    h->cuda_device = req.device.id;
-    h->cuda_torch = 1;
-    h->cuda_stream = req.device.stream;
+    if (cuda) {
+        h->cuda_device = req.device.id;
+        h->cuda_torch = 1;
+        h->cuda_stream = req.device.stream;
+    }
     PyObject *wrapper_type = PyObject_GetAttr(module, wrapper_name);
     PyObject *w = NULL;
     if (wrapper_type && PyType_Check(wrapper_type)) {
@@ -457,7 +542,8 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                           &stream_obj, &process_set))
         return NULL;
     int reduces = coll == CRING_COLL_ALLREDUCE || coll == CRING_COLL_REDUCESCATTER;
-    int op = reduces ? parse_op(op_obj) : 0; /* an argument error before "not initialized" */
+    int op = reduces ? cring__pyext_parse_op(op_obj)
+                     : 0; /* an argument error before "not initialized" */
     if (op < 0) return NULL;
     if (coll == CRING_COLL_REDUCESCATTER && op == CRING_ADASUM) {
         /* a RuntimeError, as Horovod raises (its suite checks the class) */
@@ -597,11 +683,13 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                            .compression = comp,
                            .ntensors = (int)n,
                            .tensors = ts,
-                           .flags = caller_waits ? CRING_REQUEST_CALLER_WAITS : 0,
+                           .flags = (caller_waits ? CRING_REQUEST_CALLER_WAITS : 0) |
+                                    (is_generated(name) ? CRING_REQUEST_SEQUENCED : 0),
                            .splits = splits,
                            .device = device};
     if (caller_waits == 2) {
-        if (submit_wait_here(s, engine, &req, refs, &nrefs) == 0) result = Py_NewRef(Py_None);
+        if (cring__pyext_submit_wait_here(s, engine, &req, refs, &nrefs) == 0)
+            result = Py_NewRef(Py_None);
         goto done; /* the views are released below, after the engine is done */
     }
     if (s->dropped) cring__pyext_sweep(s, 0);
@@ -688,6 +776,8 @@ PyMethodDef cring__pyext_submit_functions[] = {
     {"submit", py_submit, METH_VARARGS,
      "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
      "compression, caller_waits[, splits[, stream[, process_set]]]) -> Handle"},
+    {"noname", py_noname, METH_O, "noname(kind) -> the next name of an unnamed call of that kind"},
+    {"noname_reset", py_noname_reset, METH_NOARGS, "count unnamed calls from 0 again"},
     {"tensor_info", py_tensor_info, METH_VARARGS, "(shape, dtype name, read_only) via DLPack"},
     {"copy", py_copy, METH_VARARGS, "copy(src, dst[, name]): copy between DLPack tensors"},
     {NULL, NULL, 0, NULL}};

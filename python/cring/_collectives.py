@@ -523,14 +523,24 @@ def broadcast(
     )
 
 
-def broadcast_(
+def _broadcast_inplace_general(
     tensor: Any, root_rank: int, name: Optional[str] = None, process_set: Any = None
 ) -> Any:
-    """Overwrite `tensor` on every rank with root_rank's values; returns it."""
+    """broadcast_ for what _C.broadcast_ does not do itself: CUDA tensors and
+    other libraries' tensors, process sets, and the errors of bad arguments."""
     ps = _ps_id(process_set)
     return synchronize(
         _broadcast_async(ps, tensor, root_rank, _name("broadcast", name, ps), True, True)
     )
+
+
+# cring.broadcast_(tensor, root_rank, name=None, process_set=None): overwrite
+# `tensor` on every rank with root_rank's values; returns it. A NumPy array or
+# CPU torch tensor on the global set is bound and broadcast by _C.broadcast_
+# without a Python frame (a small one rides the engine's negotiation round);
+# the rest comes back to _broadcast_inplace_general.
+_C.broadcast_fallback = _broadcast_inplace_general
+broadcast_ = _C.broadcast_
 
 
 def _allgather_async(
@@ -566,12 +576,20 @@ def allgather_async(tensor: Any, name: Optional[str] = None, process_set: Any = 
     return _allgather_async(ps, [tensor], _name("allgather", name, ps), False, False)
 
 
-def allgather(tensor: Any, name: Optional[str] = None, process_set: Any = None) -> Any:
-    """Concatenate every rank's tensor along the first dimension (which may
-    differ between ranks); trailing dimensions and dtype must match. A 0-d
-    tensor gathers as one row."""
+def _allgather_general(tensor: Any, name: Optional[str] = None, process_set: Any = None) -> Any:
+    """allgather for what _C.allgather does not do itself (everything but a
+    NumPy array on the global set). A 0-d tensor gathers as one row."""
     ps = _ps_id(process_set)
     return synchronize(_allgather_async(ps, [tensor], _name("allgather", name, ps), False, True))
+
+
+# cring.allgather(tensor, name=None, process_set=None) (the docstring is
+# _C.allgather's): a NumPy array is gathered by _C.allgather without a Python
+# frame (small results copied into a new array, large ones lent through
+# _C.allgather_view); the rest comes back to _allgather_general.
+_C.allgather_fallback = _allgather_general
+_C.allgather_view = lambda x, h, shape: result_like(x, h, 0, shape, "")
+allgather = _C.allgather
 
 
 def grouped_allgather_async(

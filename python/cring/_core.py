@@ -9,7 +9,6 @@ other way round. It submits requests but builds none of its own.
 from __future__ import annotations
 
 import enum
-import itertools
 import operator
 from typing import Any, Callable, Optional
 
@@ -199,17 +198,28 @@ def _ps_size_rank(ps_id: int) -> tuple[int, int]:
 
 # ---- names of unnamed collectives ---------------------------------------------------------------
 
-_name_counters: dict[Any, itertools.count] = {}
+
+class _NameCounters:
+    """The per-kind counters of unnamed calls live in cring._C (its fast
+    paths name unnamed calls too); cring._api.init clears them."""
+
+    def clear(self) -> None:
+        _C.noname_reset()
+
+
+_name_counters = _NameCounters()
 
 
 def _name(kind: str, name: Optional[str], ps_id: int = 0) -> str:
     """`name` as a string, or the next deterministic name for an unnamed call
-    of this kind (every rank makes unnamed calls in the same order). Each
-    process set counts its own, so calls on one set never shift another's."""
+    of this kind ("allreduce.noname.3"; every rank makes unnamed calls in the
+    same order). The names cycle, so the response cache serves unnamed calls
+    as it does named ones; a call whose name is still in flight waits behind
+    the earlier one. Each process set counts its own, so calls on one set
+    never shift another's."""
     if name is not None:
         return name if type(name) is str else str(name)
-    counter = _name_counters.setdefault(kind if not ps_id else (kind, ps_id), itertools.count())
-    return f"{kind}.noname.{next(counter)}"
+    return _C.noname(kind if not ps_id else f"{kind}.ps{ps_id}")
 
 
 # ---- compression ---------------------------------------------------------------------------------

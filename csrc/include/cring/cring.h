@@ -305,6 +305,11 @@ typedef struct cring_request {
  * engine itself, so the engine thread need not be woken (saves a context
  * switch on synchronous calls). */
 #define CRING_REQUEST_CALLER_WAITS 1
+/* The name is one of a cycle that unnamed calls reuse in submission order
+ * ("allreduce.noname.3"): a request whose name is still in flight on this
+ * rank waits behind it (and is queued when it completes) instead of failing
+ * as a duplicate, so the response cache serves unnamed calls too. */
+#define CRING_REQUEST_SEQUENCED 2
 
 typedef struct cring_engine_stats {
     uint64_t cycles;        /* negotiation rounds */

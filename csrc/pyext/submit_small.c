@@ -1,0 +1,254 @@
+/* submit_small.c: the C fast paths of cring.broadcast_ (NumPy arrays and CPU
+ * torch tensors) and cring.allgather (NumPy arrays): arguments bound without
+ * a Python frame, the request submitted and waited on here; a small one
+ * rides the engine's negotiation round. Everything else goes to the Python
+ * implementation the module's *_fallback attributes hold. No waiting logic
+ * (handles.c) and no argument checks of its own beyond choosing the path. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "pyext.h"
+
+/* Results up to this size are copied into a new NumPy array (cheaper than
+ * wrapping the engine's memory); larger ones are lent as a view. */
+#define COPY_RESULT_MAX_BYTES (256u << 10)
+
+/* Bind positional and keyword arguments to the n parameters `names`
+ * (interned once; call sites' keywords are interned: compare pointers).
+ * 1 when bound, 0 when the Python fallback must take the call (it raises
+ * the TypeErrors of bad arguments), -1 with an error set. */
+static int bind(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                const char *const *names, PyObject **interned, int n, PyObject **v) {
+    for (int j = 0; j < n && !interned[j]; j++)
+        if (!(interned[j] = PyUnicode_InternFromString(names[j]))) return -1;
+    if (nargs > n) return 0;
+    for (Py_ssize_t i = 0; i < nargs; i++) v[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int j = 0;
+        while (j < n && key != interned[j]) j++;
+        if (j == n) /* not interned: compare the text */
+            while (--j >= 0 && PyUnicode_CompareWithASCIIString(key, names[j]) != 0) {
+            }
+        if (j < 0 || v[j]) return 0;
+        v[j] = args[nargs + k];
+    }
+    return 1;
+}
+
+static PyObject *fall_back(PyObject *module, PyObject **attr_name, const char *attr,
+                           PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (!*attr_name && !(*attr_name = PyUnicode_InternFromString(attr))) return NULL;
+    PyObject *fallback = PyObject_GetAttr(module, *attr_name);
+    if (!fallback) return NULL;
+    PyObject *res = PyObject_Vectorcall(fallback, args, (size_t)nargs, kwnames);
+    Py_DECREF(fallback);
+    return res;
+}
+
+/* The name of the call: the given str, or the next generated one of `kind`
+ * (peeked: counted only once the fast path takes the call). NULL with the
+ * error set; *unnamed tells which. */
+static const char *call_name(PyObject *arg, const char *kind, char *buf, size_t cap, int *unnamed) {
+    *unnamed = !arg || arg == Py_None;
+    if (!*unnamed) return PyUnicode_AsUTF8(arg);
+    return cring__pyext_noname(kind, buf, cap, 0) < 0 ? NULL : buf;
+}
+
+static int name_ok(PyObject *arg) { return !arg || arg == Py_None || PyUnicode_CheckExact(arg); }
+
+/* The one-tensor request of a view (a 0-d tensor counts as one element,
+ * one row for allgather). */
+static void one_request(cring_request_t *req, cring_tensor_t *t, int64_t *one,
+                        const cring__dl_ref_t *ref, const char *name, int coll, int root,
+                        int unnamed) {
+    *one = 1;
+    int scalar = ref->t->ndim == 0;
+    *t = (cring_tensor_t){.send = ref->data,
+                          .recv = ref->data,
+                          .dtype = ref->dtype,
+                          .ndim = scalar ? (coll == CRING_COLL_ALLGATHER) : ref->t->ndim,
+                          .shape = scalar ? one : ref->t->shape};
+    *req = (cring_request_t){.name = name,
+                             .collective = (cring_collective_t)coll,
+                             .root = root,
+                             .prescale = 1.0,
+                             .postscale = 1.0,
+                             .compression = CRING_DTYPE_COUNT,
+                             .ntensors = 1,
+                             .tensors = t,
+                             .flags = CRING_REQUEST_CALLER_WAITS |
+                                      (unnamed ? CRING_REQUEST_SEQUENCED : 0)};
+}
+
+/* broadcast_(tensor, root_rank, name=None): cring.broadcast_ itself. A NumPy
+ * array or CPU torch tensor with an int root in range is broadcast here;
+ * the rest (other tensors, bad arguments and their errors) goes to
+ * cring._collectives._broadcast_inplace_general (`broadcast_fallback`). */
+static PyObject *py_broadcast_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static const char *const names[] = {"tensor", "root_rank", "name"};
+    static PyObject *interned[3], *fallback_name;
+    module_state *s = cring__pyext_state(module);
+    PyObject *v[3] = {0};
+    int fast = bind(args, nargs, kwnames, names, interned, 3, v);
+    if (fast < 0) return NULL;
+    fast = fast && v[0] && v[1] && PyLong_CheckExact(v[1]) && name_ok(v[2]) && s->engine;
+    if (fast) {
+        cring_comm_t *comm = cring_engine_comm(s->engine);
+        int overflow;
+        long root = PyLong_AsLongAndOverflow(v[1], &overflow);
+        int rank = cring_comm_rank(comm);
+        if (!overflow && root >= 0 && root < cring_comm_size(comm)) { /* else Python's error */
+            char generated[64];
+            int unnamed;
+            const char *name = call_name(v[2], "broadcast", generated, sizeof generated, &unnamed);
+            if (!name) return NULL;
+            cring__dl_ref_t ref;
+            int taken = cring__dl_acquire_fast(v[0], name, rank != root, 0, &ref);
+            if (taken < 0) return NULL;
+            if (taken) {
+                if (unnamed) cring__pyext_noname("broadcast", generated, sizeof generated, 1);
+                int64_t one;
+                cring_tensor_t t;
+                cring_request_t req;
+                one_request(&req, &t, &one, &ref, name, CRING_COLL_BROADCAST, (int)root, unnamed);
+                int nviews = 1;
+                int rc = cring__pyext_submit_wait_here(s, s->engine, &req, &ref, &nviews);
+                if (nviews) cring__dl_release(&ref);
+                return rc < 0 ? NULL : Py_NewRef(v[0]);
+            }
+        }
+    }
+    return fall_back(module, &fallback_name, "broadcast_fallback", args, nargs, kwnames);
+}
+
+/* The completed allgather h as a NumPy array like x: small results copied
+ * into a new array, large ones lent without a copy through the module's
+ * `allgather_view(x, handle, shape)` (the handle object keeps the memory). */
+static PyObject *allgather_result(PyObject *module, module_state *s, PyObject *x, cring_handle_t *h,
+                                  const cring__dl_ref_t *ref, const char *name) {
+    static PyObject *np_empty, *dtype_name, *view_name;
+    size_t bytes;
+    const int64_t *dims;
+    const void *src = cring_handle_output(h, 0, &bytes, &dims);
+    int size = cring_comm_size(cring_engine_comm(s->engine));
+    int ndim = ref->t->ndim ? ref->t->ndim : 1;
+    PyObject *shape = PyTuple_New(ndim);
+    int64_t rows = 0;
+    for (int q = 0; q < size; q++) rows += dims[q];
+    for (int d = 0; shape && d < ndim; d++) {
+        PyObject *dim = PyLong_FromLongLong(d ? ref->t->shape[d] : rows);
+        if (!dim) Py_CLEAR(shape);
+        else PyTuple_SET_ITEM(shape, d, dim);
+    }
+    if (!shape || !src) {
+        cring_handle_free(h);
+        if (shape && !src) PyErr_SetString(PyExc_RuntimeError, "allgather returned no result");
+        Py_XDECREF(shape);
+        return NULL;
+    }
+    PyObject *res = NULL;
+    if (bytes > COPY_RESULT_MAX_BYTES) {
+        if (!view_name && !(view_name = PyUnicode_InternFromString("allgather_view"))) goto done;
+        PyObject *hobj = cring__pyext_handle_new(s, h, NULL, 0, CRING_COLL_ALLGATHER, name);
+        h = NULL; /* the handle object owns it, even on failure */
+        if (!hobj) goto done;
+        ((HandleObject *)hobj)->released = 1; /* it holds no views: the caller releases them */
+        PyObject *view = PyObject_GetAttr(module, view_name);
+        if (view) res = PyObject_CallFunctionObjArgs(view, x, hobj, shape, NULL);
+        Py_XDECREF(view);
+        Py_DECREF(hobj);
+        goto done;
+    }
+    if (!np_empty) {
+        PyObject *np = PyImport_ImportModule("numpy");
+        np_empty = np ? PyObject_GetAttrString(np, "empty") : NULL;
+        Py_XDECREF(np);
+        if (!np_empty) goto done;
+    }
+    if (!dtype_name && !(dtype_name = PyUnicode_InternFromString("dtype"))) goto done;
+    PyObject *dtype = PyObject_GetAttr(x, dtype_name);
+    if (!dtype) goto done;
+    PyObject *call_args[2] = {shape, dtype};
+    res = PyObject_Vectorcall(np_empty, call_args, 2, NULL);
+    Py_DECREF(dtype);
+    cring__dl_ref_t out;
+    if (res && cring__dl_acquire_fast(res, name, 1, 0, &out) == 1) {
+        memcpy(out.data, src, bytes);
+        cring__dl_release(&out);
+    } else if (res) {
+        Py_CLEAR(res);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "cannot fill the result");
+    }
+done:
+    if (h) cring_handle_free(h);
+    Py_DECREF(shape);
+    return res;
+}
+
+/* allgather(tensor, name=None): cring.allgather itself. A NumPy array is
+ * gathered here; the rest goes to cring._collectives._allgather_general
+ * (`allgather_fallback`). */
+static PyObject *py_allgather(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames) {
+    static const char *const names[] = {"tensor", "name"};
+    static PyObject *interned[2], *fallback_name;
+    module_state *s = cring__pyext_state(module);
+    PyObject *v[2] = {0};
+    int fast = bind(args, nargs, kwnames, names, interned, 2, v);
+    if (fast < 0) return NULL;
+    if (fast && v[0] && name_ok(v[1]) && s->engine && cring__dl_is_ndarray(v[0])) {
+        char generated[64];
+        int unnamed;
+        const char *name = call_name(v[1], "allgather", generated, sizeof generated, &unnamed);
+        if (!name) return NULL;
+        cring__dl_ref_t ref;
+        int taken = cring__dl_acquire_fast(v[0], name, 0, 0, &ref);
+        if (taken < 0) return NULL;
+        if (taken) {
+            if (unnamed) cring__pyext_noname("allgather", generated, sizeof generated, 1);
+            int64_t one;
+            cring_tensor_t t;
+            cring_request_t req;
+            one_request(&req, &t, &one, &ref, name, CRING_COLL_ALLGATHER, 0, unnamed);
+            if (s->dropped) cring__pyext_sweep(s, 0);
+            cring_handle_t *h;
+            cring_status_t st = cring_engine_submit(s->engine, &req, &h);
+            if (st != CRING_OK) {
+                cring__dl_release(&ref);
+                return cring__pyext_raise_submit(s, st, CRING_COLL_ALLGATHER, name);
+            }
+            if (!cring__pyext_wait(h, &st)) { /* interrupted: the engine may still read it */
+                cring__dl_ref_t *kept = PyMem_Malloc(sizeof *kept);
+                if (kept) *kept = ref;
+                else cring__dl_release(&ref); /* drop() then waits before freeing */
+                cring__pyext_drop(s, h, kept, kept ? 1 : 0, -1, NULL);
+                return NULL;
+            }
+            PyObject *res = NULL;
+            if (st != CRING_OK) {
+                cring__pyext_raise_handle(s, h, st, CRING_COLL_ALLGATHER, name);
+                cring_handle_free(h);
+            } else {
+                res = allgather_result(module, s, v[0], h, &ref, name);
+            }
+            cring__dl_release(&ref);
+            return res;
+        }
+    }
+    return fall_back(module, &fallback_name, "allgather_fallback", args, nargs, kwnames);
+}
+
+PyMethodDef cring__pyext_small_functions[] = {
+    {"broadcast_", (PyCFunction)(void (*)(void))py_broadcast_, METH_FASTCALL | METH_KEYWORDS,
+     "broadcast_($module, /, tensor, root_rank, name=None)\n--\n\n"
+     "Overwrite `tensor` on every rank with root_rank's values; returns it."},
+    {"allgather", (PyCFunction)(void (*)(void))py_allgather, METH_FASTCALL | METH_KEYWORDS,
+     "allgather($module, /, tensor, name=None)\n--\n\n"
+     "Concatenate every rank's tensor along the first dimension (which may\n"
+     "differ between ranks); trailing dimensions and dtype must match. A 0-d\n"
+     "tensor gathers as one row."},
+    {NULL, NULL, 0, NULL}};
