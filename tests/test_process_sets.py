@@ -63,7 +63,7 @@ def test_rank_outside_the_set_gets_a_value_error(tmp_path):
     assert r0["value"] == [1.0, 1.0] and r0["included"] is True
     assert r0["root_err"] == [
         "ValueError",
-        "tensor 'broadcast.noname.0': root_rank 1 is not in process set 1 (ranks [0])",
+        "tensor 'broadcast.ps1.noname.0': root_rank 1 is not in process set 1 (ranks [0])",
     ]
     expected = ["ValueError", "rank 1 is not in process set 1 (ranks [0])"]
     assert r1["error"] == expected and r1["error_"] == expected and r1["error_bc"] == expected

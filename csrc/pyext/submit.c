@@ -157,9 +157,17 @@ static PyObject *py_noname(PyObject *module, PyObject *arg) {
     return PyUnicode_FromString(name);
 }
 
-/* noname_reset(): every kind counts from 0 again (a new job: init). */
-static PyObject *py_noname_reset(PyObject *module, PyObject *unused) {
-    for (int i = 0; i < noname_nkinds; i++) noname_counters[i].next = 0;
+/* noname_reset([suffix]): every kind counts from 0 again (a new job: init),
+ * or only the kinds that end in suffix (a removed process set's). */
+static PyObject *py_noname_reset(PyObject *module, PyObject *args) {
+    const char *suffix = NULL;
+    if (!PyArg_ParseTuple(args, "|s", &suffix)) return NULL;
+    size_t ls = suffix ? strlen(suffix) : 0;
+    for (int i = 0; i < noname_nkinds; i++) {
+        size_t lk = strlen(noname_counters[i].kind);
+        if (!suffix || (lk >= ls && strcmp(noname_counters[i].kind + lk - ls, suffix) == 0))
+            noname_counters[i].next = 0;
+    }
     Py_RETURN_NONE;
 }
 
@@ -777,7 +785,8 @@ PyMethodDef cring__pyext_submit_functions[] = {
      "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
      "compression, caller_waits[, splits[, stream[, process_set]]]) -> Handle"},
     {"noname", py_noname, METH_O, "noname(kind) -> the next name of an unnamed call of that kind"},
-    {"noname_reset", py_noname_reset, METH_NOARGS, "count unnamed calls from 0 again"},
+    {"noname_reset", py_noname_reset, METH_VARARGS,
+     "noname_reset([suffix]): count unnamed calls (of kinds ending in suffix) from 0 again"},
     {"tensor_info", py_tensor_info, METH_VARARGS, "(shape, dtype name, read_only) via DLPack"},
     {"copy", py_copy, METH_VARARGS, "copy(src, dst[, name]): copy between DLPack tensors"},
     {NULL, NULL, 0, NULL}};

@@ -298,8 +298,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         if not ps_id or _process_sets.get(ps_id) is None:
             return False
         _process_sets.pop(ps_id)._invalidate()
-        for key in [k for k in _name_counters if isinstance(k, tuple) and k[1] == ps_id]:
-            del _name_counters[key]  # a later set may get this id with other members
+        _name_counters.forget_set(ps_id)  # a later set may get this id with other members
         if process_set is not None:
             process_set._invalidate()
         return bool(_C.process_set_remove(ps_id))

@@ -206,6 +206,11 @@ class _NameCounters:
     def clear(self) -> None:
         _C.noname_reset()
 
+    def forget_set(self, ps_id: int) -> None:
+        """Count a removed process set's unnamed calls from 0 again (a later
+        set may get its id with other members)."""
+        _C.noname_reset(f".ps{ps_id}")
+
 
 _name_counters = _NameCounters()
 
