@@ -42,6 +42,10 @@
 #define BLOCK_IDS (BLOCK_HEADER_BYTES + 8)
 #define ALL_IDLE 0x0101010101010101ull /* eight slot bytes that are all 1 */
 
+/* Where a block's riding data starts after its nids slot ids: 8-aligned, so
+ * the kernels read doubles and int64s from it at their alignment. */
+static size_t block_data_offset(size_t nids) { return (BLOCK_IDS + 4 * nids + 7) & ~(size_t)7; }
+
 static void stall_check(cring_engine_t *e);
 
 static int ensure_vec(cring_engine_t *e, size_t n) {
@@ -195,9 +199,13 @@ static size_t encode_block(cring_engine_t *e, const uint8_t *v, int nslots, cons
                           (uint32_t)nslots};
     memcpy(e->neg.block, header, sizeof header);
     size_t len = BLOCK_IDS + 4 * (size_t)(npend + ninval);
+    if (!spec) return len;
+    size_t data = block_data_offset(npend + ninval);
+    memset(e->neg.block + len, 0, data - len);
+    len = data;
     /* memmove: gcc inlines a memcpy of unknown length here as `rep movsq`,
      * whose start-up costs more than copying a few bytes */
-    if (spec) memmove(e->neg.block + len, spec->t[0].send, payload);
+    memmove(e->neg.block + len, spec->t[0].send, payload);
     return len + payload;
 }
 
@@ -215,7 +223,8 @@ static cring_status_t combine_blocks(cring_engine_t *e, uint8_t *v, int nslots, 
         uint32_t h[6];
         memcpy(h, b, sizeof h);
         if (e->neg.peer_lens[q] < BLOCK_IDS || h[5] != (uint32_t)nslots ||
-            e->neg.peer_lens[q] < BLOCK_IDS + 4 * (size_t)(h[1] + h[2]) + h[4]) {
+            e->neg.peer_lens[q] < BLOCK_IDS + 4 * (size_t)(h[1] + h[2]) ||
+            (h[4] && e->neg.peer_lens[q] < block_data_offset(h[1] + h[2]) + h[4])) {
             cring__log(CRING__LOG_ERROR, e->rank, "malformed negotiation block from rank %d", q);
             return CRING_ERR_PROTOCOL;
         }
@@ -268,7 +277,7 @@ static void reduce_speculated(cring_engine_t *e, req_t *spec) {
     for (int q = 0; q < P; q++) {
         uint32_t h[6];
         memcpy(h, e->neg.peer_blocks[q], sizeof h);
-        srcs[q] = (const uint8_t *)e->neg.peer_blocks[q] + BLOCK_IDS + 4 * (size_t)(h[1] + h[2]);
+        srcs[q] = (const uint8_t *)e->neg.peer_blocks[q] + block_data_offset(h[1] + h[2]);
     }
     tensor_spec_t *t = &spec->t[0];
     double t0 = cring__engine_tl_now(e);
@@ -285,7 +294,7 @@ static void reduce_speculated(cring_engine_t *e, req_t *spec) {
 static const uint8_t *block_data(const cring_engine_t *e, int q) {
     uint32_t h[6];
     memcpy(h, e->neg.peer_blocks[q], sizeof h);
-    return (const uint8_t *)e->neg.peer_blocks[q] + BLOCK_IDS + 4 * (size_t)(h[1] + h[2]);
+    return (const uint8_t *)e->neg.peer_blocks[q] + block_data_offset(h[1] + h[2]);
 }
 
 static cring_status_t run_speculated(cring_engine_t *e, req_t *spec) {
@@ -342,11 +351,11 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
     const size_t small_max = cring__comm_gather_small_max(e->comm);
     if (max_len > small_max)
         return cring__comm_allreduce(e->comm, v, v, vlen, CRING_UINT8, CRING_MIN);
-    if (spec && max_len + payload > small_max) {
+    if (spec && max_len + payload + 8 > small_max) {
         spec = NULL; /* too large to ride: the other ranks see that in this block */
         payload = 0;
     }
-    max_len += payload;
+    max_len += payload + 8; /* + the data's alignment */
     if (ensure_block_space(e, max_len) != 0) return CRING_ERR_NO_MEMORY;
     size_t len = encode_block(e, v, nslots, spec, payload);
     CRING_CHECK(
