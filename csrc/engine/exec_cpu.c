@@ -10,6 +10,33 @@
 #include "../reduce/reduce.h"
 #include "engine_internal.h"
 
+/* Copy a batch's tensors into the fusion buffer `buf` as `wire` (scaled by
+ * each request's prescale), in batch order; counts[k] gets the k-th
+ * tensor's element count when counts is not NULL. */
+static void pack_batch(req_t **batch, int n, cring_dtype_t wire, unsigned char *buf,
+                       size_t *counts) {
+    size_t off = 0, k = 0, es = cring_dtype_size(wire);
+    for (int b = 0; b < n; b++)
+        for (int i = 0; i < batch[b]->ntensors; i++) {
+            tensor_spec_t *t = &batch[b]->t[i];
+            cring__convert(wire, buf + off * es, t->dtype, t->send, t->count, batch[b]->prescale);
+            off += t->count;
+            if (counts) counts[k++] = t->count;
+        }
+}
+
+/* The reverse of pack_batch: the reduced buffer into each tensor's recv,
+ * converted back and scaled by each request's postscale. */
+static void unpack_batch(req_t **batch, int n, cring_dtype_t wire, const unsigned char *buf) {
+    size_t off = 0, es = cring_dtype_size(wire);
+    for (int b = 0; b < n; b++)
+        for (int i = 0; i < batch[b]->ntensors; i++) {
+            tensor_spec_t *t = &batch[b]->t[i];
+            cring__convert(t->dtype, t->recv, wire, buf + off * es, t->count, batch[b]->postscale);
+            off += t->count;
+        }
+}
+
 /* Adasum over a batch (core/adasum.c): always through the fusion buffer,
  * with each tensor's element count so that each keeps its own coefficients.
  * Scaling and compression apply as for the other ops. */
@@ -32,26 +59,11 @@ static cring_status_t run_adasum(cring_engine_t *e, req_t **batch, int n) {
     for (int b = 0; b < n; b++)
         cring__engine_span(e, batch[b]->name, "QUEUE", batch[b]->ready_s, t0, NULL);
     unsigned char *buf = e->exec.fusion;
-    size_t off = 0, k = 0;
-    for (int b = 0; b < n; b++)
-        for (int i = 0; i < batch[b]->ntensors; i++) {
-            tensor_spec_t *t = &batch[b]->t[i];
-            cring__convert(wire, buf + off * es, t->dtype, t->send, t->count, batch[b]->prescale);
-            off += t->count;
-            counts[k++] = t->count;
-        }
+    pack_batch(batch, n, wire, buf, counts);
     double t1 = cring__engine_tl_now(e);
     cring_status_t st = cring__comm_adasum(e->comm, buf, wire, counts, (int)ntensors);
     double t2 = cring__engine_tl_now(e);
-    off = 0;
-    if (st == CRING_OK)
-        for (int b = 0; b < n; b++)
-            for (int i = 0; i < batch[b]->ntensors; i++) {
-                tensor_spec_t *t = &batch[b]->t[i];
-                cring__convert(t->dtype, t->recv, wire, buf + off * es, t->count,
-                               batch[b]->postscale);
-                off += t->count;
-            }
+    if (st == CRING_OK) unpack_batch(batch, n, wire, buf);
     double t3 = cring__engine_tl_now(e);
     char args[96];
     snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors,
@@ -93,26 +105,11 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
         size_t es = cring_dtype_size(wire);
         if (cring__fusion_reserve(e, total * es) != 0) return CRING_ERR_NO_MEMORY;
         unsigned char *buf = e->exec.fusion;
-        size_t off = 0;
-        for (int b = 0; b < n; b++)
-            for (int i = 0; i < batch[b]->ntensors; i++) {
-                tensor_spec_t *t = &batch[b]->t[i];
-                cring__convert(wire, buf + off * es, t->dtype, t->send, t->count,
-                               batch[b]->prescale);
-                off += t->count;
-            }
+        pack_batch(batch, n, wire, buf, NULL);
         double t1 = cring__engine_tl_now(e);
         st = cring__comm_allreduce(e->comm, buf, buf, total, wire, first->op);
         double t2 = cring__engine_tl_now(e);
-        off = 0;
-        if (st == CRING_OK)
-            for (int b = 0; b < n; b++)
-                for (int i = 0; i < batch[b]->ntensors; i++) {
-                    tensor_spec_t *t = &batch[b]->t[i];
-                    cring__convert(t->dtype, t->recv, wire, buf + off * es, t->count,
-                                   batch[b]->postscale);
-                    off += t->count;
-                }
+        if (st == CRING_OK) unpack_batch(batch, n, wire, buf);
         double t3 = cring__engine_tl_now(e);
         char args[96];
         snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors,
