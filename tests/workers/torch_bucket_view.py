@@ -82,7 +82,7 @@ def main() -> None:
 
     # a parameter group added later: reduced on the usual path, in both optimizers
     extra = []
-    for net, opt in zip(nets, opts):
+    for opt in opts:
         torch.manual_seed(1)
         head = torch.nn.Linear(5, 5)
         opt.add_param_group({"params": list(head.parameters()), "lr": 0.05})
