@@ -130,8 +130,13 @@ cring_status_t cring__comm_region_allreduce(cring_comm_t *c, void *buf, size_t c
         const unsigned char *lo = r->data[c->rank];
         if (p < lo || p + bytes > lo + r->bytes) continue;
         *handled = 1;
-        return cring__shm_allreduce_mapped(c->shm, c->rank, c->size, r->data, r->headers,
-                                           (size_t)(p - lo), count, dtype, op);
+        cring_status_t st = cring__shm_allreduce_mapped(
+            c->shm, c->rank, c->size, r->data, r->headers, (size_t)(p - lo), count, dtype, op);
+        if (st == CRING_ERR_MISMATCH)
+            cring__fail(&c->err, st,
+                        "allreduce in a shared region: ranks passed buffers at different "
+                        "offsets, counts, dtypes or ops");
+        return st;
     }
     return CRING_OK;
 }
