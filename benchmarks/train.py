@@ -34,8 +34,10 @@ parallelism on two cores can at best double it.
 The comm run also times cring with gradient_as_bucket_view=True (gradients
 as views into shared-memory buckets reduced in place; docs/performance.md).
 
-Targets (issue 7): cring / DDP steps/s >= 1.3; scaling ratio >= 1.8.
-Target (issue 20): cring (bucket view) / DDP steps/s >= 2.0; scaling >= 1.9.
+Targets: cring / DDP steps/s >= 1.3 (issue 7); cring with
+gradient_as_bucket_view / DDP steps/s >= 2.0 and scaling ratio >= 1.9 (issue
+20; it was 1.8). The bucket-view target sits at the physical limit: a cring
+step cannot be shorter than the local step with no communication.
 Target (issue 18): shard_state=1 step time <= 1.15 x the unsharded one.
 
 Prints tables, writes benchmarks/results/train.csv. Run it as
@@ -57,7 +59,8 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMM_TARGET = 1.3  # cring DistributedOptimizer steps/s over DDP-gloo's, at least
-SCALING_TARGET = 1.8  # 2 ranks x 1 thread over 1 rank x 1 thread throughput, at least
+BUCKET_VIEW_TARGET = 2.0  # the same with gradient_as_bucket_view (issue 20), at least
+SCALING_TARGET = 1.9  # 2 ranks x 1 thread over 1 rank x 1 thread throughput, at least
 ZERO_TARGET = 1.15  # cring shard_state=1 step time over the unsharded one's, at most
 LAUNCHER_VARS = (
     "CRING_RANK",
@@ -327,8 +330,9 @@ def comm_heavy(args: argparse.Namespace) -> list:
             f"{verdict(ratio, COMM_TARGET)})"
         )
         print(
-            f"cring gradient_as_bucket_view / DDP steps/s: {ratio_bv:.2f}x "
-            f"({t['cring'] / t['cring_bv']:.2f}x the default; models agree to {agree_bv:.1e})"
+            f"cring gradient_as_bucket_view / DDP steps/s: {ratio_bv:.2f}x (target >= "
+            f"{BUCKET_VIEW_TARGET}: {verdict(ratio_bv, BUCKET_VIEW_TARGET)}; "
+            f"{t['cring'] / t['cring_bv']:.2f}x the default; models agree to {agree_bv:.1e})"
         )
         print(f"DDP step spent communicating: {ddp_share:.0%} (1 - no_sync / DDP)")
         print(f"cring step not hidden behind compute: {cring_exposed:.0%} (1 - local / cring)")
