@@ -1,4 +1,4 @@
-/* regions.c (pyext): cring._C.shared_region, the binding of
+/* region_bindings.c: cring._C.shared_region, the binding of
  * cring_comm_shared_region for cring.torch's gradient buckets. No layout of
  * buckets here (python/cring/torch/_buckets.py) and no mapping (the core). */
 #include <Python.h>
