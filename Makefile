@@ -57,10 +57,15 @@ test: all
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; timeout 300 $$t; done; \
 	echo "C tests: $(words $(TEST_BINS)) programs passed"
 
-# The shared-memory collectives' microbenchmark (benchmarks/shm_bench.c).
-bench: $(BUILD)/bench/shm_bench
+# The shared-memory collectives' microbenchmarks (benchmarks/shm_bench.c,
+# benchmarks/region_bench.c).
+bench: $(BUILD)/bench/shm_bench $(BUILD)/bench/region_bench
 
 $(BUILD)/bench/shm_bench: benchmarks/shm_bench.c csrc/tests/testutil.h $(BUILD)/libcring.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/libcring.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/bench/region_bench: benchmarks/region_bench.c csrc/tests/testutil.h $(BUILD)/libcring.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/libcring.a $(LDFLAGS) $(LDLIBS)
 

@@ -62,4 +62,17 @@ cring_status_t cring__shm_gather_small(cring__shm_t *shm, int rank, int size, co
                                        size_t bytes, const void **ptrs_out, size_t *lens_out);
 size_t cring__shm_gather_small_max(const cring__shm_t *shm, int size);
 
+/* ---- in place over mapped buffers (algo/shm_inplace.c) --------------------- */
+/* Allreduce `count` elements at byte `offset` of every rank's mapped buffer
+ * (data[q]: rank q's buffer in this process; headers[q]: 32 bytes of rank q's
+ * own, never used for data), the result in place in every rank's buffer.
+ * Every rank checks that all passed the same offset, count, dtype and op:
+ * ERR_MISMATCH on every rank if not. The segment's counters order it with
+ * the other shm collectives; returns after every peer finished reading this
+ * rank's buffer. */
+cring_status_t cring__shm_allreduce_mapped(cring__shm_t *shm, int rank, int size,
+                                           unsigned char *const *data, void *const *headers,
+                                           size_t offset, size_t count, cring_dtype_t dtype,
+                                           cring_op_t op);
+
 #endif /* CRING_ALGO_H */

@@ -284,6 +284,7 @@ void cring_comm_destroy(cring_comm_t *c) {
     cring__hier_destroy(c); /* first: its thread watches the segment */
     if (c->p2p) c->p2p->ops->destroy(c->p2p);
     cring__shm_leave(c->shm); /* peers still waiting for this rank learn it left */
+    cring__comm_regions_destroy(c);
     cring__shm_destroy(c->shm);
     cring_store_close(c->store);
     cring_store_server_stop(c->server);

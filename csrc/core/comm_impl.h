@@ -12,6 +12,7 @@
 #include "comm_internal.h"
 
 #define CRING__SHM_MAX_RANKS 64
+#define CRING__MAX_REGIONS 16
 
 /* A transport's collectives and idle-wait primitives (ops.c, hier.c). */
 struct cring__comm_ops {
@@ -75,6 +76,11 @@ struct cring_comm {
     _Atomic uint64_t shm_bytes_sent, shm_bytes_received;
     char key_prefix[256];
     cring__errmsg_t err;
+    /* shared regions (regions.c): filled by registration on any thread,
+     * published by the release store of nregions, read by the driver */
+    struct cring__region *regions[CRING__MAX_REGIONS];
+    _Atomic int nregions;
+    unsigned region_calls; /* registrations attempted: part of their store keys */
 };
 
 /* Every rank says ok or not through the store under key `what`; *all_ok is 1
@@ -109,6 +115,14 @@ cring_status_t cring__hier_setup(cring_comm_t *c, const cring_config_t *cfg,
 /* After the wake eventfd exists: start the thread that turns local peers'
  * doorbell rings into wake-ups of the eventfd. */
 cring_status_t cring__hier_start(cring_comm_t *c);
+
+/* regions.c. The allreduce of a buffer inside a shared region, in place:
+ * *handled is 0 (and nothing happened) when buf is not in one. */
+cring_status_t cring__comm_region_allreduce(cring_comm_t *c, void *buf, size_t count,
+                                            cring_dtype_t dtype, cring_op_t op, int *handled);
+/* Unmap the peers' mappings (this rank's own stay mapped: callers' tensors
+ * may outlive the communicator). */
+void cring__comm_regions_destroy(cring_comm_t *c);
 /* Stop that thread and free c->hier (the transports are the comm's). */
 void cring__hier_destroy(cring_comm_t *c);
 

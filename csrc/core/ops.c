@@ -88,6 +88,12 @@ static cring_status_t shm_allreduce(cring_comm_t *c, const void *send, void *rec
                                     cring_dtype_t dtype, cring_op_t op) {
     size_t bytes = count * cring_dtype_size(dtype);
     cring__comm_count_shm(c, bytes, bytes);
+    /* a buffer in a shared region (regions.c): in place, no window copies */
+    if (send == recv && bytes >= 4096 && atomic_load_explicit(&c->nregions, memory_order_relaxed)) {
+        int handled;
+        cring_status_t st = cring__comm_region_allreduce(c, recv, count, dtype, op, &handled);
+        if (handled) return st;
+    }
     return cring__shm_allreduce(c->shm, c->rank, c->size, send, recv, count, dtype, op);
 }
 static cring_status_t shm_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {

@@ -156,6 +156,7 @@ static int module_exec(PyObject *m) {
     if (PyModule_AddFunctions(m, cring__pyext_submit_functions) < 0) return -1; /* submit.c */
     if (PyModule_AddFunctions(m, cring__pyext_process_set_functions) < 0) return -1;
     if (PyModule_AddFunctions(m, cring__pyext_small_functions) < 0) return -1;
+    if (PyModule_AddFunctions(m, cring__pyext_region_functions) < 0) return -1;
     /* The collectives, from cring.h's table: _C.ALLREDUCE ... and
      * _C.COLLECTIVE_NAMES {value: "allreduce", ...}. */
     PyObject *names = PyDict_New();

@@ -134,6 +134,7 @@ int cring__pyext_submit_wait_here(module_state *s, cring_engine_t *engine,
 /* broadcast_ and allgather for NumPy arrays (and broadcast_ for CPU torch
  * tensors) bound and run in C; the rest goes to their Python fallbacks. */
 extern PyMethodDef cring__pyext_small_functions[];
+extern PyMethodDef cring__pyext_region_functions[]; /* region_bindings.c */
 
 /* ---- process_sets.c ---------------------------------------------------------- */
 /* Keep what a process set's communicator needs of the global init's config

@@ -140,4 +140,18 @@ void cring__shm_set_driving(cring__shm_t *shm, int on);
 /* The highest round any peer has announced. */
 uint64_t cring__shm_peer_announced(const cring__shm_t *shm);
 
+/* ---- shared regions (transport/shm_region.c) -------------------------------- */
+/* Create and map a new file of nbytes (zeroed) in /dev/shm under a fresh
+ * random name written to name (name_len >= 64). The caller unlinks it with
+ * cring__shm_region_unlink once every peer has it mapped. On error *out is
+ * NULL and nothing is left behind. */
+cring_status_t cring__shm_region_create(size_t nbytes, char *name, size_t name_len, void **out,
+                                        cring__errmsg_t *err);
+/* Map a peer's region by name; ERR_MISMATCH when its size is not nbytes,
+ * ERR_NOT_SUPPORTED when it cannot be opened (another host). */
+cring_status_t cring__shm_region_open(const char *name, size_t nbytes, void **out,
+                                      cring__errmsg_t *err);
+void cring__shm_region_unlink(const char *name);
+void cring__shm_region_unmap(void *base, size_t nbytes);
+
 #endif /* CRING_TRANSPORT_H */

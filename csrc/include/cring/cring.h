@@ -180,6 +180,20 @@ CRING_API const char *cring_comm_last_error(const cring_comm_t *comm);
  * comm. Not thread-safe. */
 CRING_API cring_store_t *cring_comm_store(cring_comm_t *comm);
 
+/* Collective over every rank of a communicator whose ranks all share one
+ * host's memory (transport "shm"): map a zeroed region of nbytes for this
+ * rank that every peer maps too. An allreduce whose buffer lies in a region
+ * (send == recv, at the same offset and count on every rank) reads peers'
+ * data in place and writes results in place, with no copy through the
+ * segment. *data_out stays mapped until the process exits (never unmapped,
+ * so tensors over it may outlive the communicator); hand out region memory
+ * so that every rank uses the same offsets. Returns ERR_NOT_SUPPORTED on
+ * every rank for another transport or one rank, ERR_MISMATCH on every rank
+ * when ranks asked for different sizes, ERR_NO_MEMORY past 16 regions.
+ * Safe to call while an engine drives the communicator. */
+CRING_API cring_status_t cring_comm_shared_region(cring_comm_t *comm, size_t nbytes,
+                                                  void **data_out);
+
 /* ---- Collectives --------------------------------------------------------
  * Blocking; every rank must make the same calls in the same order. Each call
  * first checks that all ranks agree on its arguments (collective, dtype,

@@ -23,7 +23,7 @@ import torch
 
 import cring
 
-from . import _adasum
+from . import _adasum, _buckets
 from . import sharded as _sharded
 from .functions import broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import sparse_allreduce_async as _sparse_allreduce_async
@@ -102,6 +102,7 @@ class _DistributedOptimizer:
         groups: Any,
         sparse_as_dense: bool,
         process_set: Any = None,
+        bucket_view: bool = False,
     ) -> None:
         if isinstance(compression, cring.Compressor) or compression is None:
             self._cring_engine_compression, self._cring_torch_compression = compression, None
@@ -150,6 +151,14 @@ class _DistributedOptimizer:
         self._cring_synchronized = False
         self._cring_should_synchronize = True
         self._cring_hook_handles: list = []
+        self._cring_buckets: Optional[_buckets.BucketLayout] = None
+        if bucket_view:  # shared buckets where possible (_buckets.py), else the usual units
+            self._cring_buckets, units = _buckets.plan_units(
+                self, trainable, groups, compression, process_set
+            )
+            if units:
+                self._cring_units = units
+                self._cring_unit_of = {p: u for u in units for p in u.params}
         # Hooks are registered even for one rank: an elastic job can grow
         # later. With one rank they do nothing (checked per call).
         self._cring_register_hooks(trainable)
@@ -200,6 +209,8 @@ class _DistributedOptimizer:
                 raise AssertionError(_TOO_MANY_BACKWARDS)
             self._cring_delay[p] -= 1
             self._cring_touched.add(p)
+            if isinstance(unit, _buckets.BucketUnit):
+                self._cring_buckets.attach(p)  # later passes accumulate into the view
             if self._cring_delay[p] == 0:
                 unit.ready += 1
                 if unit.ready == len(unit.params):
@@ -208,6 +219,10 @@ class _DistributedOptimizer:
     def _cring_submit(self, unit: _Unit) -> None:
         """Start the allreduce of `unit`'s gradients (zeros for a parameter
         that has none: another rank may have one, and every rank must submit)."""
+        if isinstance(unit, _buckets.BucketUnit):  # in place: the views hold the result
+            entry = _Entry(unit.params[0], unit.flat, unit.flat, unit.flat, False, None, False)
+            self._cring_handles[unit] = [(_buckets.submit(self, unit), [entry])]
+            return
         entries = []
         compressor = self._cring_torch_compression
         sparse_submitted: list = []  # gathers of sparse gradients, started as met
@@ -373,6 +388,28 @@ class _DistributedOptimizer:
             raise AssertionError(_ZERO_GRAD_IN_FLIGHT)
         return super().zero_grad(set_to_none)  # type: ignore[misc]
 
+    def add_param_group(self, param_group: dict) -> None:
+        """The wrapped add_param_group; the new group's trainable parameters
+        are reduced like the others (each alone, never in a shared bucket),
+        named "noname.<group>.<index>" unless already named."""
+        super().add_param_group(param_group)  # type: ignore[misc]
+        if not hasattr(self, "_cring_units"):
+            return
+        index = len(self.param_groups) - 1
+        new = [
+            p
+            for p in self.param_groups[index]["params"]
+            if p.requires_grad and p not in self._cring_unit_of
+        ]
+        with self._cring_lock:
+            for j, p in enumerate(new):
+                name = self._cring_names.setdefault(p, f"noname.{index}.{j}")
+                unit = _Unit(f"allreduce.{name}", (p,))
+                self._cring_units.append(unit)
+                self._cring_unit_of[p] = unit
+                self._cring_delay[p] = self.backward_passes_per_step
+        self._cring_register_hooks(new)
+
     def set_backward_passes_per_step(self, passes: int) -> None:
         if int(passes) < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {passes}")
@@ -523,6 +560,7 @@ def DistributedOptimizer(
     sparse_as_dense: bool = False,
     shard_state: int = 0,
     process_set: Any = None,
+    gradient_as_bucket_view: Optional[bool] = None,
 ) -> torch.optim.Optimizer:
     """Wrap `optimizer` so that gradients are reduced over all ranks before
     each step, as horovod.torch.DistributedOptimizer does.
@@ -576,6 +614,16 @@ def DistributedOptimizer(
             load_state_dict() takes one saved at any world size.
         process_set: reduce gradients over this cring.ProcessSet's ranks only
             (default: all); a rank outside it keeps its own gradients.
+        gradient_as_bucket_view: True (or None with CRING_BUCKET_VIEW=1):
+            gradients become views into buckets of about 25 MiB
+            (CRING_BUCKET_BYTES) in memory every rank on the host maps, and
+            each bucket is reduced in place, reading the peers' buckets where
+            they lie (DDP's gradient_as_bucket_view, over shared memory;
+            docs/performance.md). Every rank must pass the same value. Over
+            TCP, across hosts, with compression, groups, shard_state, a
+            process set, gradient_predivide_factor or an op other than
+            Average/Sum the usual path is taken. Parameters added later with
+            add_param_group are reduced the usual way.
 
     Parameters that do not require grad are left alone. A trainable
     parameter with no gradient at step() gets a zero gradient that is
@@ -626,6 +674,7 @@ def DistributedOptimizer(
         groups,
         sparse_as_dense,
         process_set,
+        _buckets.requested(gradient_as_bucket_view) and not shard_state,
     )
     if shard_state:
         wrapped._zero_setup()
