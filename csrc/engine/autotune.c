@@ -39,7 +39,8 @@
  *   4. confirm, when the best is not the start: the starting knobs and the
  *      best alternate for CRING__TUNE_CONFIRM_PAIRS pairs of trials; the
  *      best is kept only when the median of its per-pair speed-ups is at
- *      least CONFIRM_MARGIN, else the job keeps its starting knobs;
+ *      least CONFIRM_MARGIN and no pair measured it slower than the start,
+ *      else the job keeps its starting knobs;
  *   then settle. In 2 and 3 a trial replaces the best only when it scores
  *   at least TUNE_MARGIN more. Once settled, the hooks are off.
  *
@@ -54,7 +55,7 @@
 #include "engine_internal.h"
 
 #define TUNE_MARGIN 0.03    /* a new best must score this much more */
-#define CONFIRM_MARGIN 0.05 /* and be this much faster than the start, paired */
+#define CONFIRM_MARGIN 0.10 /* and be this much faster than the start, paired */
 #define FIRST_SYNC_ROUNDS 8 /* the first window, before any round rate is known */
 #define MAX_SYNC_ROUNDS (1u << 20)
 #define PACKET_MAGIC 0x43524e47u /* "CRNG" */
@@ -74,25 +75,26 @@ void cring__tune_search_init(cring__tune_search_t *s, cring__tune_knobs_t start)
 }
 
 /* The confirmation (phase CONFIRM): the starting knobs and the best
- * alternate, pair by pair, so slow drift of a shared machine hits both alike
- * and one lucky trial cannot crown a winner. */
+ * alternate pair by pair, in the order start-best, best-start, start-best, so
+ * that slow drift of a shared machine favours neither, and one lucky trial
+ * cannot crown a winner. Trial i of the phase measures the best when: */
+static int confirm_measures_best(int i) { return (i / 2) % 2 == 0 ? i % 2 == 1 : i % 2 == 0; }
+
 static int confirm(cring__tune_search_t *s, double score) {
-    int pair = s->next / 2;
-    if (s->next++ % 2 == 0) { /* the starting knobs were just measured again */
-        s->confirm_start_score = score;
-        s->current = s->best;
-        return 0;
-    }
-    double start = s->confirm_start_score;
-    s->confirm_ratio[pair] = start > 0 ? score / start : score > 0 ? 2.0 : 1.0;
-    if (pair + 1 < CRING__TUNE_CONFIRM_PAIRS) {
-        s->current = s->start;
-        return 0;
-    }
+    int i = s->next++, pair = i / 2;
+    if (confirm_measures_best(i)) s->confirm_best_score = score;
+    else s->confirm_start_score = score;
+    int last = pair + 1 == CRING__TUNE_CONFIRM_PAIRS && i % 2 == 1;
+    if (!last) s->current = confirm_measures_best(i + 1) ? s->best : s->start;
+    if (i % 2 == 0) return 0;
+    double start = s->confirm_start_score, best = s->confirm_best_score;
+    s->confirm_ratio[pair] = start > 0 ? best / start : best > 0 ? 2.0 : 1.0;
+    if (!last) return 0;
     double ratios[CRING__TUNE_CONFIRM_PAIRS];
     memcpy(ratios, s->confirm_ratio, sizeof ratios);
-    if (cring__tune_median(ratios, CRING__TUNE_CONFIRM_PAIRS) >= 1.0 + CONFIRM_MARGIN) {
-        s->best_score = score;
+    double median = cring__tune_median(ratios, CRING__TUNE_CONFIRM_PAIRS); /* sorts */
+    if (median >= 1.0 + CONFIRM_MARGIN && ratios[0] >= 1.0) {
+        s->best_score = best; /* the last trial measured it */
         s->best_trial = s->trials;
     } else { /* not clearly faster: keep what the job started with */
         s->best = s->start;

@@ -156,7 +156,7 @@ typedef struct cring__tune_search {
     int trials;     /* trials scored so far */
     int best_trial; /* which of them (1-based) scored best_score */
     /* CONFIRM: start and best alternate; each pair's best / start */
-    double confirm_start_score, confirm_ratio[CRING__TUNE_CONFIRM_PAIRS];
+    double confirm_start_score, confirm_best_score, confirm_ratio[CRING__TUNE_CONFIRM_PAIRS];
 } cring__tune_search_t;
 
 #define CRING__TUNE_MAX_SAMPLES 32
