@@ -46,7 +46,7 @@ def check_job(tmp_path, log):
     assert {row[1] for row in trials[1:5]} == {"fusion_threshold"}
     assert {row[1] for row in trials[5:8]} == {"cycle_time"}
     assert [row[1] for row in trials[8:]] in ([], ["confirm"] * 6)
-    for i in (8, 11, 12):  # the confirmation: start-best, best-start, start-best
+    for i in (8, 11, 12) if len(trials) == 14 else ():  # start-best, best-start, start-best
         assert trials[i][2:4] == ["1024", "1"]
     assert all(float(row[4]) >= 0 for row in trials)
     assert len(best) == 1
