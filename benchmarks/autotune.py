@@ -280,7 +280,8 @@ def worker(args: argparse.Namespace) -> None:
         _, start_name, start, _ = CASES[case]
         a = statistics.median(p[0] for p in pairs[case])
         b = statistics.median(p[1] for p in pairs[case])
-        speedup = statistics.median(p[0] / p[1] for p in pairs[case])
+        ratios = [p[0] / p[1] for p in pairs[case]]
+        speedup = statistics.median(ratios)
         took = f"{t['seconds']:.0f} s/{t['steps']}" if t["settled"] else "not settled"
         same = knob_text(start) == knob_text(t["knobs"])
         print(
@@ -289,6 +290,7 @@ def worker(args: argparse.Namespace) -> None:
             f"{verdict(case, speedup, t['knobs'])}"
             + ("  (same knobs: the ratio is noise)" if same else "")
         )
+        print(f"{'':13s} start / tuned per round: " + " ".join(f"{x:.2f}" for x in ratios))
         rows.append(
             (
                 case,
