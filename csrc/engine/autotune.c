@@ -314,10 +314,14 @@ static void decide(cring_engine_t *e, packet_t *p) {
         t->window_start_s = t->steps > 0 ? t->last_step_s : now;
         t->steps = 0;
     }
-    /* about four syncs per window, at the round rate since the last one */
+    /* about four syncs per window, at the round rate since the last one;
+     * growing at most twofold per sync, so that a burst of rounds (a cycle
+     * time of 0 runs a round per gradient) cannot put the next sync, and so
+     * the end of the window, minutes away */
     double since = now - t->last_sync_s;
     uint64_t rounds = e->drive.rounds_done - t->last_sync_round;
     double next = since > 0 ? (double)rounds / since * t->window_s / 4 : 1.0;
+    if (next > 2.0 * (double)(rounds ? rounds : 1)) next = 2.0 * (double)(rounds ? rounds : 1);
     t->last_sync_s = now;
     t->last_sync_round = e->drive.rounds_done;
     p->threshold_bytes = t->search.current.fusion_threshold_bytes;
