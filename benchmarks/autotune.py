@@ -21,7 +21,8 @@ batch 8 per rank, one thread per rank). The cases:
 First each case trains under CRING_AUTOTUNE=1 until the tuner has settled on
 every rank (its trial log goes to benchmarks/results/autotune_<case>.csv);
 the knobs it chose and the steps and seconds it took are recorded. Then
-timed rounds alternate, case by case, between the starting knobs and the
+timed rounds (7 by default, of 10 steps; 30 for the two small models)
+alternate, case by case, between the starting knobs and the
 tuned knobs given explicitly (a fresh init each, CRING_AUTOTUNE off), so
 drift on a shared machine hits both alike; a case's speed-up is the median
 over rounds of start-time / tuned-time of the same round.
@@ -259,8 +260,9 @@ def worker(args: argparse.Namespace) -> None:
         for case, t in tuned.items():
             kind, _, start, _ = CASES[case]
             transport = {k: v for k, v in start.items() if k not in TUNED}
-            a = timed(kind, start, args.steps)
-            b = timed(kind, dict(transport, **t["knobs"]), args.steps)
+            steps = args.steps * (1 if kind == "mlp" else 3)  # ~1 s per timing, quiet
+            a = timed(kind, start, steps)
+            b = timed(kind, dict(transport, **t["knobs"]), steps)
             pairs.setdefault(case, []).append((a, b))
     if not rank0:
         return
@@ -271,7 +273,8 @@ def worker(args: argparse.Namespace) -> None:
     print(
         f"\nautotune benchmark: 2 ranks, batch {BATCH}; tuning windows of >= "
         f"{args.sample_seconds:g} s and >= {args.steps_per_sample} steps; then {args.rounds} "
-        f"rounds of {args.steps} steps alternating start / tuned; speed-up = median over "
+        f"rounds of {args.steps} steps (x3 for the small models) alternating start / tuned; "
+        f"speed-up = median over "
         f"rounds of start / tuned step time; pass: >= {1 - TOLERANCE:g} from the defaults, "
         f">= {POOR_TARGET:g} from a poor start\n\n{head}"
     )
@@ -331,7 +334,7 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--case", action="append", choices=list(CASES), help="default: all")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed round")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument(
         "--sample-seconds", type=float, default=0.3, help="CRING_AUTOTUNE_SAMPLE_SECONDS"
     )
