@@ -21,7 +21,7 @@ FAST = {
     "CRING_AUTOTUNE_STEPS_PER_SAMPLE": "1",
     "CRING_FUSION_THRESHOLD": "1024",  # a poor start: nothing fuses
 }
-COLUMNS = ["trial", "knob", "fusion_threshold_bytes", "cycle_time_ms", "score_bytes_per_s"]
+COLUMNS = ["trial", "knob", "fusion_threshold_bytes", "cycle_time_ms", "score_steps_per_s"]
 
 
 def check_job(tmp_path, log):
@@ -38,16 +38,16 @@ def check_job(tmp_path, log):
     assert rows[0] == COLUMNS
     trials = [row for row in rows[1:] if row[1] != "best"]
     best = [row for row in rows[1:] if row[1] == "best"]
-    # 1 baseline + 6 thresholds + 4 cycle times (1 KiB is off the grid), then, when
-    # the best is not the start, the start and the best once more
-    assert len(trials) in (11, 13)
+    # 1 baseline + 4 thresholds + 3 cycle times (1 KiB is off the grid), then, when
+    # the best is not the start, the start and the best in 3 pairs
+    assert len(trials) in (8, 14)
     assert [int(row[0]) for row in trials] == list(range(1, len(trials) + 1))
     assert trials[0][1:4] == ["baseline", "1024", "1"]
-    assert {row[1] for row in trials[1:7]} == {"fusion_threshold"}
-    assert {row[1] for row in trials[7:11]} == {"cycle_time"}
-    assert [row[1] for row in trials[11:]] in ([], ["confirm", "confirm"])
-    if len(trials) == 13:
-        assert trials[11][2:4] == ["1024", "1"]
+    assert {row[1] for row in trials[1:5]} == {"fusion_threshold"}
+    assert {row[1] for row in trials[5:8]} == {"cycle_time"}
+    assert [row[1] for row in trials[8:]] in ([], ["confirm"] * 6)
+    for i in (8, 11, 12) if len(trials) == 14 else ():  # start-best, best-start, start-best
+        assert trials[i][2:4] == ["1024", "1"]
     assert all(float(row[4]) >= 0 for row in trials)
     assert len(best) == 1
     settled = results[0]["settled"]

@@ -1,9 +1,9 @@
 /* autotune.c: CRING_AUTOTUNE, tuning the fusion threshold and the cycle time
- * on the running job from its measured throughput, then settling on the best.
- * Owns the search (a pure function of scores), the coordinator's windows and
- * log, and the agreement every rank applies at the same round. It never
- * touches tensor data, and costs the default path two flag tests per round
- * (negotiate.c, execute.c).
+ * on the running job from its measured speed in steps per second, then
+ * settling on the best. Owns the search (a pure function of scores), the
+ * coordinator's windows and log, and the agreement every rank applies at the
+ * same round. It never touches tensor data, and costs the default path two
+ * flag tests per round (negotiate.c, execute.c).
  *
  * How it runs (every rank runs the same negotiation rounds in the same
  * order, so a round number means the same moment everywhere):
@@ -11,7 +11,7 @@
  *   round:   ... r  r+1 ... s-1  [s]  s+1 ...  [s']  ...
  *                                 |              |
  *            sync round s: rank 0 closes its window when it is long enough
- *            (score: payload bytes completed / wall seconds), feeds the
+ *            (score: whole steps completed / their wall seconds), feeds the
  *            search when a trial is complete, and broadcasts 24 bytes: the
  *            knobs, the number of rounds to the next sync (about a quarter
  *            of a window at the current round rate) and whether tuning has
@@ -19,23 +19,34 @@
  *
  *   trial:   [warm-up windows, discarded][scored windows] -> median score
  *
+ * A step is one cycle of the job's work: the time from one completion of the
+ * anchor to the next, the anchor being the first name the job completes a
+ * second time (a training step completes each gradient once, so the anchor
+ * is its first gradient). A window runs from one anchor completion to a later
+ * one, so it holds whole steps only, whatever the knobs do to the rounds in
+ * between, and names the job stopped using count for nothing:
+ *
+ *   anchor:  |-- step --|-- step --|-- step --|-- step --| ...
+ *            ^ window start                    ^ last anchor before the sync
+ *            score = steps / (last anchor - window start)
+ *
  * The search, deterministic (the same scores give the same trials):
  *   1. baseline: the knobs the job started with;
- *   2. fusion threshold over a log grid (64 KiB .. 64 MiB, x4), cycle time
+ *   2. fusion threshold over a log grid (64 KiB .. 64 MiB, x16), cycle time
  *      as started, skipping the baseline's value;
- *   3. cycle time over {0, 0.25, 1, 4, 16} ms at the best threshold so far,
+ *   3. cycle time over {0, 0.25, 1, 4} ms at the best threshold so far,
  *      skipping the value already measured;
  *   4. confirm, when the best is not the start: the starting knobs and the
- *      best once more, back to back; the best must win again;
- *   then settle. A trial replaces the best only when it scores at least
- *   TUNE_MARGIN more, so noise does not move a job off its starting knobs
- *   for nothing. Once settled, the hooks are off.
+ *      best alternate for CRING__TUNE_CONFIRM_PAIRS pairs of trials; the
+ *      best is kept only when the median of its per-pair speed-ups is at
+ *      least CONFIRM_MARGIN and no pair measured it slower than the start,
+ *      else the job keeps its starting knobs;
+ *   then settle. In 2 and 3 a trial replaces the best only when it scores
+ *   at least TUNE_MARGIN more. Once settled, the hooks are off.
  *
- * A window closes at the first sync round after CRING_AUTOTUNE_SAMPLE_SECONDS
- * once it also holds CRING_AUTOTUNE_STEPS_PER_SAMPLE steps, a step counted
- * as one completion per name the response cache holds (a training step
- * completes each gradient's name once), or after ten times that time
- * whatever it holds; sync rounds come about four times per window. */
+ * A window closes at the first sync round once it holds
+ * CRING_AUTOTUNE_STEPS_PER_SAMPLE steps spanning CRING_AUTOTUNE_SAMPLE_SECONDS,
+ * or after ten times that time whatever it holds (no step: score 0). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,13 +55,14 @@
 #include "engine_internal.h"
 
 #define TUNE_MARGIN 0.03    /* a new best must score this much more */
+#define CONFIRM_MARGIN 0.10 /* and be this much faster than the start, paired */
 #define FIRST_SYNC_ROUNDS 8 /* the first window, before any round rate is known */
 #define MAX_SYNC_ROUNDS (1u << 20)
 #define PACKET_MAGIC 0x43524e47u /* "CRNG" */
 
-static const uint64_t threshold_grid[] = {64u << 10, 256u << 10, 1u << 20,
-                                          4u << 20,  16u << 20,  64u << 20};
-static const uint32_t cycle_grid_us[] = {0, 250, 1000, 4000, 16000};
+static const uint64_t threshold_grid[] = {64u << 10, 1u << 20, 16u << 20, 64u << 20};
+static const uint32_t cycle_grid_us[] = {0, 250, 1000, 4000};
+#define SEEN_SLOTS 1024 /* names remembered while looking for the anchor */
 #define NTHRESHOLDS (int)(sizeof threshold_grid / sizeof threshold_grid[0])
 #define NCYCLES (int)(sizeof cycle_grid_us / sizeof cycle_grid_us[0])
 
@@ -62,21 +74,31 @@ void cring__tune_search_init(cring__tune_search_t *s, cring__tune_knobs_t start)
     s->phase = CRING__TUNE_BASELINE;
 }
 
-/* The confirmation (phase CONFIRM): the starting knobs, then the best, one
- * after the other, so slow drift of a shared machine cannot crown a winner. */
+/* The confirmation (phase CONFIRM): the starting knobs and the best
+ * alternate pair by pair, in the order start-best, best-start, start-best, so
+ * that slow drift of a shared machine favours neither, and one lucky trial
+ * cannot crown a winner. Trial i of the phase measures the best when: */
+static int confirm_measures_best(int i) { return (i / 2) % 2 == 0 ? i % 2 == 1 : i % 2 == 0; }
+
 static int confirm(cring__tune_search_t *s, double score) {
-    if (s->next == 0) { /* the starting knobs were just measured again */
-        s->confirm_start_score = score;
-        s->next = 1;
-        s->current = s->best;
-        return 0;
-    }
-    if (score > s->confirm_start_score * (1.0 + TUNE_MARGIN)) {
-        s->best_score = score;
+    int i = s->next++, pair = i / 2;
+    if (confirm_measures_best(i)) s->confirm_best_score = score;
+    else s->confirm_start_score = score;
+    int last = pair + 1 == CRING__TUNE_CONFIRM_PAIRS && i % 2 == 1;
+    if (!last) s->current = confirm_measures_best(i + 1) ? s->best : s->start;
+    if (i % 2 == 0) return 0;
+    double start = s->confirm_start_score, best = s->confirm_best_score;
+    s->confirm_ratio[pair] = start > 0 ? best / start : best > 0 ? 2.0 : 1.0;
+    if (!last) return 0;
+    double ratios[CRING__TUNE_CONFIRM_PAIRS];
+    memcpy(ratios, s->confirm_ratio, sizeof ratios);
+    double median = cring__tune_median(ratios, CRING__TUNE_CONFIRM_PAIRS); /* sorts */
+    if (median >= 1.0 + CONFIRM_MARGIN && ratios[0] >= 1.0) {
+        s->best_score = best; /* the last trial measured it */
         s->best_trial = s->trials;
-    } else { /* not better after all: keep what the job started with */
+    } else { /* not clearly faster: keep what the job started with */
         s->best = s->start;
-        s->best_score = s->confirm_start_score;
+        s->best_score = start;
         s->best_trial = s->trials - 1;
     }
     s->phase = CRING__TUNE_SETTLED;
@@ -160,11 +182,11 @@ static void publish(cring_engine_t *e, int state) {
 
 static void log_row(cring_engine_t *e, int trial, int phase, cring__tune_knobs_t k, double score) {
     cring__log(CRING__LOG_INFO, e->rank,
-               "autotune: %s trial %d: threshold %llu B, cycle %g ms: %.4g B/s", phase_name(phase),
-               trial, (unsigned long long)k.fusion_threshold_bytes, k.cycle_time_us / 1000.0,
-               score);
+               "autotune: %s trial %d: threshold %llu B, cycle %g ms: %.4g steps/s",
+               phase_name(phase), trial, (unsigned long long)k.fusion_threshold_bytes,
+               k.cycle_time_us / 1000.0, score);
     if (!e->tune.log) return;
-    fprintf(e->tune.log, "%d,%s,%llu,%g,%.0f\n", trial, phase_name(phase),
+    fprintf(e->tune.log, "%d,%s,%llu,%g,%.4g\n", trial, phase_name(phase),
             (unsigned long long)k.fusion_threshold_bytes, k.cycle_time_us / 1000.0, score);
     fflush(e->tune.log);
 }
@@ -196,7 +218,13 @@ void cring__autotune_start(cring_engine_t *e) {
         t->log = fopen(path, "w");
         if (!t->log)
             cring__log(CRING__LOG_WARNING, e->rank, "CRING_AUTOTUNE_LOG: cannot write %s", path);
-        else fprintf(t->log, "trial,knob,fusion_threshold_bytes,cycle_time_ms,score_bytes_per_s\n");
+        else fprintf(t->log, "trial,knob,fusion_threshold_bytes,cycle_time_ms,score_steps_per_s\n");
+    }
+    if (e->rank == 0 && !(t->seen = calloc(SEEN_SLOTS, sizeof *t->seen))) {
+        cring__log(CRING__LOG_WARNING, e->rank, "autotune: out of memory; not tuning");
+        if (t->log) fclose(t->log);
+        t->log = NULL;
+        return;
     }
     t->on = 1;
     publish(e, CRING_AUTOTUNE_TUNING);
@@ -205,19 +233,50 @@ void cring__autotune_start(cring_engine_t *e) {
 void cring__autotune_stop(cring_engine_t *e) {
     if (e->tune.log) fclose(e->tune.log);
     e->tune.log = NULL;
+    free(e->tune.seen);
+    e->tune.seen = NULL;
     e->tune.on = 0;
 }
 
+static uint64_t name_hash(const char *name) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *c = name ? name : ""; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ull;
+    return h ? h : 1; /* 0 marks an empty slot */
+}
+
+/* Until a name recurs, remember the names seen; the first one seen again is
+ * the anchor. Returns 1 when `h` became the anchor. */
+static int find_anchor(cring__tune_t *t, uint64_t h) {
+    size_t i = (size_t)(h % SEEN_SLOTS);
+    for (int probes = 0; probes < SEEN_SLOTS / 2; probes++, i = (i + 1) % SEEN_SLOTS) {
+        if (t->seen[i] == h) break; /* seen before: a cycle of the job's work */
+        if (t->seen[i] == 0) {
+            t->seen[i] = h;
+            return 0;
+        }
+    }
+    /* recurred, or so many names without a repeat that any one will do */
+    t->anchor = h;
+    free(t->seen);
+    t->seen = NULL;
+    return 1;
+}
+
 void cring__autotune_count(cring_engine_t *e, const response_t *resp, int n) {
-    uint64_t bytes = 0, tensors = 0;
+    cring__tune_t *t = &e->tune;
+    if (e->rank != 0) return; /* the coordinator alone measures */
     for (int i = 0; i < n; i++) {
         const req_t *r = resp[i].req;
         if (resp[i].status != CRING_OK || !r->handle) continue; /* errors, joined stand-ins */
-        for (int k = 0; k < r->ntensors; k++) bytes += r->t[k].bytes;
-        tensors += (uint64_t)r->ntensors;
+        uint64_t h = name_hash(r->name);
+        if (t->anchor == h) {
+            t->steps++;
+            t->last_step_s = cring__now_s();
+        } else if (!t->anchor && find_anchor(t, h)) {
+            t->steps = 0; /* the first window starts at this completion */
+            t->window_start_s = t->last_step_s = cring__now_s();
+        }
     }
-    e->tune.bytes += bytes;
-    e->tune.tensors += tensors;
 }
 
 /* The decision that travels: the knobs, rounds to the next sync, settled. */
@@ -232,11 +291,13 @@ static void decide(cring_engine_t *e, packet_t *p) {
     cring__tune_t *t = &e->tune;
     double now = cring__now_s();
     double elapsed = now - t->window_start_s;
-    uint64_t names = e->cache.nslots > 0 ? (uint64_t)e->cache.nslots : 1;
+    double span = t->last_step_s - t->window_start_s; /* whole steps only */
+    uint64_t want = t->steps_per_window > 0 ? (uint64_t)t->steps_per_window : 1;
     int settled = 0;
-    if (elapsed >= 10 * t->window_s ||
-        (elapsed >= t->window_s && t->tensors >= (uint64_t)t->steps_per_window * names)) {
-        double score = (double)t->bytes / elapsed;
+    if (!t->anchor) {
+        t->window_start_s = now; /* no step seen yet: nothing to score */
+    } else if (elapsed >= 10 * t->window_s || (t->steps >= want && span >= t->window_s)) {
+        double score = t->steps > 0 && span > 0 ? (double)t->steps / span : 0.0;
         if (t->window >= t->warmup_windows) t->samples[t->window - t->warmup_windows] = score;
         if (++t->window == t->warmup_windows + t->sample_windows) {
             double median = cring__tune_median(t->samples, t->sample_windows);
@@ -249,13 +310,18 @@ static void decide(cring_engine_t *e, packet_t *p) {
                         t->search.best_score);
             t->window = 0;
         }
-        t->bytes = t->tensors = 0;
-        t->window_start_s = now;
+        /* the next window starts where this one's last whole step ended */
+        t->window_start_s = t->steps > 0 ? t->last_step_s : now;
+        t->steps = 0;
     }
-    /* about four syncs per window, at the round rate since the last one */
+    /* about four syncs per window, at the round rate since the last one;
+     * growing at most twofold per sync, so that a burst of rounds (a cycle
+     * time of 0 runs a round per gradient) cannot put the next sync, and so
+     * the end of the window, minutes away */
     double since = now - t->last_sync_s;
     uint64_t rounds = e->drive.rounds_done - t->last_sync_round;
     double next = since > 0 ? (double)rounds / since * t->window_s / 4 : 1.0;
+    if (next > 2.0 * (double)(rounds ? rounds : 1)) next = 2.0 * (double)(rounds ? rounds : 1);
     t->last_sync_s = now;
     t->last_sync_round = e->drive.rounds_done;
     p->threshold_bytes = t->search.current.fusion_threshold_bytes;

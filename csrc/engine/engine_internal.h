@@ -147,14 +147,16 @@ enum {
 
 /* The search, a pure function of the scores it is given (autotune.c says
  * which trials it runs). `current` is the trial being measured. */
+#define CRING__TUNE_CONFIRM_PAIRS 3
 typedef struct cring__tune_search {
     cring__tune_knobs_t start, current, best;
     double best_score;
     int phase;      /* CRING__TUNE_*: which knob the current trial varies */
-    int next;       /* the next grid index of the phase */
+    int next;       /* the next grid index of the phase; in CONFIRM, trials done */
     int trials;     /* trials scored so far */
     int best_trial; /* which of them (1-based) scored best_score */
-    double confirm_start_score;
+    /* CONFIRM: start and best alternate; each pair's best / start */
+    double confirm_start_score, confirm_best_score, confirm_ratio[CRING__TUNE_CONFIRM_PAIRS];
 } cring__tune_search_t;
 
 #define CRING__TUNE_MAX_SAMPLES 32
@@ -170,7 +172,12 @@ typedef struct cring__tune {
     double window_s;                            /* aimed-at length of one window */
     double window_start_s, last_sync_s;
     uint64_t last_sync_round;
-    uint64_t bytes, tensors; /* payload and tensors completed in this window */
+    /* a step: one cycle of the job's work, from one completion of the
+     * anchor (the first name completed twice) to its next */
+    uint64_t anchor;    /* hash of the anchor's name, 0 until one recurs */
+    uint64_t *seen;     /* names' hashes until then (open addressing) */
+    uint64_t steps;     /* anchor completions since window_start_s */
+    double last_step_s; /* when the anchor last completed */
     int steps_per_window;
     double samples[CRING__TUNE_MAX_SAMPLES];
     cring__tune_search_t search;
@@ -411,7 +418,8 @@ void cring__autotune_stop(cring_engine_t *e);
 /* While e->tune.on, after every round on every rank: at a sync round, rank 0
  * decides and every rank applies the decision. Returns a transport failure. */
 cring_status_t cring__autotune_round(cring_engine_t *e);
-/* While e->tune.on: count the payload of a round's successful responses. */
+/* While e->tune.on: rank 0 notes the steps (anchor completions) of a round's
+ * successful responses. */
 void cring__autotune_count(cring_engine_t *e, const response_t *resp, int n);
 /* The search (pure; tested in csrc/tests/test_autotune.c). step scores the
  * current trial and moves to the next; returns 1 once settled (current is

@@ -16,9 +16,9 @@
 
 #define MIB (1ull << 20)
 
-/* A made-up job: throughput peaks at a 4 MiB threshold and a 0.25 ms cycle. */
+/* A made-up job: throughput peaks at a 1 MiB threshold and a 0.25 ms cycle. */
 static double synthetic_score(cring__tune_knobs_t k) {
-    double t = log2((double)(k.fusion_threshold_bytes + 1)) - 22.0; /* 0 at 4 MiB */
+    double t = log2((double)(k.fusion_threshold_bytes + 1)) - 20.0; /* 0 at 1 MiB */
     double c = k.cycle_time_us == 250 ? 0.0 : 1.0;
     return 1000.0 - 10.0 * t * t - 50.0 * c;
 }
@@ -42,48 +42,90 @@ static int run_search(cring__tune_knobs_t start, double (*score)(cring__tune_kno
 
 static double flat_score(cring__tune_knobs_t k) { return 500.0 + (k.cycle_time_us == 0); }
 
-/* The fourth trial (1 MiB) gets lucky once; everything else scores alike. */
+/* The third trial (1 MiB) gets lucky once; everything else scores alike. */
 static int spike_calls;
-static double spike_score(cring__tune_knobs_t k) { return ++spike_calls == 4 ? 900.0 : 500.0; }
+static double spike_score(cring__tune_knobs_t k) {
+    (void)k;
+    return ++spike_calls == 3 ? 900.0 : 500.0;
+}
+
+/* Scores by call, for the confirmation: the grid makes 16 MiB the best,
+ * then the pairs (start, best) score as `pairs` says. */
+static const double *script;
+static int script_calls;
+static double scripted_score(cring__tune_knobs_t k) {
+    (void)k;
+    return script[script_calls++];
+}
+
+#define START_KNOBS(s) (memcmp(&(s), &start, sizeof start) == 0)
 
 static void test_search(void) {
     cring__tune_knobs_t seen[64];
     /* the default knobs: 64 MiB is on the grid and 1 ms too, so neither is
-     * measured twice: 1 baseline + 5 thresholds + 4 cycle times, then the
-     * start and the best once more (confirmation) */
+     * measured twice: 1 baseline + 3 thresholds + 3 cycle times, then the
+     * start and the best alternate for 3 pairs (the confirmation) */
     cring__tune_knobs_t start = {64 * MIB, 1000};
     int n = run_search(start, synthetic_score, seen, 60);
-    CHECK(n == 12);
-    CHECK(seen[0].fusion_threshold_bytes == 64 * MIB && seen[0].cycle_time_us == 1000);
+    CHECK(n == 13);
+    CHECK(START_KNOBS(seen[0]));
     CHECK(seen[1].fusion_threshold_bytes == 64 << 10 && seen[1].cycle_time_us == 1000);
-    for (int i = 0; i < 10; i++)
+    for (int i = 0; i < 7; i++)
         for (int j = 0; j < i; j++) /* no trial twice before the confirmation */
             CHECK(seen[i].fusion_threshold_bytes != seen[j].fusion_threshold_bytes ||
                   seen[i].cycle_time_us != seen[j].cycle_time_us);
-    for (int i = 6; i < 10; i++) /* cycle times are tried at the best threshold */
-        CHECK(seen[i].fusion_threshold_bytes == 4 * MIB);
-    CHECK(memcmp(&seen[10], &start, sizeof start) == 0);
-    CHECK(seen[11].fusion_threshold_bytes == 4 * MIB && seen[11].cycle_time_us == 250);
-    CHECK(seen[n].fusion_threshold_bytes == 4 * MIB && seen[n].cycle_time_us == 250);
+    for (int i = 4; i < 7; i++) /* cycle times are tried at the best threshold */
+        CHECK(seen[i].fusion_threshold_bytes == 1 * MIB);
+    for (int i = 7; i < 13; i++) { /* start-best, best-start, start-best */
+        int best = i == 8 || i == 9 || i == 12;
+        CHECK(START_KNOBS(seen[i]) == !best);
+        CHECK(!best || (seen[i].fusion_threshold_bytes == 1 * MIB && seen[i].cycle_time_us == 250));
+    }
+    CHECK(seen[n].fusion_threshold_bytes == 1 * MIB && seen[n].cycle_time_us == 250);
 
     /* a tiny threshold off the grid: every grid threshold is tried */
     n = run_search((cring__tune_knobs_t){1024, 1000}, synthetic_score, seen, 60);
-    CHECK(n == 13);
-    CHECK(seen[n].fusion_threshold_bytes == 4 * MIB && seen[n].cycle_time_us == 250);
+    CHECK(n == 14);
+    CHECK(seen[n].fusion_threshold_bytes == 1 * MIB && seen[n].cycle_time_us == 250);
 
     /* all alike but for noise below the margin: the job keeps its knobs,
      * and nothing needs confirming */
     n = run_search(start, flat_score, seen, 60);
-    CHECK(n == 10);
-    CHECK(memcmp(&seen[n], &start, sizeof start) == 0);
+    CHECK(n == 7);
+    CHECK(START_KNOBS(seen[n]));
 
     /* one lucky sample wins the grid but not the confirmation: the start stays */
     spike_calls = 0;
     n = run_search(start, spike_score, seen, 60);
-    CHECK(n == 12);
-    CHECK(seen[3].fusion_threshold_bytes == 1 * MIB);
-    CHECK(memcmp(&seen[11], &seen[3], sizeof start) == 0); /* the lucky one, confirmed */
-    CHECK(memcmp(&seen[n], &start, sizeof start) == 0);
+    CHECK(n == 13);
+    CHECK(seen[2].fusion_threshold_bytes == 1 * MIB);
+    CHECK(memcmp(&seen[12], &seen[2], sizeof start) == 0); /* the lucky one, re-measured */
+    CHECK(START_KNOBS(seen[n]));
+
+    /* the confirmation: 16 MiB won the grid (trial 4); it is kept when the
+     * median of its per-pair speed-ups is >= 10% and no pair measured it
+     * slower; not when one pair did, nor when 1 of 3 pairs won, nor when all
+     * won by less than the margin */
+    static const double two_of_three[] = {100, 100, 100, 200, 100, 100, 100, /* grid */
+                                          100, 111, 101, 100, 100, 120};     /* S B B S S B */
+    static const double one_slower[] = {100, 100, 100, 200, 100, 100, 100,
+                                        100, 130, 99,  100, 100, 125};
+    static const double one_of_three[] = {100, 100, 100, 200, 100, 100, 100,
+                                          100, 130, 101, 100, 100, 102};
+    static const double small_gain[] = {100, 100, 100, 200, 100, 100, 100,
+                                        100, 108, 108, 100, 100, 108};
+    script = two_of_three, script_calls = 0;
+    n = run_search(start, scripted_score, seen, 60);
+    CHECK(n == 13 && seen[n].fusion_threshold_bytes == 16 * MIB);
+    script = one_slower, script_calls = 0;
+    n = run_search(start, scripted_score, seen, 60);
+    CHECK(n == 13 && START_KNOBS(seen[n]));
+    script = one_of_three, script_calls = 0;
+    n = run_search(start, scripted_score, seen, 60);
+    CHECK(n == 13 && START_KNOBS(seen[n]));
+    script = small_gain, script_calls = 0;
+    n = run_search(start, scripted_score, seen, 60);
+    CHECK(n == 13 && START_KNOBS(seen[n]));
 
     /* deterministic: the same scores give the same trials */
     cring__tune_knobs_t again[64];
@@ -200,15 +242,15 @@ static void job_rank(int rank, int size, int port, int transport) {
         char line[256];
         int rows = 0, best = 0;
         CHECK(fgets(line, sizeof line, f) != NULL);
-        CHECK(strcmp(line, "trial,knob,fusion_threshold_bytes,cycle_time_ms,score_bytes_per_s\n") ==
+        CHECK(strcmp(line, "trial,knob,fusion_threshold_bytes,cycle_time_ms,score_steps_per_s\n") ==
               0);
         while (fgets(line, sizeof line, f)) {
             rows++;
             best += strstr(line, ",best,") != NULL;
         }
         fclose(f);
-        /* 11 trials (1 KiB is off the grid), 2 to confirm a new best, the best */
-        CHECK((rows == 12 || rows == 14) && best == 1);
+        /* 8 trials (1 KiB is off the grid), 6 to confirm a new best, the best */
+        CHECK((rows == 9 || rows == 15) && best == 1);
         unlink(log);
     }
     exit(0);
