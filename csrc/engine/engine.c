@@ -83,7 +83,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
             "join() returns",
             e->rank);
     }
-    req_t *same = cring__strmap_get(&e->queue.in_flight, r->name);
+    req_t *same = cring__strmap_get_h(&e->queue.in_flight, r->name, r->name_hash);
     if (same && (q->flags & CRING_REQUEST_SEQUENCED)) { /* wait behind it (name_done) */
         while (same->successor) same = same->successor;
         same->successor = r;
@@ -103,7 +103,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
         free(h);
         return st;
     }
-    if (cring__strmap_put_borrowed(&e->queue.in_flight, r->name, r) != 0) {
+    if (cring__strmap_put_borrowed_h(&e->queue.in_flight, r->name, r->name_hash, r) != 0) {
         pthread_mutex_unlock(&e->queue.mu);
         cring__req_free(r);
         free(h);
@@ -122,12 +122,13 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
 
 void cring__engine_name_done(cring_engine_t *e, req_t *r, cring_status_t st, const char *error) {
     pthread_mutex_lock(&e->queue.mu);
-    cring__strmap_remove(&e->queue.in_flight, r->name);
+    cring__strmap_remove_h(&e->queue.in_flight, r->name, r->name_hash);
     req_t *next = r->successor;
     r->successor = NULL;
     int stopping = atomic_load(&e->stop) || atomic_load(&e->broken) != CRING_OK;
     if (next && !stopping) {
-        if (cring__strmap_put_borrowed(&e->queue.in_flight, next->name, next) != 0) {
+        if (cring__strmap_put_borrowed_h(&e->queue.in_flight, next->name, next->name_hash, next) !=
+            0) {
             stopping = 1; /* out of memory: fail it below rather than lose it */
             st = CRING_ERR_NO_MEMORY;
             error = "out of memory";

@@ -35,6 +35,7 @@ typedef struct tensor_spec {
 
 typedef struct req {
     char *name;
+    size_t name_hash; /* cring__strmap_hash(name), for the engine's maps */
     cring_collective_t coll;
     cring_op_t op;
     int root;

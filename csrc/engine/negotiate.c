@@ -471,7 +471,7 @@ static void mark_ready(cring_engine_t *e, response_list_t *l) {
         r->ready_s = t_ready;
         if (!r->handle) continue; /* a joined rank's stand-in */
         if (r == e->neg.last_attached) e->neg.last_attached = NULL;
-        cring__strmap_remove(&e->neg.pending, r->name);
+        cring__strmap_remove_h(&e->neg.pending, r->name, r->name_hash);
         cring__engine_span(e, r->name, "NEGOTIATE", r->submit_s, t_ready, NULL);
     }
 }

@@ -324,6 +324,7 @@ req_t *cring__req_make(cring_engine_t *e, const cring_request_t *q, int size) {
     r->name = (char *)(dims + ndims);
     r->record = (uint8_t *)r->name + name_len + 1;
     memcpy(r->name, q->name, name_len + 1);
+    r->name_hash = cring__strmap_hash(r->name);
     r->coll = q->collective;
     r->op = q->op;
     r->root = q->root;
