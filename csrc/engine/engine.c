@@ -42,6 +42,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     CRING_CHECK(cring__req_validate(e, q));
     req_t *r = cring__req_make(e, q, e->size);
     cring_handle_t *h = atomic_exchange(&e->spare.handle, NULL);
+    if (!h) h = cring__pool_take(&e->spare.handles);
     if (h) memset(h, 0, sizeof *h);
     else h = calloc(1, sizeof *h);
     if (!r || !h) {
@@ -389,6 +390,8 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
     pthread_mutex_init(&e->drive.mu, NULL);
     pthread_mutex_init(&e->timeline_mu, NULL);
     pthread_mutex_init(&e->spare.mu, NULL);
+    cring__pool_init(&e->spare.handles);
+    cring__pool_init(&e->spare.reqs);
     long threshold = cring__env_long("CRING_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD);
     e->exec.threshold = threshold > 0 ? (size_t)threshold : 0;
     e->drive.cycle_time_s = cring__env_double("CRING_CYCLE_TIME", 1.0) / 1000.0;

@@ -33,6 +33,22 @@ typedef struct tensor_spec {
     size_t row_elems; /* elements per first-dimension row */
 } tensor_spec_t;
 
+/* A bounded stack of freed blocks of one kind (handle.c), linked through
+ * their first word; any thread. */
+typedef struct cring__pool {
+    pthread_mutex_t mu;
+    void *head;
+    _Atomic int count;
+} cring__pool_t;
+void cring__pool_init(cring__pool_t *p);
+/* A kept block (its contents undefined), or NULL when none is kept. */
+void *cring__pool_take(cring__pool_t *p);
+/* Keep block (at least a pointer's size) for a later take; 0 when the pool
+ * is full (the caller frees it then). */
+int cring__pool_give(cring__pool_t *p, void *block);
+/* Free every kept block and the pool's lock. */
+void cring__pool_free_all(cring__pool_t *p);
+
 typedef struct req {
     char *name;
     size_t name_hash; /* cring__strmap_hash(name), for the engine's maps */
@@ -229,6 +245,9 @@ struct cring_engine {
         pthread_mutex_t mu;
         void *buf[4];
         size_t bytes[4];
+        /* Beyond the one above: freed handles and small requests for the next
+         * submissions, so a burst of asynchronous ones allocates nothing. */
+        cring__pool_t handles, reqs;
     } spare;
 
     /* negotiate.c: the round's vector and blocks (under drive.mu) */

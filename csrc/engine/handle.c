@@ -9,6 +9,46 @@
 #include "engine_internal.h"
 
 #define SPARE_MIN_BYTES (1u << 20)
+/* At most this many freed handles or requests are kept (a few hundred KiB) */
+#define POOL_MAX 4096
+
+void cring__pool_init(cring__pool_t *p) {
+    pthread_mutex_init(&p->mu, NULL);
+    p->head = NULL;
+    atomic_store(&p->count, 0);
+}
+
+void *cring__pool_take(cring__pool_t *p) {
+    if (atomic_load_explicit(&p->count, memory_order_relaxed) == 0) return NULL;
+    pthread_mutex_lock(&p->mu);
+    void *block = p->head;
+    if (block) {
+        memcpy(&p->head, block, sizeof p->head);
+        atomic_fetch_sub_explicit(&p->count, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return block;
+}
+
+int cring__pool_give(cring__pool_t *p, void *block) {
+    if (atomic_load_explicit(&p->count, memory_order_relaxed) >= POOL_MAX) return 0;
+    pthread_mutex_lock(&p->mu);
+    memcpy(block, &p->head, sizeof p->head);
+    p->head = block;
+    atomic_fetch_add_explicit(&p->count, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&p->mu);
+    return 1;
+}
+
+void cring__pool_free_all(cring__pool_t *p) {
+    while (p->head) {
+        void *block = p->head;
+        memcpy(&p->head, block, sizeof p->head);
+        free(block);
+    }
+    atomic_store(&p->count, 0);
+    pthread_mutex_destroy(&p->mu);
+}
 
 static void output_free(cring_engine_t *e, void *p, size_t bytes);
 
@@ -30,8 +70,12 @@ void cring__handle_release(cring_handle_t *h) {
     free(h->error);
     /* keep one for the next submission: a synchronous loop then allocates
      * no handle (the engine frees the spare when it goes) */
-    if (e) free(atomic_exchange(&e->spare.handle, h));
-    else free(h);
+    if (e) {
+        cring_handle_t *old = atomic_exchange(&e->spare.handle, h);
+        if (old && !cring__pool_give(&e->spare.handles, old)) free(old);
+    } else {
+        free(h);
+    }
     if (e) cring__engine_release(e);
 }
 
@@ -119,4 +163,6 @@ void cring__spare_free_all(cring_engine_t *e) {
     free(atomic_load(&e->spare.handle));
     free(atomic_load(&e->spare.req));
     pthread_mutex_destroy(&e->spare.mu);
+    cring__pool_free_all(&e->spare.handles);
+    cring__pool_free_all(&e->spare.reqs);
 }

@@ -78,9 +78,11 @@ void cring__pyext_sweep(module_state *s, int all) {
 PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle, cring__dl_ref_t *refs,
                                   int nrefs, int collective, const char *name) {
     HandleObject *self = PyObject_New(HandleObject, s->HandleType);
-    char *name_copy = PyMem_Malloc(strlen(name) + 1);
-    if (!self || !name_copy) {
-        PyMem_Free(name_copy);
+    size_t len = strlen(name);
+    char *name_copy = !self                         ? NULL
+                      : len < sizeof self->name_buf ? self->name_buf
+                                                    : PyMem_Malloc(len + 1);
+    if (!self || !name_copy) { /* name_copy is NULL here */
         if (self) {
             self->handle = NULL; /* dealloc has nothing to do */
             self->refs = NULL;
@@ -90,7 +92,7 @@ PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle, cring
         cring__pyext_drop(s, handle, refs, nrefs, -1, NULL);
         return PyErr_NoMemory();
     }
-    strcpy(name_copy, name);
+    memcpy(name_copy, name, len + 1);
     self->handle = handle;
     self->refs = refs;
     self->nrefs = nrefs;
@@ -264,7 +266,7 @@ static void Handle_dealloc(HandleObject *self) {
     } else {
         PyMem_Free(self->refs);
     }
-    PyMem_Free(self->name);
+    if (self->name != self->name_buf) PyMem_Free(self->name);
     tp->tp_free(self);
     Py_DECREF(tp);
 }

@@ -71,6 +71,7 @@ typedef struct {
     int cuda_device;   /* CUDA requests: the device; -1 otherwise */
     int cuda_torch;    /* the tensors are torch's (its current stream is the consumer's) */
     void *cuda_stream; /* the producer's stream at submission */
+    char name_buf[48]; /* name points here when it fits (no allocation) */
 } HandleObject;
 
 /* ---- errors.c: the one status -> exception mapping -------------------------- */

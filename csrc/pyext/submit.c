@@ -378,6 +378,8 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     int cuda = 0; /* a torch CUDA tensor on the NCCL path; else a NumPy array or CPU tensor */
     if (!fast || !s->engine) {
         fast = 0;
+    } else if (cring__dl_is_ndarray(v[0])) {
+        fast = 1; /* the common case first: no torch type checks */
     } else if (cring__dl_is_torch(v[0])) {
         PyObject *is_cuda = PyObject_GetAttr(v[0], is_cuda_name);
         cuda = is_cuda == Py_True;
@@ -385,7 +387,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
         Py_XDECREF(is_cuda);
         PyErr_Clear();
     } else {
-        fast = cring__dl_is_ndarray(v[0]);
+        fast = 0;
     }
     cring__dl_ref_t *ref = NULL;
     int taken = 0, unnamed = !v[2] || v[2] == Py_None;
