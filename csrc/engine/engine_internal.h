@@ -263,6 +263,8 @@ struct cring_engine {
         size_t *peer_lens;
         uint16_t *slot_hits;        /* per slot while combining blocks; all zero between rounds */
         uint32_t *inval_ids;        /* scratch: slots this rank invalidates in a round */
+        uint32_t *touched;          /* slots some rank listed in this round's blocks */
+        int ntouched;               /* how many; -1 after a dense exchange (TCP) */
         req_t *last_attached;       /* the request most recently matched to a cache slot */
         cring_status_t spec_status; /* a request that rode the round but could not finish */
         response_t *resp;           /* run_round's responses, kept between rounds */
