@@ -117,6 +117,11 @@ void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs
  * set (after the engine stopped), everything. Needs the GIL. */
 void cring__pyext_sweep(module_state *s, int all);
 extern PyMethodDef cring__pyext_handle_functions[];
+/* A new cring.Handle (the module's handle_wrapper class) with its slots
+ * _h, _finish, _result and _finished set to the given objects; NULL with
+ * an error. */
+PyObject *cring__pyext_wrap_handle(PyObject *module, PyObject *h, PyObject *finish,
+                                   PyObject *result, PyObject *finished);
 
 /* ---- submit.c ---------------------------------------------------------------- */
 extern PyMethodDef cring__pyext_submit_functions[];

@@ -8,7 +8,6 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
-#include <structmember.h>
 
 #include "../gpu/gpu.h"
 #include "pyext.h"
@@ -310,53 +309,6 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
     return fall_back(module, &fallback_name, "allreduce_fallback", args, nargs, kwnames);
 }
 
-/* A new instance of the module's `handle_wrapper` class (cring.Handle, whose
- * __slots__ are the four names in attr) holding values. The slots' offsets
- * are read once from the class's member descriptors and written directly
- * (four generic setattr calls were a tenth of a submission); a class
- * without such slots is filled through setattr. */
-static PyObject *wrap_handle(PyObject *module, PyObject *wrapper_name, PyObject *const *attr,
-                             PyObject *const *values) {
-    static PyTypeObject *known; /* the class the offsets belong to (a strong reference) */
-    static Py_ssize_t offsets[4];
-    static PyObject *no_args;
-    if (!no_args && !(no_args = PyTuple_New(0))) return NULL;
-    PyObject *wrapper_type = PyObject_GetAttr(module, wrapper_name);
-    if (!wrapper_type) return NULL;
-    if (!PyType_Check(wrapper_type)) {
-        Py_DECREF(wrapper_type);
-        PyErr_SetString(PyExc_TypeError, "cring._C.handle_wrapper must be cring.Handle");
-        return NULL;
-    }
-    PyTypeObject *wt = (PyTypeObject *)wrapper_type;
-    if (known != wt) {
-        int direct = 1;
-        for (int j = 0; j < 4; j++) {
-            PyObject *d = PyObject_GetAttr(wrapper_type, attr[j]);
-            if (!d) PyErr_Clear();
-            if (d && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                ((PyMemberDescrObject *)d)->d_common.d_type == wt &&
-                ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
-                offsets[j] = ((PyMemberDescrObject *)d)->d_member->offset;
-            else direct = 0;
-            Py_XDECREF(d);
-        }
-        Py_XSETREF(known, direct ? (PyTypeObject *)Py_NewRef(wrapper_type) : NULL);
-    }
-    PyObject *w = wt->tp_new(wt, no_args, NULL);
-    if (w && known == wt && Py_TYPE(w) == wt) {
-        for (int j = 0; j < 4; j++) {
-            PyObject **slot = (PyObject **)((char *)w + offsets[j]);
-            Py_XSETREF(*slot, Py_NewRef(values[j]));
-        }
-    } else {
-        for (int j = 0; w && j < 4; j++)
-            if (PyObject_SetAttr(w, attr[j], values[j]) < 0) Py_CLEAR(w);
-    }
-    Py_DECREF(wrapper_type);
-    return w;
-}
-
 /* allreduce_async_(tensor, op=Average, name=None, ...): cring.allreduce_async_
  * itself. A NumPy array, a CPU torch tensor or a torch CUDA tensor on the
  * NCCL path, without compression or scaling, is queued here without a
@@ -367,8 +319,7 @@ static PyObject *wrap_handle(PyObject *module, PyObject *wrapper_name, PyObject 
  * `allreduce_async_fallback`. */
 static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames) {
-    static PyObject *fallback_name, *wrapper_name, *attr[4];
-    static const char *const attr_names[4] = {"_h", "_finish", "_result", "_finished"};
+    static PyObject *fallback_name;
     module_state *s = cring__pyext_state(module);
     PyObject *v[NPARAMS] = {0};
     static PyObject *is_cuda_name;
@@ -414,9 +365,6 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
         return fall_back(module, &fallback_name, "allreduce_async_fallback", args, nargs, kwnames);
     }
     if (unnamed) cring__pyext_noname("allreduce", generated, sizeof generated, 1);
-    for (int j = 0; j < 4; j++)
-        if (!attr[j] && !(attr[j] = PyUnicode_InternFromString(attr_names[j]))) goto fail;
-    if (!wrapper_name && !(wrapper_name = PyUnicode_InternFromString("handle_wrapper"))) goto fail;
     int64_t one;
     cring_tensor_t t;
     cring_request_t req;
@@ -438,8 +386,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
         h->cuda_torch = 1;
         h->cuda_stream = req.device.stream;
     }
-    PyObject *values[4] = {(PyObject *)h, Py_None, v[0], Py_False};
-    PyObject *w = wrap_handle(module, wrapper_name, attr, values);
+    PyObject *w = cring__pyext_wrap_handle(module, (PyObject *)h, Py_None, v[0], Py_False);
     Py_DECREF(h); /* the wrapper holds it; without one, dropping it never waits */
     return w;
 fail:
