@@ -391,6 +391,11 @@ static PyObject *py_synchronize(PyObject *module, PyObject *const *args, Py_ssiz
     if (nkw == 1 && nargs == 1 && PyTuple_GET_ITEM(kwnames, 0) == block_host_name)
         block_host = args[1];
     else if (nkw) plain = 0;
+    if (plain && !wrapper_type) { /* learn the class once (no C allreduce_async_ yet) */
+        PyTypeObject *wt = wrapper_class(module);
+        if (wt) Py_DECREF(wt);
+        else PyErr_Clear();
+    }
     PyObject **slots[W_SLOTS];
     if (plain && wrapper_type && Py_IS_TYPE(handle, wrapper_type))
         for (int j = 0; j < W_SLOTS; j++) {
