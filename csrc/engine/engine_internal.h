@@ -34,9 +34,10 @@ typedef struct tensor_spec {
 } tensor_spec_t;
 
 /* A bounded stack of freed blocks of one kind (handle.c), linked through
- * their first word; any thread. */
+ * their first word; any thread (a spin lock: each hold is a few loads and
+ * stores). */
 typedef struct cring__pool {
-    pthread_mutex_t mu;
+    atomic_flag busy;
     void *head;
     _Atomic int count;
 } cring__pool_t;

@@ -3,6 +3,7 @@
  * result memory with its spare buffers. Never drives rounds or waits: a
  * freed handle only drops the caller's reference (the engine keeps its own
  * until the request completes or the engine stops). */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,30 +14,41 @@
 #define POOL_MAX 4096
 
 void cring__pool_init(cring__pool_t *p) {
-    pthread_mutex_init(&p->mu, NULL);
+    atomic_flag_clear(&p->busy);
     p->head = NULL;
     atomic_store(&p->count, 0);
 }
 
+static void pool_lock(cring__pool_t *p) {
+    for (int spins = 0; atomic_flag_test_and_set_explicit(&p->busy, memory_order_acquire);)
+        if (++spins % 64 == 0) sched_yield(); /* the holder was preempted */
+}
+
+static void pool_unlock(cring__pool_t *p) {
+    atomic_flag_clear_explicit(&p->busy, memory_order_release);
+}
+
 void *cring__pool_take(cring__pool_t *p) {
     if (atomic_load_explicit(&p->count, memory_order_relaxed) == 0) return NULL;
-    pthread_mutex_lock(&p->mu);
+    pool_lock(p);
     void *block = p->head;
     if (block) {
         memcpy(&p->head, block, sizeof p->head);
-        atomic_fetch_sub_explicit(&p->count, 1, memory_order_relaxed);
+        atomic_store_explicit(&p->count, atomic_load_explicit(&p->count, memory_order_relaxed) - 1,
+                              memory_order_relaxed);
     }
-    pthread_mutex_unlock(&p->mu);
+    pool_unlock(p);
     return block;
 }
 
 int cring__pool_give(cring__pool_t *p, void *block) {
     if (atomic_load_explicit(&p->count, memory_order_relaxed) >= POOL_MAX) return 0;
-    pthread_mutex_lock(&p->mu);
+    pool_lock(p);
     memcpy(block, &p->head, sizeof p->head);
     p->head = block;
-    atomic_fetch_add_explicit(&p->count, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store_explicit(&p->count, atomic_load_explicit(&p->count, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    pool_unlock(p);
     return 1;
 }
 
@@ -47,7 +59,6 @@ void cring__pool_free_all(cring__pool_t *p) {
         free(block);
     }
     atomic_store(&p->count, 0);
-    pthread_mutex_destroy(&p->mu);
 }
 
 static void output_free(cring_engine_t *e, void *p, size_t bytes);
