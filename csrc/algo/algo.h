@@ -43,6 +43,20 @@ cring_status_t cring__tree_allreduce(cring__p2p_t *p2p, cring__scratch_t *scratc
 /* ---- owner-slice algorithms over shared memory (algo/shm_coll.c) ----------- */
 cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const void *send,
                                     void *recv, size_t count, cring_dtype_t dtype, cring_op_t op);
+/* One tensor of a multi-tensor allreduce: count elements from send into
+ * recv (send == recv in place). offset is filled by the callee. */
+typedef struct cring__seg {
+    const void *send;
+    void *recv;
+    size_t count;
+    size_t offset;
+} cring__seg_t;
+/* (algo/shm_multi.c) Allreduce every segment's tensor at once, the windows
+ * serving as the fusion buffer: the same result, counters and window use
+ * as cring__shm_allreduce over the tensors laid end to end, without
+ * copying them into one buffer first. nsegs >= 0; all of one dtype. */
+cring_status_t cring__shm_allreduce_multi(cring__shm_t *shm, int rank, int size, cring__seg_t *segs,
+                                          int nsegs, cring_dtype_t dtype, cring_op_t op);
 cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size, const void *send,
                                         void *recv, const size_t *counts, cring_dtype_t dtype,
                                         cring_op_t op);

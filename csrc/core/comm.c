@@ -417,6 +417,17 @@ cring_status_t cring__comm_alltoallv(cring_comm_t *c, const void *send, void *re
     return finish(c, c->ops->alltoallv(c, send, recv, matrix));
 }
 
+int cring__comm_can_allreduce_multi(const cring_comm_t *c) {
+    return c->ops->allreduce_multi != NULL;
+}
+
+cring_status_t cring__comm_allreduce_multi(cring_comm_t *c, struct cring__seg *segs, int nsegs,
+                                           cring_dtype_t dtype, cring_op_t op) {
+    CRING_CHECK(check_usable(c));
+    if (!c->ops->allreduce_multi) return CRING_ERR_NOT_SUPPORTED;
+    return finish(c, c->ops->allreduce_multi(c, segs, nsegs, dtype, op));
+}
+
 int cring__comm_can_gather_small(const cring_comm_t *c) { return c->ops->gather_small != NULL; }
 
 size_t cring__comm_gather_small_max(const cring_comm_t *c) {

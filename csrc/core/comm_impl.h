@@ -43,6 +43,10 @@ struct cring__comm_ops {
     uint64_t (*wake_token)(cring_comm_t *c);
     int (*idle_wait)(cring_comm_t *c, uint64_t token, double max_wait_s);
     int (*idle_wait_local)(cring_comm_t *c, uint64_t token, double max_wait_s);
+    /* NULL when the transport has no multi-tensor allreduce (the engine then
+     * packs the tensors into its fusion buffer) */
+    cring_status_t (*allreduce_multi)(cring_comm_t *c, cring__seg_t *segs, int nsegs,
+                                      cring_dtype_t dtype, cring_op_t op);
 };
 
 extern const struct cring__comm_ops cring__self_ops, cring__shm_ops, cring__tcp_ops,

@@ -22,6 +22,15 @@ cring_status_t cring__comm_barrier(cring_comm_t *comm);
 /* matrix[q*size + r] bytes go from rank q to rank r (identical on every rank). */
 cring_status_t cring__comm_alltoallv(cring_comm_t *comm, const void *send, void *recv,
                                      const size_t *matrix);
+/* Allreduce many tensors of one dtype at once without packing them into
+ * one buffer first (struct cring__seg: algo/algo.h; offsets are filled
+ * in): the same result as an allreduce of the tensors laid end to end.
+ * Only where cring__comm_can_allreduce_multi says so (shared memory);
+ * ERR_NOT_SUPPORTED otherwise, before communicating. */
+struct cring__seg;
+int cring__comm_can_allreduce_multi(const cring_comm_t *comm);
+cring_status_t cring__comm_allreduce_multi(cring_comm_t *comm, struct cring__seg *segs, int nsegs,
+                                           cring_dtype_t dtype, cring_op_t op);
 /* Gather small blocks of per-rank length in one exchange and return pointers
  * to every rank's block, valid until the next collective. Only on shared
  * memory (ERR_NOT_SUPPORTED otherwise, before communicating; check

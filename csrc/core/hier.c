@@ -488,4 +488,5 @@ const struct cring__comm_ops cring__hier_ops = {
     hier_wake_token,
     hier_idle_wait,
     hier_idle_wait_local,
+    NULL,
 };

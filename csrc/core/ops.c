@@ -20,6 +20,13 @@ static cring_status_t self_allreduce(cring_comm_t *c, const void *send, void *re
     if (send != recv && count) memcpy(recv, send, count * cring_dtype_size(dtype));
     return CRING_OK;
 }
+static cring_status_t self_allreduce_multi(cring_comm_t *c, cring__seg_t *segs, int nsegs,
+                                           cring_dtype_t dtype, cring_op_t op) {
+    for (int i = 0; i < nsegs; i++)
+        if (segs[i].send != segs[i].recv && segs[i].count)
+            memcpy(segs[i].recv, segs[i].send, segs[i].count * cring_dtype_size(dtype));
+    return CRING_OK;
+}
 static cring_status_t self_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
     return CRING_OK;
 }
@@ -78,6 +85,7 @@ const struct cring__comm_ops cring__self_ops = {
     self_wake_token,
     self_idle_wait,
     self_idle_wait,
+    self_allreduce_multi,
 };
 
 /* shared memory */
@@ -95,6 +103,13 @@ static cring_status_t shm_allreduce(cring_comm_t *c, const void *send, void *rec
         if (handled) return st;
     }
     return cring__shm_allreduce(c->shm, c->rank, c->size, send, recv, count, dtype, op);
+}
+static cring_status_t shm_allreduce_multi(cring_comm_t *c, cring__seg_t *segs, int nsegs,
+                                          cring_dtype_t dtype, cring_op_t op) {
+    size_t bytes = 0;
+    for (int i = 0; i < nsegs; i++) bytes += segs[i].count * cring_dtype_size(dtype);
+    cring__comm_count_shm(c, bytes, bytes);
+    return cring__shm_allreduce_multi(c->shm, c->rank, c->size, segs, nsegs, dtype, op);
 }
 static cring_status_t shm_broadcast(cring_comm_t *c, void *buf, size_t nbytes, int root) {
     cring__comm_count_shm(c, c->rank == root ? nbytes : 0, c->rank == root ? 0 : nbytes);
@@ -170,6 +185,7 @@ const struct cring__comm_ops cring__shm_ops = {
     shm_wake_token,
     shm_idle_wait,
     shm_idle_wait,
+    shm_allreduce_multi,
 };
 
 /* TCP: ring algorithms over point-to-point links; an eventfd wakes an idle rank */
@@ -244,4 +260,5 @@ const struct cring__comm_ops cring__tcp_ops = {
     tcp_wake_token,
     tcp_idle_wait,
     tcp_idle_wait_local,
+    NULL,
 };

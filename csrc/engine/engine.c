@@ -42,6 +42,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     CRING_CHECK(cring__req_validate(e, q));
     req_t *r = cring__req_make(e, q, e->size);
     cring_handle_t *h = atomic_exchange(&e->spare.handle, NULL);
+    if (!h) h = cring__pool_take(&e->spare.handles);
     if (h) memset(h, 0, sizeof *h);
     else h = calloc(1, sizeof *h);
     if (!r || !h) {
@@ -83,7 +84,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
             "join() returns",
             e->rank);
     }
-    req_t *same = cring__strmap_get(&e->queue.in_flight, r->name);
+    req_t *same = cring__strmap_get_h(&e->queue.in_flight, r->name, r->name_hash);
     if (same && (q->flags & CRING_REQUEST_SEQUENCED)) { /* wait behind it (name_done) */
         while (same->successor) same = same->successor;
         same->successor = r;
@@ -103,7 +104,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
         free(h);
         return st;
     }
-    if (cring__strmap_put_borrowed(&e->queue.in_flight, r->name, r) != 0) {
+    if (cring__strmap_put_borrowed_h(&e->queue.in_flight, r->name, r->name_hash, r) != 0) {
         pthread_mutex_unlock(&e->queue.mu);
         cring__req_free(r);
         free(h);
@@ -122,12 +123,13 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
 
 void cring__engine_name_done(cring_engine_t *e, req_t *r, cring_status_t st, const char *error) {
     pthread_mutex_lock(&e->queue.mu);
-    cring__strmap_remove(&e->queue.in_flight, r->name);
+    cring__strmap_remove_h(&e->queue.in_flight, r->name, r->name_hash);
     req_t *next = r->successor;
     r->successor = NULL;
     int stopping = atomic_load(&e->stop) || atomic_load(&e->broken) != CRING_OK;
     if (next && !stopping) {
-        if (cring__strmap_put_borrowed(&e->queue.in_flight, next->name, next) != 0) {
+        if (cring__strmap_put_borrowed_h(&e->queue.in_flight, next->name, next->name_hash, next) !=
+            0) {
             stopping = 1; /* out of memory: fail it below rather than lose it */
             st = CRING_ERR_NO_MEMORY;
             error = "out of memory";
@@ -388,6 +390,8 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
     pthread_mutex_init(&e->drive.mu, NULL);
     pthread_mutex_init(&e->timeline_mu, NULL);
     pthread_mutex_init(&e->spare.mu, NULL);
+    cring__pool_init(&e->spare.handles);
+    cring__pool_init(&e->spare.reqs);
     long threshold = cring__env_long("CRING_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD);
     e->exec.threshold = threshold > 0 ? (size_t)threshold : 0;
     e->drive.cycle_time_s = cring__env_double("CRING_CYCLE_TIME", 1.0) / 1000.0;

@@ -33,8 +33,26 @@ typedef struct tensor_spec {
     size_t row_elems; /* elements per first-dimension row */
 } tensor_spec_t;
 
+/* A bounded stack of freed blocks of one kind (handle.c), linked through
+ * their first word; any thread (a spin lock: each hold is a few loads and
+ * stores). */
+typedef struct cring__pool {
+    atomic_flag busy;
+    void *head;
+    _Atomic int count;
+} cring__pool_t;
+void cring__pool_init(cring__pool_t *p);
+/* A kept block (its contents undefined), or NULL when none is kept. */
+void *cring__pool_take(cring__pool_t *p);
+/* Keep block (at least a pointer's size) for a later take; 0 when the pool
+ * is full (the caller frees it then). */
+int cring__pool_give(cring__pool_t *p, void *block);
+/* Free every kept block and the pool's lock. */
+void cring__pool_free_all(cring__pool_t *p);
+
 typedef struct req {
     char *name;
+    size_t name_hash; /* cring__strmap_hash(name), for the engine's maps */
     cring_collective_t coll;
     cring_op_t op;
     int root;
@@ -235,6 +253,9 @@ struct cring_engine {
         pthread_mutex_t mu;
         void *buf[4];
         size_t bytes[4];
+        /* Beyond the one above: freed handles and small requests for the next
+         * submissions, so a burst of asynchronous ones allocates nothing. */
+        cring__pool_t handles, reqs;
     } spare;
 
     /* negotiate.c: the round's vector and blocks (under drive.mu) */
@@ -250,6 +271,8 @@ struct cring_engine {
         size_t *peer_lens;
         uint16_t *slot_hits;        /* per slot while combining blocks; all zero between rounds */
         uint32_t *inval_ids;        /* scratch: slots this rank invalidates in a round */
+        uint32_t *touched;          /* slots some rank listed in this round's blocks */
+        int ntouched;               /* how many; -1 after a dense exchange (TCP) */
         req_t *last_attached;       /* the request most recently matched to a cache slot */
         cring_status_t spec_status; /* a request that rode the round but could not finish */
         response_t *resp;           /* run_round's responses, kept between rounds */

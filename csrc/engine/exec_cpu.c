@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../algo/algo.h"
 #include "../reduce/reduce.h"
 #include "engine_internal.h"
 
@@ -75,9 +76,58 @@ static cring_status_t run_adasum(cring_engine_t *e, req_t **batch, int n) {
     return st;
 }
 
+/* Allreduce a batch in place of its tensors where the communicator can
+ * (shared memory: its windows are the fusion buffer) and the wire dtype is
+ * the tensors' own (no compression): no copy into and out of the fusion
+ * buffer. A prescale scales each input into its output first (the result
+ * overwrites it anyway), a postscale scales each output afterwards. Decided
+ * from what every rank agreed on (transport, compression, the batch), so
+ * every rank takes the same path. Returns ERR_NOT_SUPPORTED, having done nothing,
+ * where it cannot. */
+static cring_status_t run_allreduce_direct(cring_engine_t *e, req_t **batch, int n, size_t ntensors,
+                                           double t0) {
+    const req_t *first = batch[0];
+    cring_dtype_t dtype = first->t[0].dtype;
+    if (first->compression != CRING_DTYPE_COUNT || !cring__comm_can_allreduce_multi(e->comm))
+        return CRING_ERR_NOT_SUPPORTED;
+    cring__seg_t *segs = malloc(sizeof *segs * (ntensors ? ntensors : 1));
+    if (!segs) return CRING_ERR_NO_MEMORY;
+    size_t k = 0, total = 0;
+    for (int b = 0; b < n; b++)
+        for (int i = 0; i < batch[b]->ntensors; i++) {
+            tensor_spec_t *t = &batch[b]->t[i];
+            const void *send = t->send;
+            if (batch[b]->prescale != 1.0) {
+                cring__convert(dtype, t->recv, dtype, t->send, t->count, batch[b]->prescale);
+                send = t->recv;
+            }
+            segs[k++] = (cring__seg_t){.send = send, .recv = t->recv, .count = t->count};
+            total += t->count;
+        }
+    cring_status_t st = cring__comm_allreduce_multi(e->comm, segs, (int)k, dtype, first->op);
+    free(segs);
+    double t1 = cring__engine_tl_now(e);
+    for (int b = 0; st == CRING_OK && b < n; b++)
+        if (batch[b]->postscale != 1.0)
+            for (int i = 0; i < batch[b]->ntensors; i++) {
+                tensor_spec_t *t = &batch[b]->t[i];
+                cring__convert(dtype, t->recv, dtype, t->recv, t->count, batch[b]->postscale);
+            }
+    if (e->timeline) {
+        char args[96];
+        snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors,
+                 total * cring_dtype_size(dtype));
+        for (int b = 0; b < n; b++)
+            cring__engine_span(e, batch[b]->name, "ALLREDUCE", t0, t1, args);
+    }
+    cring__engine_stats_add(&e->stats.fused_tensors, ntensors);
+    return st;
+}
+
 /* Allreduce a batch of requests (one or many) with the same dtype, op and
  * compression: directly on the tensor when there is one tensor that needs no
- * staging, else through the fusion buffer. */
+ * staging; else in place of the tensors where the communicator can
+ * (run_allreduce_direct); else through the fusion buffer. */
 static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
     const req_t *first = batch[0];
     if (first->op == CRING_ADASUM) return run_adasum(e, batch, n);
@@ -101,6 +151,9 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
         if (st == CRING_OK && first->postscale != 1.0)
             cring__convert(dtype, t->recv, dtype, t->recv, t->count, first->postscale);
         cring__engine_span(e, first->name, "ALLREDUCE", t0, t1, NULL);
+    } else if ((n > 1 || first->ntensors > 1) &&
+               (st = run_allreduce_direct(e, batch, n, ntensors, t0)) != CRING_ERR_NOT_SUPPORTED) {
+        /* several tensors (as every rank has them), reduced in place */
     } else {
         size_t es = cring_dtype_size(wire);
         if (cring__fusion_reserve(e, total * es) != 0) return CRING_ERR_NO_MEMORY;

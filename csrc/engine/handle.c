@@ -3,12 +3,63 @@
  * result memory with its spare buffers. Never drives rounds or waits: a
  * freed handle only drops the caller's reference (the engine keeps its own
  * until the request completes or the engine stops). */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine_internal.h"
 
 #define SPARE_MIN_BYTES (1u << 20)
+/* At most this many freed handles or requests are kept (a few hundred KiB) */
+#define POOL_MAX 4096
+
+void cring__pool_init(cring__pool_t *p) {
+    atomic_flag_clear(&p->busy);
+    p->head = NULL;
+    atomic_store(&p->count, 0);
+}
+
+static void pool_lock(cring__pool_t *p) {
+    for (int spins = 0; atomic_flag_test_and_set_explicit(&p->busy, memory_order_acquire);)
+        if (++spins % 64 == 0) sched_yield(); /* the holder was preempted */
+}
+
+static void pool_unlock(cring__pool_t *p) {
+    atomic_flag_clear_explicit(&p->busy, memory_order_release);
+}
+
+void *cring__pool_take(cring__pool_t *p) {
+    if (atomic_load_explicit(&p->count, memory_order_relaxed) == 0) return NULL;
+    pool_lock(p);
+    void *block = p->head;
+    if (block) {
+        memcpy(&p->head, block, sizeof p->head);
+        atomic_store_explicit(&p->count, atomic_load_explicit(&p->count, memory_order_relaxed) - 1,
+                              memory_order_relaxed);
+    }
+    pool_unlock(p);
+    return block;
+}
+
+int cring__pool_give(cring__pool_t *p, void *block) {
+    if (atomic_load_explicit(&p->count, memory_order_relaxed) >= POOL_MAX) return 0;
+    pool_lock(p);
+    memcpy(block, &p->head, sizeof p->head);
+    p->head = block;
+    atomic_store_explicit(&p->count, atomic_load_explicit(&p->count, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    pool_unlock(p);
+    return 1;
+}
+
+void cring__pool_free_all(cring__pool_t *p) {
+    while (p->head) {
+        void *block = p->head;
+        memcpy(&p->head, block, sizeof p->head);
+        free(block);
+    }
+    atomic_store(&p->count, 0);
+}
 
 static void output_free(cring_engine_t *e, void *p, size_t bytes);
 
@@ -30,8 +81,12 @@ void cring__handle_release(cring_handle_t *h) {
     free(h->error);
     /* keep one for the next submission: a synchronous loop then allocates
      * no handle (the engine frees the spare when it goes) */
-    if (e) free(atomic_exchange(&e->spare.handle, h));
-    else free(h);
+    if (e) {
+        cring_handle_t *old = atomic_exchange(&e->spare.handle, h);
+        if (old && !cring__pool_give(&e->spare.handles, old)) free(old);
+    } else {
+        free(h);
+    }
     if (e) cring__engine_release(e);
 }
 
@@ -119,4 +174,6 @@ void cring__spare_free_all(cring_engine_t *e) {
     free(atomic_load(&e->spare.handle));
     free(atomic_load(&e->spare.req));
     pthread_mutex_destroy(&e->spare.mu);
+    cring__pool_free_all(&e->spare.handles);
+    cring__pool_free_all(&e->spare.reqs);
 }

@@ -164,7 +164,9 @@ static int ensure_block_space(cring_engine_t *e, size_t max_len) {
         e->neg.peer_lens = calloc((size_t)P, sizeof *e->neg.peer_lens);
         e->neg.slot_hits = calloc(nslots, sizeof *e->neg.slot_hits);
         e->neg.inval_ids = calloc(nslots, sizeof *e->neg.inval_ids);
-        if (!e->neg.peer_blocks || !e->neg.peer_lens || !e->neg.slot_hits || !e->neg.inval_ids)
+        e->neg.touched = calloc(nslots, sizeof *e->neg.touched);
+        if (!e->neg.peer_blocks || !e->neg.peer_lens || !e->neg.slot_hits || !e->neg.inval_ids ||
+            !e->neg.touched)
             return -1;
     }
     return 0;
@@ -210,7 +212,10 @@ static size_t encode_block(cring_engine_t *e, const uint8_t *v, int nslots, cons
 }
 
 /* Combine the gathered blocks into v: flags by OR, pending slots by count,
- * invalidations by union. *agree: every rank speculated the same slot. */
+ * invalidations by union; the slots some rank listed go to e->neg.touched.
+ * A slot no rank listed is idle (1) on every rank, this one included, so
+ * its byte in v (this rank's own) is already right. *agree: every rank
+ * speculated the same slot. */
 static cring_status_t combine_blocks(cring_engine_t *e, uint8_t *v, int nslots, const req_t *spec,
                                      int *agree) {
     const int spec_here = spec != NULL;
@@ -247,7 +252,7 @@ static cring_status_t combine_blocks(cring_engine_t *e, uint8_t *v, int nslots, 
         memcpy(&h0, e->neg.peer_blocks[q], sizeof h0);
         v[CRING__V_HEADER + q] = (h0 & 8) ? 0 : 1;
     }
-    memset(v + e->join.vhdr, 1, (size_t)nslots);
+    e->neg.ntouched = 0;
     for (int pass = 0; pass < 2; pass++) /* read back the touched slots, then reset them */
         for (int q = 0; q < P; q++) {
             const uint8_t *b = e->neg.peer_blocks[q];
@@ -265,6 +270,7 @@ static cring_status_t combine_blocks(cring_engine_t *e, uint8_t *v, int nslots, 
                 if (hits == 0xffff) continue; /* already decided */
                 v[e->join.vhdr + id] = (hits & 0x8000) ? 0 : (hits == (uint16_t)P ? 2 : 1);
                 e->neg.slot_hits[id] = 0xffff;
+                e->neg.touched[e->neg.ntouched++] = id;
             }
         }
     return CRING_OK;
@@ -340,6 +346,7 @@ static cring_status_t run_speculated(cring_engine_t *e, req_t *spec) {
 
 static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **executed_out) {
     *executed_out = NULL;
+    e->neg.ntouched = -1; /* until the blocks say which slots were listed */
     uint8_t *v = e->neg.vec;
     const int nslots = (int)(vlen - e->join.vhdr);
     req_t *spec = speculation_candidate(e);
@@ -408,56 +415,78 @@ static void free_responses(response_list_t *l) {
     }
 }
 
+/* Slot i's byte in v is not 1: make its response (ready, 2) or evict it (0). */
+static cring_status_t take_slot(cring_engine_t *e, int i, const uint8_t *sv, req_t *spec,
+                                response_list_t *l, int all_joined) {
+    if (sv[i] == 0) {
+        cring__cache_evict(e, i);
+        return CRING_OK;
+    }
+    if (all_joined) return CRING_OK;
+    cache_slot_t *s = &e->cache.slots[i];
+    req_t *r = s->local;
+    char msg[CRING__MAX_NAME_BYTES + 512];
+    int conflict = cring__join_conflict(e, s->record, s->record_len, msg, sizeof msg);
+    if (!r && !conflict) r = cring__join_ghost(e, s->record, s->record_len);
+    response_t *out = r ? cring__response_add(l) : NULL;
+    if (!out && (r || !conflict)) {
+        if (r && !s->local) cring__req_free(r);
+        return CRING_ERR_NO_MEMORY;
+    }
+    if (out) {
+        out->req = r;
+        out->first_dims = s->first_dims;
+        out->executed = spec && r == spec;
+        if (out->executed && e->neg.spec_status != CRING_OK) {
+            out->status = e->neg.spec_status;
+            out->error = strdup("out of memory");
+            e->neg.spec_status = CRING_OK;
+        }
+        if (conflict) {
+            out->status = CRING_ERR_MISMATCH;
+            out->error = strdup(msg);
+        }
+    }
+    if (s->local) s->local->cache_id = -1;
+    s->local = NULL;
+    e->cache.slot_state[i] = 1;
+    return CRING_OK;
+}
+
 /* Slots whose byte is not 1: ready (2) in slot order, or evicted (0).
- * Most bytes are 1 in steady state: skip them eight at a time. Once every
- * rank has joined, a 2 is only the joined ranks' stand-in. */
+ * After a sparse exchange with few slots listed, only those are looked at
+ * (sorted: the same order); otherwise every byte is, skipping idle ones
+ * eight at a time. Once every rank has joined, a 2 is only the joined
+ * ranks' stand-in. */
 static cring_status_t read_slots(cring_engine_t *e, const uint8_t *v, req_t *spec,
                                  response_list_t *l) {
     const uint8_t *sv = v + e->join.vhdr;
     const int nslots = e->cache.nslots;
     const int all_joined = e->join.njoined == e->size;
-    for (int i = 0; i < nslots; i++) {
-        if ((i & 7) == 0 && i + 8 <= nslots) {
-            uint64_t w;
-            memcpy(&w, sv + i, 8);
-            if (w == ALL_IDLE) {
-                i += 7;
-                continue;
+    const int nt = e->neg.ntouched;
+    if (nt >= 0 && (size_t)nt * 8 < (size_t)nslots) {
+        uint32_t *ids = e->neg.touched;
+        for (int a = 1; a < nt; a++) { /* insertion sort: a few ids */
+            uint32_t id = ids[a];
+            int b = a - 1;
+            for (; b >= 0 && ids[b] > id; b--) ids[b + 1] = ids[b];
+            ids[b + 1] = id;
+        }
+        for (int a = 0; a < nt; a++)
+            if ((int)ids[a] < nslots && sv[ids[a]] != 1)
+                CRING_CHECK(take_slot(e, (int)ids[a], sv, spec, l, all_joined));
+    } else {
+        for (int i = 0; i < nslots; i++) {
+            if ((i & 7) == 0 && i + 8 <= nslots) {
+                uint64_t w;
+                memcpy(&w, sv + i, 8);
+                if (w == ALL_IDLE) {
+                    i += 7;
+                    continue;
+                }
             }
+            if (sv[i] != 1) CRING_CHECK(take_slot(e, i, sv, spec, l, all_joined));
         }
-        if (sv[i] == 1) continue;
-        if (sv[i] == 0) {
-            cring__cache_evict(e, i);
-            continue;
-        }
-        if (all_joined) continue;
-        cache_slot_t *s = &e->cache.slots[i];
-        req_t *r = s->local;
-        char msg[CRING__MAX_NAME_BYTES + 512];
-        int conflict = cring__join_conflict(e, s->record, s->record_len, msg, sizeof msg);
-        if (!r && !conflict) r = cring__join_ghost(e, s->record, s->record_len);
-        response_t *out = r ? cring__response_add(l) : NULL;
-        if (!out && (r || !conflict)) {
-            if (r && !s->local) cring__req_free(r);
-            return CRING_ERR_NO_MEMORY;
-        }
-        if (out) {
-            out->req = r;
-            out->first_dims = s->first_dims;
-            out->executed = spec && r == spec;
-            if (out->executed && e->neg.spec_status != CRING_OK) {
-                out->status = e->neg.spec_status;
-                out->error = strdup("out of memory");
-                e->neg.spec_status = CRING_OK;
-            }
-            if (conflict) {
-                out->status = CRING_ERR_MISMATCH;
-                out->error = strdup(msg);
-            }
-        }
-        if (s->local) s->local->cache_id = -1;
-        s->local = NULL;
-        e->cache.slot_state[i] = 1;
     }
     while (e->cache.nslots > 0 && !e->cache.slots[e->cache.nslots - 1].in_use) e->cache.nslots--;
     return CRING_OK;
@@ -471,7 +500,7 @@ static void mark_ready(cring_engine_t *e, response_list_t *l) {
         r->ready_s = t_ready;
         if (!r->handle) continue; /* a joined rank's stand-in */
         if (r == e->neg.last_attached) e->neg.last_attached = NULL;
-        cring__strmap_remove(&e->neg.pending, r->name);
+        cring__strmap_remove_h(&e->neg.pending, r->name, r->name_hash);
         cring__engine_span(e, r->name, "NEGOTIATE", r->submit_s, t_ready, NULL);
     }
 }
@@ -533,6 +562,8 @@ void cring__negotiate_free(cring_engine_t *e) {
     free(e->neg.peer_lens);
     free(e->neg.slot_hits);
     free(e->neg.inval_ids);
+    free(e->neg.touched);
+    e->neg.touched = NULL;
     e->neg.uncached = NULL;
     e->neg.vec = e->neg.block = NULL;
     e->neg.resp = NULL;

@@ -289,8 +289,13 @@ cring_status_t cring__req_validate(cring_engine_t *e, const cring_request_t *q) 
     return CRING_OK;
 }
 
+/* Requests up to this size are kept in the engine's pool for reuse. */
+#define POOL_REQ_MAX_BYTES 1024
+
 /* Free a request that has run, keeping it as the engine's spare if it is
- * the biggest seen lately: a loop of synchronous calls then allocates none. */
+ * the biggest seen lately (a loop of synchronous calls then allocates
+ * none), else in the engine's pool when small (a burst of asynchronous
+ * ones neither). */
 void cring__req_recycle(cring_engine_t *e, req_t *r) {
     if (!r || r->ghost) {
         cring__req_free(r);
@@ -299,7 +304,8 @@ void cring__req_recycle(cring_engine_t *e, req_t *r) {
     drop_ready_event(r);
     req_t *old = atomic_exchange(&e->spare.req, r);
     if (old && old->alloc_bytes > r->alloc_bytes) old = atomic_exchange(&e->spare.req, old);
-    free(old);
+    if (old && (old->alloc_bytes > POOL_REQ_MAX_BYTES || !cring__pool_give(&e->spare.reqs, old)))
+        free(old);
 }
 
 req_t *cring__req_make(cring_engine_t *e, const cring_request_t *q, int size) {
@@ -310,6 +316,7 @@ req_t *cring__req_make(cring_engine_t *e, const cring_request_t *q, int size) {
     size_t bytes = sizeof(req_t) + sizeof(tensor_spec_t) * (size_t)q->ntensors +
                    sizeof(int64_t) * ndims + name_len + 1 + record_bytes(q);
     req_t *r = e ? atomic_exchange(&e->spare.req, NULL) : NULL;
+    if (!r && e) r = cring__pool_take(&e->spare.reqs);
     if (r && r->alloc_bytes < bytes) {
         free(r);
         r = NULL;
@@ -324,6 +331,7 @@ req_t *cring__req_make(cring_engine_t *e, const cring_request_t *q, int size) {
     r->name = (char *)(dims + ndims);
     r->record = (uint8_t *)r->name + name_len + 1;
     memcpy(r->name, q->name, name_len + 1);
+    r->name_hash = cring__strmap_hash(r->name);
     r->coll = q->collective;
     r->op = q->op;
     r->root = q->root;

@@ -6,22 +6,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t hash(const char *s) {
+size_t cring__strmap_hash(const char *s) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return (size_t)h;
+    return (size_t)(h ^ (h >> 29)); /* FNV's low bits mix poorly: fold the high ones in */
 }
 
-static cring__strmap_entry_t **find(const cring__strmap_t *m, const char *key) {
+/* The link that holds key (or the end of its bucket's chain); the text is
+ * compared only when the hashes match and the pointers differ. */
+static cring__strmap_entry_t **find(const cring__strmap_t *m, const char *key, size_t h) {
     if (!m->nbuckets) return NULL;
-    cring__strmap_entry_t **p = &m->buckets[hash(key) & (m->nbuckets - 1)];
-    while (*p && strcmp((*p)->key, key) != 0) p = &(*p)->next;
+    cring__strmap_entry_t **p = &m->buckets[h & (m->nbuckets - 1)];
+    while (*p && ((*p)->hash != h || ((*p)->key != key && strcmp((*p)->key, key) != 0)))
+        p = &(*p)->next;
     return p;
 }
 
-void *cring__strmap_get(const cring__strmap_t *m, const char *key) {
-    cring__strmap_entry_t **p = find(m, key);
+void *cring__strmap_get_h(const cring__strmap_t *m, const char *key, size_t h) {
+    cring__strmap_entry_t **p = find(m, key, h);
     return p && *p ? (*p)->value : NULL;
+}
+
+void *cring__strmap_get(const cring__strmap_t *m, const char *key) {
+    return cring__strmap_get_h(m, key, cring__strmap_hash(key));
 }
 
 static int grow(cring__strmap_t *m) {
@@ -32,7 +39,7 @@ static int grow(cring__strmap_t *m) {
         cring__strmap_entry_t *e = m->buckets[i];
         while (e) {
             cring__strmap_entry_t *next = e->next;
-            size_t j = hash(e->key) & (n - 1);
+            size_t j = e->hash & (n - 1);
             e->next = b[j];
             b[j] = e;
             e = next;
@@ -44,9 +51,9 @@ static int grow(cring__strmap_t *m) {
     return 0;
 }
 
-static int put(cring__strmap_t *m, const char *key, void *value, int copy) {
+static int put(cring__strmap_t *m, const char *key, size_t h, void *value, int copy) {
     if (m->count >= m->nbuckets && grow(m) != 0) return -1;
-    cring__strmap_entry_t **p = find(m, key);
+    cring__strmap_entry_t **p = find(m, key, h);
     if (*p) {
         (*p)->value = value;
         return 0;
@@ -60,6 +67,7 @@ static int put(cring__strmap_t *m, const char *key, void *value, int copy) {
         return -1;
     }
     e->owns_key = copy;
+    e->hash = h;
     e->value = value;
     e->next = NULL;
     *p = e;
@@ -68,15 +76,23 @@ static int put(cring__strmap_t *m, const char *key, void *value, int copy) {
 }
 
 int cring__strmap_put(cring__strmap_t *m, const char *key, void *value) {
-    return put(m, key, value, 1);
+    return put(m, key, cring__strmap_hash(key), value, 1);
 }
 
 int cring__strmap_put_borrowed(cring__strmap_t *m, const char *key, void *value) {
-    return put(m, key, value, 0);
+    return put(m, key, cring__strmap_hash(key), value, 0);
+}
+
+int cring__strmap_put_borrowed_h(cring__strmap_t *m, const char *key, size_t h, void *value) {
+    return put(m, key, h, value, 0);
 }
 
 void *cring__strmap_remove(cring__strmap_t *m, const char *key) {
-    cring__strmap_entry_t **p = find(m, key);
+    return cring__strmap_remove_h(m, key, cring__strmap_hash(key));
+}
+
+void *cring__strmap_remove_h(cring__strmap_t *m, const char *key, size_t h) {
+    cring__strmap_entry_t **p = find(m, key, h);
     if (!p || !*p) return NULL;
     cring__strmap_entry_t *e = *p;
     void *v = e->value;

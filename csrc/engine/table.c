@@ -27,8 +27,8 @@ int cring__uncached_push(cring_engine_t *e, req_t *r) {
     return 0;
 }
 
-static int cache_lookup(cring_engine_t *e, const char *name) {
-    void *v = cring__strmap_get(&e->cache.index, name);
+static int cache_lookup(cring_engine_t *e, const req_t *r) {
+    void *v = cring__strmap_get_h(&e->cache.index, r->name, r->name_hash);
     return v ? (int)(intptr_t)v - 1 : -1;
 }
 
@@ -100,8 +100,8 @@ void cring__engine_drain(cring_engine_t *e) {
             r = next;
             continue;
         }
-        cring__strmap_put_borrowed(&e->neg.pending, r->name, r);
-        int id = cache_lookup(e, r->name);
+        cring__strmap_put_borrowed_h(&e->neg.pending, r->name, r->name_hash, r);
+        int id = cache_lookup(e, r);
         if (id >= 0 && e->cache.slots[id].record_len == r->record_len &&
             memcmp(e->cache.slots[id].record, r->record, r->record_len) == 0) {
             r->cache_id = id;

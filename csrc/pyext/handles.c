@@ -5,6 +5,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <structmember.h>
 
 #include "pyext.h"
 
@@ -78,9 +79,11 @@ void cring__pyext_sweep(module_state *s, int all) {
 PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle, cring__dl_ref_t *refs,
                                   int nrefs, int collective, const char *name) {
     HandleObject *self = PyObject_New(HandleObject, s->HandleType);
-    char *name_copy = PyMem_Malloc(strlen(name) + 1);
-    if (!self || !name_copy) {
-        PyMem_Free(name_copy);
+    size_t len = strlen(name);
+    char *name_copy = !self                         ? NULL
+                      : len < sizeof self->name_buf ? self->name_buf
+                                                    : PyMem_Malloc(len + 1);
+    if (!self || !name_copy) { /* name_copy is NULL here */
         if (self) {
             self->handle = NULL; /* dealloc has nothing to do */
             self->refs = NULL;
@@ -90,7 +93,7 @@ PyObject *cring__pyext_handle_new(module_state *s, cring_handle_t *handle, cring
         cring__pyext_drop(s, handle, refs, nrefs, -1, NULL);
         return PyErr_NoMemory();
     }
-    strcpy(name_copy, name);
+    memcpy(name_copy, name, len + 1);
     self->handle = handle;
     self->refs = refs;
     self->nrefs = nrefs;
@@ -264,7 +267,7 @@ static void Handle_dealloc(HandleObject *self) {
     } else {
         PyMem_Free(self->refs);
     }
-    PyMem_Free(self->name);
+    if (self->name != self->name_buf) PyMem_Free(self->name);
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -296,6 +299,147 @@ static PyType_Slot Handle_slots[] = {
 static PyType_Spec Handle_spec = {"cring._C.Handle", sizeof(HandleObject), 0, Py_TPFLAGS_DEFAULT,
                                   Handle_slots};
 
+/* ---- cring.Handle, the Python wrapper ------------------------------------------
+ * cring.Handle (python/cring/_core.py, the module's `handle_wrapper`) has the
+ * slots _h, _finish, _result and _finished. Its slots' offsets are read
+ * once from the class's member descriptors: the C fast paths write them and
+ * synchronize() reads them directly (generic attribute access was a tenth
+ * of a submission). A class without such slots goes through getattr/setattr
+ * (making) or the Python synchronize (`synchronize_fallback`). */
+enum { W_H, W_FINISH, W_RESULT, W_FINISHED, W_SLOTS };
+static PyTypeObject *wrapper_type; /* the class the offsets belong to (a strong reference) */
+static Py_ssize_t wrapper_off[W_SLOTS];
+static PyObject *wrapper_attr[W_SLOTS]; /* the slots' names, interned */
+
+/* The module's handle_wrapper class (a new reference), its offsets learnt;
+ * NULL with an error. */
+static PyTypeObject *wrapper_class(PyObject *module) {
+    static const char *const names[W_SLOTS] = {"_h", "_finish", "_result", "_finished"};
+    static PyObject *attr_name;
+    for (int j = 0; j < W_SLOTS; j++)
+        if (!wrapper_attr[j] && !(wrapper_attr[j] = PyUnicode_InternFromString(names[j])))
+            return NULL;
+    if (!attr_name && !(attr_name = PyUnicode_InternFromString("handle_wrapper"))) return NULL;
+    PyObject *cls = PyObject_GetAttr(module, attr_name);
+    if (!cls) return NULL;
+    if (!PyType_Check(cls)) {
+        Py_DECREF(cls);
+        PyErr_SetString(PyExc_TypeError, "cring._C.handle_wrapper must be cring.Handle");
+        return NULL;
+    }
+    PyTypeObject *wt = (PyTypeObject *)cls;
+    if (wrapper_type != wt) {
+        int direct = 1;
+        for (int j = 0; j < W_SLOTS; j++) {
+            PyObject *d = PyObject_GetAttr(cls, wrapper_attr[j]);
+            if (!d) PyErr_Clear();
+            if (d && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                ((PyMemberDescrObject *)d)->d_common.d_type == wt &&
+                ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
+                wrapper_off[j] = ((PyMemberDescrObject *)d)->d_member->offset;
+            else direct = 0;
+            Py_XDECREF(d);
+        }
+        Py_XSETREF(wrapper_type, direct ? (PyTypeObject *)Py_NewRef(cls) : NULL);
+    }
+    return wt;
+}
+
+static PyObject **wrapper_slot(PyObject *w, int j) {
+    return (PyObject **)((char *)w + wrapper_off[j]);
+}
+
+PyObject *cring__pyext_wrap_handle(PyObject *module, PyObject *h, PyObject *finish,
+                                   PyObject *result, PyObject *finished) {
+    static PyObject *no_args;
+    if (!no_args && !(no_args = PyTuple_New(0))) return NULL;
+    PyTypeObject *wt = wrapper_class(module);
+    if (!wt) return NULL;
+    PyObject *values[W_SLOTS] = {h, finish, result, finished};
+    PyObject *w = wt->tp_new(wt, no_args, NULL);
+    if (w && wt == wrapper_type && Py_TYPE(w) == wt) {
+        for (int j = 0; j < W_SLOTS; j++) Py_XSETREF(*wrapper_slot(w, j), Py_NewRef(values[j]));
+    } else {
+        for (int j = 0; w && j < W_SLOTS; j++)
+            if (PyObject_SetAttr(w, wrapper_attr[j], values[j]) < 0) Py_CLEAR(w);
+    }
+    Py_DECREF(wt);
+    return w;
+}
+
+/* h.wait(block_host): Handle_wait itself for a cring._C.Handle. */
+static PyObject *wait_on(module_state *s, PyObject *h, PyObject *block_host) {
+    if (Py_IS_TYPE(h, s->HandleType)) return Handle_wait((HandleObject *)h, &block_host, 1);
+    static PyObject *wait_name;
+    if (!wait_name && !(wait_name = PyUnicode_InternFromString("wait"))) return NULL;
+    PyObject *call[2] = {h, block_host};
+    return PyObject_VectorcallMethod(wait_name, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* synchronize(handle, block_host=False): cring.synchronize itself (its
+ * docstring is in _core.py's Python version, which handles anything but a
+ * cring.Handle with all four slots set: `synchronize_fallback`). */
+static PyObject *py_synchronize(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    static PyObject *fallback_name, *block_host_name;
+    module_state *s = cring__pyext_state(module);
+    if (!block_host_name && !(block_host_name = PyUnicode_InternFromString("block_host")))
+        return NULL;
+    PyObject *handle = nargs > 0 ? args[0] : NULL, *block_host = nargs > 1 ? args[1] : Py_False;
+    int plain = nargs >= 1 && nargs <= 2;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nkw == 1 && nargs == 1 && PyTuple_GET_ITEM(kwnames, 0) == block_host_name)
+        block_host = args[1];
+    else if (nkw) plain = 0;
+    if (plain && !wrapper_type) { /* learn the class once (no C allreduce_async_ yet) */
+        PyTypeObject *wt = wrapper_class(module);
+        if (wt) Py_DECREF(wt);
+        else PyErr_Clear();
+    }
+    PyObject **slots[W_SLOTS];
+    if (plain && wrapper_type && Py_IS_TYPE(handle, wrapper_type))
+        for (int j = 0; j < W_SLOTS; j++) {
+            slots[j] = wrapper_slot(handle, j);
+            if (!*slots[j]) plain = 0; /* unset: Python raises the AttributeError */
+        }
+    else plain = 0;
+    if (!plain) {
+        if (!fallback_name && !(fallback_name = PyUnicode_InternFromString("synchronize_fallback")))
+            return NULL;
+        PyObject *fallback = PyObject_GetAttr(module, fallback_name);
+        if (!fallback) return NULL;
+        PyObject *res = PyObject_Vectorcall(fallback, args, (size_t)nargs, kwnames);
+        Py_DECREF(fallback);
+        return res;
+    }
+    int finished = PyObject_IsTrue(*slots[W_FINISHED]);
+    if (finished < 0) return NULL;
+    int block = finished ? PyObject_IsTrue(block_host) : 0;
+    if (block < 0) return NULL;
+    if (!finished || block) {
+        PyObject *h = Py_NewRef(*slots[W_H]); /* the wait releases the GIL */
+        PyObject *r = wait_on(s, h, block_host);
+        if (r && !finished) {
+            PyObject *finish = *slots[W_FINISH];
+            if (finish && finish != Py_None) {
+                PyObject *result = PyObject_CallOneArg(finish, h);
+                if (!result) Py_CLEAR(r);
+                else Py_XSETREF(*slots[W_RESULT], result);
+            }
+            if (r) Py_XSETREF(*slots[W_FINISHED], Py_NewRef(Py_True));
+        }
+        Py_DECREF(h);
+        if (!r) return NULL;
+        Py_DECREF(r);
+    }
+    PyObject *result = *slots[W_RESULT];
+    if (!result) {
+        PyErr_SetString(PyExc_AttributeError, "_result");
+        return NULL;
+    }
+    return Py_NewRef(result);
+}
+
 /* first_dims(handle, index, size): a module function because the handle does
  * not know the world size. */
 static PyObject *py_first_dims(PyObject *module, PyObject *args) {
@@ -313,6 +457,19 @@ static PyObject *py_first_dims(PyObject *module, PyObject *args) {
 
 PyMethodDef cring__pyext_handle_functions[] = {
     {"first_dims", py_first_dims, METH_VARARGS, "first_dims(handle, index, size)"},
+    {"synchronize", (PyCFunction)(void (*)(void))py_synchronize, METH_FASTCALL | METH_KEYWORDS,
+     "synchronize($module, /, handle, block_host=False)\n--\n\n"
+     "Wait for the collective and return its result (the output tensor, or\n"
+     "a list for grouped calls); raise its error (MismatchError, ...). The wait\n"
+     "runs signal handlers: Ctrl-C raises KeyboardInterrupt at once, and the\n"
+     "collective then counts as dropped.\n\n"
+     "CUDA tensors (the NCCL path): returns once the collective is enqueued on\n"
+     "cring's stream, with the caller's current stream made to wait for it, as\n"
+     "torch.distributed's work.wait() does: kernels queued afterwards see the\n"
+     "result, and the host does not wait for the GPU. block_host=True also waits\n"
+     "on this thread until the GPU has finished it (as Horovod's synchronize\n"
+     "did); needed only to read the result from the host without a stream sync,\n"
+     "or to time it."},
     {NULL, NULL, 0, NULL}};
 
 int cring__pyext_handles_init(PyObject *m, module_state *s) {

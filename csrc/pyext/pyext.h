@@ -71,6 +71,7 @@ typedef struct {
     int cuda_device;   /* CUDA requests: the device; -1 otherwise */
     int cuda_torch;    /* the tensors are torch's (its current stream is the consumer's) */
     void *cuda_stream; /* the producer's stream at submission */
+    char name_buf[48]; /* name points here when it fits (no allocation) */
 } HandleObject;
 
 /* ---- errors.c: the one status -> exception mapping -------------------------- */
@@ -116,6 +117,11 @@ void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs
  * set (after the engine stopped), everything. Needs the GIL. */
 void cring__pyext_sweep(module_state *s, int all);
 extern PyMethodDef cring__pyext_handle_functions[];
+/* A new cring.Handle (the module's handle_wrapper class) with its slots
+ * _h, _finish, _result and _finished set to the given objects; NULL with
+ * an error. */
+PyObject *cring__pyext_wrap_handle(PyObject *module, PyObject *h, PyObject *finish,
+                                   PyObject *result, PyObject *finished);
 
 /* ---- submit.c ---------------------------------------------------------------- */
 extern PyMethodDef cring__pyext_submit_functions[];

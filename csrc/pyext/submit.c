@@ -319,8 +319,7 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
  * `allreduce_async_fallback`. */
 static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames) {
-    static PyObject *fallback_name, *wrapper_name, *attr[4];
-    static const char *const attr_names[4] = {"_h", "_finish", "_result", "_finished"};
+    static PyObject *fallback_name;
     module_state *s = cring__pyext_state(module);
     PyObject *v[NPARAMS] = {0};
     static PyObject *is_cuda_name;
@@ -330,6 +329,8 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     int cuda = 0; /* a torch CUDA tensor on the NCCL path; else a NumPy array or CPU tensor */
     if (!fast || !s->engine) {
         fast = 0;
+    } else if (cring__dl_is_ndarray(v[0])) {
+        fast = 1; /* the common case first: no torch type checks */
     } else if (cring__dl_is_torch(v[0])) {
         PyObject *is_cuda = PyObject_GetAttr(v[0], is_cuda_name);
         cuda = is_cuda == Py_True;
@@ -337,7 +338,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
         Py_XDECREF(is_cuda);
         PyErr_Clear();
     } else {
-        fast = cring__dl_is_ndarray(v[0]);
+        fast = 0;
     }
     cring__dl_ref_t *ref = NULL;
     int taken = 0, unnamed = !v[2] || v[2] == Py_None;
@@ -364,9 +365,6 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
         return fall_back(module, &fallback_name, "allreduce_async_fallback", args, nargs, kwnames);
     }
     if (unnamed) cring__pyext_noname("allreduce", generated, sizeof generated, 1);
-    for (int j = 0; j < 4; j++)
-        if (!attr[j] && !(attr[j] = PyUnicode_InternFromString(attr_names[j]))) goto fail;
-    if (!wrapper_name && !(wrapper_name = PyUnicode_InternFromString("handle_wrapper"))) goto fail;
     int64_t one;
     cring_tensor_t t;
     cring_request_t req;
@@ -388,20 +386,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
         h->cuda_torch = 1;
         h->cuda_stream = req.device.stream;
     }
-    PyObject *wrapper_type = PyObject_GetAttr(module, wrapper_name);
-    PyObject *w = NULL;
-    if (wrapper_type && PyType_Check(wrapper_type)) {
-        static PyObject *no_args;
-        if (!no_args) no_args = PyTuple_New(0);
-        PyTypeObject *wt = (PyTypeObject *)wrapper_type;
-        w = no_args ? wt->tp_new(wt, no_args, NULL) : NULL;
-        PyObject *values[4] = {(PyObject *)h, Py_None, v[0], Py_False};
-        for (int j = 0; w && j < 4; j++)
-            if (PyObject_SetAttr(w, attr[j], values[j]) < 0) Py_CLEAR(w);
-    } else if (wrapper_type) {
-        PyErr_SetString(PyExc_TypeError, "cring._C.handle_wrapper must be cring.Handle");
-    }
-    Py_XDECREF(wrapper_type);
+    PyObject *w = cring__pyext_wrap_handle(module, (PyObject *)h, Py_None, v[0], Py_False);
     Py_DECREF(h); /* the wrapper holds it; without one, dropping it never waits */
     return w;
 fail:
