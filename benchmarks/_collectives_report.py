@@ -132,7 +132,7 @@ def write_csv(path: Path, data: dict, libs: list) -> None:
                     other = data.get(peer, {}).get(key)
                     vs.append(
                         f"{row['time_s'] / other['time_s']:.4g}"
-                        if other and lib.startswith("cring")
+                        if other and (lib, peer) in RATIO_PAIRS
                         else ""
                     )
                 w.writerow(
