@@ -86,21 +86,21 @@ def print_tables(data: dict, all_libs: list, collectives: list, sizes: list) -> 
             f" | ratio = cring time / peer time"
         )
         head = f"{'size':>8s} |" + "".join(f"{short[l]:>9s}" for l in libs) + " |"
-        head += "".join(f"{short[l]:>7s}" for l in libs) + " |"
-        head += "".join(f"{short[l]:>7s}" for l in libs) + " |"
-        head += "".join(f"{short[c] + '/' + short[p]:>9s}" for c, p in ratios)
+        head += "".join(f"{short[l]:>8s}" for l in libs) + " |"
+        head += "".join(f"{short[l]:>8s}" for l in libs) + " |"
+        head += "".join(f"{short[c] + '/' + short[p]:>11s}" for c, p in ratios)
         print(head)
         print("-" * len(head))
         for nbytes in keys:
             get = [data.get(l, {}).get((collective, nbytes)) for l in libs]
             line = f"{fmt_size(nbytes):>8s} |"
             line += "".join(f"{fmt_time(g and g['time_s']):>9s}" for g in get) + " |"
-            line += "".join(f"{fmt_bw(g and g['algbw']):>7s}" for g in get) + " |"
-            line += "".join(f"{fmt_bw(g and g['busbw']):>7s}" for g in get) + " |"
+            line += "".join(f"{fmt_bw(g and g['algbw']):>8s}" for g in get) + " |"
+            line += "".join(f"{fmt_bw(g and g['busbw']):>8s}" for g in get) + " |"
             for c, p in ratios:
                 a = data.get(c, {}).get((collective, nbytes))
                 z = data.get(p, {}).get((collective, nbytes))
-                line += f"{a['time_s'] / z['time_s']:>9.3f}" if a and z else f"{'-':>9s}"
+                line += f"{a['time_s'] / z['time_s']:>11.3f}" if a and z else f"{'-':>11s}"
             print(line)
 
 
