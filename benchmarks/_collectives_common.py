@@ -11,9 +11,31 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "collectives.py"
 RESULTS = HERE.parent / "results"
-LIBRARIES = ("cring-shm", "cring-tcp", "gloo", "mpi")
-PEERS = ("gloo", "mpi")
-COLLECTIVES = ("allreduce", "broadcast", "allgather")
+LIBRARIES = ("cring-shm", "cring-tcp", "gloo", "mpi", "cring-torch", "deepspeed")
+PEERS = ("gloo", "mpi", "deepspeed")
+# allreduce-bf16: bfloat16 sum on torch tensors, only the torch libraries below
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "allreduce-bf16")
+# issue 20's DeepSpeed comparison: cring.torch and deepspeed.comm's shared-memory
+# allreduce on the same torch tensors; these two measure allreduce (float32 and
+# bfloat16) only
+TORCH_LIBRARIES = ("cring-torch", "deepspeed")
+# the ratios a table shows: (cring library, peer)
+RATIO_PAIRS = (
+    ("cring-shm", "gloo"),
+    ("cring-shm", "mpi"),
+    ("cring-tcp", "gloo"),
+    ("cring-tcp", "mpi"),
+    ("cring-torch", "deepspeed"),
+)
+SHORT = {
+    "cring-shm": "shm",
+    "cring-tcp": "tcp",
+    "gloo": "gloo",
+    "mpi": "mpi",
+    "cring-torch": "c-torch",
+    "deepspeed": "ds",
+}
+DEEPSPEED_INSTALL = "to compare, install it as docs/performance.md says"
 WORLD = 2
 KiB, MiB = 1 << 10, 1 << 20
 # 8 B, then powers of 4 from 16 B to 256 MiB (1 KiB, 1 MiB and 64 MiB among them)
@@ -36,10 +58,24 @@ LAUNCHER_VARS = (
 ROTATE_FROM_BYTES = MiB  # rotate buffers once a call touches this much (L2 is 2 MiB here)
 
 
+def supports(library: str, collective: str) -> bool:
+    """Whether `library` measures `collective` (the torch libraries only the
+    allreduces; bfloat16 only on them)."""
+    if library in TORCH_LIBRARIES:
+        return collective.startswith("allreduce")
+    return collective != "allreduce-bf16"
+
+
+def dtype_of(collective: str) -> tuple:
+    """(dtype name, bytes per element) of a collective's buffers."""
+    return ("bfloat16", 2) if collective.endswith("-bf16") else ("float32", 4)
+
+
 def busbw_factor(collective: str, n: int) -> float:
     """nccl-tests' bus bandwidth factor: algbw * factor is comparable to the
     hardware's bandwidth whatever the algorithm."""
-    return {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n, "broadcast": 1.0}[collective]
+    kind = collective.split("-")[0]
+    return {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n, "broadcast": 1.0}[kind]
 
 
 def parse_size(text: str) -> int:

@@ -9,7 +9,17 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from _collectives_common import PEERS, WORLD, KiB, MiB, busbw_factor, fmt_size
+from _collectives_common import (
+    PEERS,
+    RATIO_PAIRS,
+    SHORT,
+    WORLD,
+    KiB,
+    MiB,
+    busbw_factor,
+    dtype_of,
+    fmt_size,
+)
 
 
 def summarise(samples: dict) -> dict:
@@ -50,12 +60,17 @@ def fmt_bw(x: Optional[float]) -> str:
     return f"{x:.2f}" if x >= 1 else f"{x:.3f}" if x >= 0.001 else f"{x:.0e}"
 
 
-def print_tables(data: dict, libs: list, collectives: list, sizes: list) -> None:
-    cring_libs = [l for l in libs if l.startswith("cring")]
-    peers = [l for l in libs if l in PEERS]
-    ratios = [(c, p) for c in cring_libs for p in peers]
-    short = {"cring-shm": "shm", "cring-tcp": "tcp", "gloo": "gloo", "mpi": "mpi"}
+def has(data: dict, lib: str, collective: str) -> bool:
+    return any(isinstance(k, tuple) and k[0] == collective for k in data.get(lib, {}))
+
+
+def print_tables(data: dict, all_libs: list, collectives: list, sizes: list) -> None:
+    short = SHORT
     for collective in collectives:
+        libs = [l for l in all_libs if has(data, l, collective)]
+        if not libs:
+            continue
+        ratios = [(c, p) for c, p in RATIO_PAIRS if c in libs and p in libs]
         keys = sorted(
             {
                 k[1]
@@ -64,27 +79,28 @@ def print_tables(data: dict, libs: list, collectives: list, sizes: list) -> None
                 if isinstance(k, tuple) and k[0] == collective
             }
         )
+        kind = f" ({dtype_of(collective)[0]} sum, in place)" if "allreduce" in collective else ""
         print(
-            f"\n{collective}{' (float32 sum, in place)' if collective == 'allreduce' else ''}"
+            f"\n{collective}{kind}"
             f"   time per call | algbw GB/s | busbw GB/s (x{busbw_factor(collective, WORLD):g})"
             f" | ratio = cring time / peer time"
         )
         head = f"{'size':>8s} |" + "".join(f"{short[l]:>9s}" for l in libs) + " |"
-        head += "".join(f"{short[l]:>7s}" for l in libs) + " |"
-        head += "".join(f"{short[l]:>7s}" for l in libs) + " |"
-        head += "".join(f"{short[c] + '/' + short[p]:>9s}" for c, p in ratios)
+        head += "".join(f"{short[l]:>8s}" for l in libs) + " |"
+        head += "".join(f"{short[l]:>8s}" for l in libs) + " |"
+        head += "".join(f"{short[c] + '/' + short[p]:>11s}" for c, p in ratios)
         print(head)
         print("-" * len(head))
         for nbytes in keys:
             get = [data.get(l, {}).get((collective, nbytes)) for l in libs]
             line = f"{fmt_size(nbytes):>8s} |"
             line += "".join(f"{fmt_time(g and g['time_s']):>9s}" for g in get) + " |"
-            line += "".join(f"{fmt_bw(g and g['algbw']):>7s}" for g in get) + " |"
-            line += "".join(f"{fmt_bw(g and g['busbw']):>7s}" for g in get) + " |"
+            line += "".join(f"{fmt_bw(g and g['algbw']):>8s}" for g in get) + " |"
+            line += "".join(f"{fmt_bw(g and g['busbw']):>8s}" for g in get) + " |"
             for c, p in ratios:
                 a = data.get(c, {}).get((collective, nbytes))
                 z = data.get(p, {}).get((collective, nbytes))
-                line += f"{a['time_s'] / z['time_s']:>9.3f}" if a and z else f"{'-':>9s}"
+                line += f"{a['time_s'] / z['time_s']:>11.3f}" if a and z else f"{'-':>11s}"
             print(line)
 
 
@@ -99,8 +115,7 @@ def write_csv(path: Path, data: dict, libs: list) -> None:
                 "time_us",
                 "algbw_GBps",
                 "busbw_GBps",
-                "vs_gloo",
-                "vs_mpi",
+                *(f"vs_{peer}" for peer in PEERS),
                 "calls_per_rep",
                 "reps",
                 "buffers",
@@ -117,7 +132,7 @@ def write_csv(path: Path, data: dict, libs: list) -> None:
                     other = data.get(peer, {}).get(key)
                     vs.append(
                         f"{row['time_s'] / other['time_s']:.4g}"
-                        if other and lib.startswith("cring")
+                        if other and (lib, peer) in RATIO_PAIRS
                         else ""
                     )
                 w.writerow(
@@ -151,12 +166,16 @@ def plot(path: Path, data: dict, libs: list, collectives: list, title: str) -> O
         "cring-tcp": ("tab:orange", "s"),
         "gloo": ("tab:blue", "^"),
         "mpi": ("tab:green", "v"),
+        "cring-torch": ("tab:purple", "D"),
+        "deepspeed": ("tab:brown", "x"),
     }
     label = {
         "cring-shm": "cring (shared memory)",
         "cring-tcp": "cring (TCP)",
         "gloo": "torch.distributed gloo",
         "mpi": "Open MPI (mpi4py)",
+        "cring-torch": "cring.torch (torch tensors, shm)",
+        "deepspeed": "DeepSpeed shm (torch tensors)",
     }
     fig, axes = plt.subplots(
         1, len(collectives), figsize=(5 * len(collectives), 4.4), squeeze=False
@@ -180,7 +199,9 @@ def plot(path: Path, data: dict, libs: list, collectives: list, title: str) -> O
                 )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_title(collective + (" (float32 sum)" if collective == "allreduce" else ""))
+        ax.set_title(
+            collective + (f" ({dtype_of(collective)[0]} sum)" if "allreduce" in collective else "")
+        )
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
         ax.grid(True, which="both", alpha=0.3)
@@ -229,6 +250,12 @@ TARGETS = [
         "allgather",
         [8, KiB, 64 * KiB],
         1.5,
+    ),
+    # issue 20: cring.torch against DeepSpeed's shared-memory allreduce, same torch tensors
+    *(
+        (f"allreduce {dt} {fmt_size(n)} vs DeepSpeed shm", "cring-torch", "deepspeed", c, [n], lim)
+        for dt, c in (("fp32", "allreduce"), ("bf16", "allreduce-bf16"))
+        for n, lim in ((8, 1.0), (MiB, 0.6), (64 * MiB, 0.4))
     ),
 ]
 

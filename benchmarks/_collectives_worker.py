@@ -1,6 +1,7 @@
 """The worker side of benchmarks/collectives.py: one process per rank and
 library, measuring what the parent asks over its control socket (a backend
-per library: cring, gloo, mpi4py). Started by the parent as
+per library: cring on NumPy arrays, cring.torch on torch tensors, gloo,
+mpi4py, DeepSpeed's shared-memory allreduce). Started by the parent as
 `collectives.py --worker LIB`; never run directly."""
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import socket
 import time
 from typing import Any, Callable
 
-from _collectives_common import MAX_CALLS_PER_REP, ROTATE_FROM_BYTES, TARGET_REP_S, WORLD
+from _collectives_common import (
+    MAX_CALLS_PER_REP,
+    ROTATE_FROM_BYTES,
+    TARGET_REP_S,
+    WORLD,
+    dtype_of,
+)
 
 # --------------------------------------------------------------------------- workers
 
@@ -29,8 +36,11 @@ class Backend:
     size: int
     allocates_output = False  # allgather returns a new array instead of filling `out`
 
-    def alloc(self, elems: int, value: float) -> Any: ...
-    def values(self, buf: Any) -> Any: ...  # a NumPy view for checking
+    def alloc(self, elems: int, value: float, dtype: str = "float32") -> Any: ...
+    def values(self, buf: Any) -> Any: ...  # NumPy float32 values for checking
+    def unsupported(self, collective: str) -> str:  # why this backend cannot, or ""
+        return "" if dtype_of(collective)[0] == "float32" else "float32 only"
+
     def barrier(self) -> None: ...
     def bind(self, collective: str, inp: Any, out: Any, name: str) -> Callable[[], Any]: ...
     def max_of(self, value: float) -> float: ...
@@ -50,7 +60,7 @@ class CringBackend(Backend):
         self.rank, self.size = cring.rank(), cring.size()
         self.transport = f"cring {getattr(cring, '__version__', '')} over {cring.transport()}"
 
-    def alloc(self, elems: int, value: float) -> Any:
+    def alloc(self, elems: int, value: float, dtype: str = "float32") -> Any:
         return self.np.full(elems, value, self.np.float32)
 
     def values(self, buf: Any) -> Any:
@@ -90,7 +100,7 @@ class GlooBackend(Backend):
         # all_gather_into_tensor is deprecated in favour of all_gather_single in newer torch
         self.all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-    def alloc(self, elems: int, value: float) -> Any:
+    def alloc(self, elems: int, value: float, dtype: str = "float32") -> Any:
         return self.torch.full((elems,), value, dtype=self.torch.float32)
 
     def values(self, buf: Any) -> Any:
@@ -126,7 +136,7 @@ class MpiBackend(Backend):
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.transport = MPI.Get_library_version().split(",")[0].strip()
 
-    def alloc(self, elems: int, value: float) -> Any:
+    def alloc(self, elems: int, value: float, dtype: str = "float32") -> Any:
         return self.np.full(elems, value, self.np.float32)
 
     def values(self, buf: Any) -> Any:
@@ -151,6 +161,10 @@ class MpiBackend(Backend):
 
 
 def make_backend(library: str) -> Backend:
+    if library in ("cring-torch", "deepspeed"):
+        from _collectives_torch import CringTorchBackend, DeepSpeedBackend
+
+        return CringTorchBackend() if library == "cring-torch" else DeepSpeedBackend()
     if library.startswith("cring"):
         return CringBackend()
     if library == "gloo":
@@ -164,14 +178,15 @@ def measure(b: Backend, collective: str, nbytes: int, reps: int, rotate_bytes: i
     """Time one collective at one size; returns this rank's seconds per call
     for each repetition."""
     n = b.size
+    dtype, es = dtype_of(collective)
     if collective == "allgather":
-        in_elems = max(1, nbytes // (4 * n))
+        in_elems = max(1, nbytes // (es * n))
         out_elems = in_elems * n
-        nbytes = out_elems * 4
-        footprint = (in_elems + out_elems) * 4
+        nbytes = out_elems * es
+        footprint = (in_elems + out_elems) * es
     else:
-        in_elems, out_elems = max(1, nbytes // 4), 0
-        nbytes = in_elems * 4
+        in_elems, out_elems = max(1, nbytes // es), 0
+        nbytes = in_elems * es
         footprint = nbytes
     # Rotate over buffers totalling more than the last-level cache once a
     # call's data no longer fits in a core's own caches; smaller messages stay
@@ -181,8 +196,8 @@ def measure(b: Backend, collective: str, nbytes: int, reps: int, rotate_bytes: i
     name = f"bench.{collective}.{nbytes}"
     calls = []
     for _ in range(count):
-        inp = b.alloc(in_elems, b.rank + 1.0)
-        out = b.alloc(out_elems, 0.0) if out_elems and not b.allocates_output else None
+        inp = b.alloc(in_elems, b.rank + 1.0, dtype)
+        out = b.alloc(out_elems, 0.0, dtype) if out_elems and not b.allocates_output else None
         calls.append(b.bind(collective, inp, out, name))
     k = 0
 
@@ -215,7 +230,7 @@ def measure(b: Backend, collective: str, nbytes: int, reps: int, rotate_bytes: i
         times.append((time.perf_counter() - t0) / per_rep)
 
     calls.clear()  # free the rotation set before checking
-    check(b, collective, in_elems, name)
+    check(b, collective, in_elems, name, dtype)
     return {
         "collective": collective,
         "bytes": nbytes,
@@ -226,13 +241,13 @@ def measure(b: Backend, collective: str, nbytes: int, reps: int, rotate_bytes: i
     }
 
 
-def check(b: Backend, collective: str, in_elems: int, name: str) -> None:
+def check(b: Backend, collective: str, in_elems: int, name: str, dtype: str) -> None:
     """One more call on fresh values; raise if the result is wrong."""
     import numpy as np
 
     n, r = b.size, b.rank
-    if collective == "allreduce":
-        buf = b.alloc(in_elems, r + 1.0)
+    if collective.startswith("allreduce"):
+        buf = b.alloc(in_elems, r + 1.0, dtype)
         b.bind(collective, buf, None, name)()
         got, want = b.values(buf), np.full(in_elems, n * (n + 1) / 2, np.float32)
     elif collective == "broadcast":
@@ -246,7 +261,7 @@ def check(b: Backend, collective: str, in_elems: int, name: str) -> None:
         want = np.repeat(np.arange(1, n + 1, dtype=np.float32), in_elems)
     if not np.array_equal(got, want):
         raise SystemExit(
-            f"rank {r}: {collective} of {in_elems} float32 gave wrong values "
+            f"rank {r}: {collective} of {in_elems} {dtype} gave wrong values "
             f"(first {got[:4]!r}, expected {want[:4]!r})"
         )
 
@@ -273,6 +288,11 @@ def worker(args: argparse.Namespace) -> None:
             request = json.loads(line)
             if request["cmd"] == "exit":
                 break
+            why = b.unsupported(request["collective"])
+            if why:  # e.g. DeepSpeed's bfloat16 kernel on a CPU without AVX-512BW
+                f.write(json.dumps({"skipped": why}) + "\n")
+                f.flush()
+                continue
             result = measure(
                 b, request["collective"], request["bytes"], request["reps"], request["rotate_bytes"]
             )

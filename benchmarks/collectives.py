@@ -10,6 +10,9 @@ library's two ranks itself, all at once:
   cring-tcp  cring over TCP on loopback (python -m cring.run -np 2, CRING_TRANSPORT=tcp)
   gloo       torch.distributed, gloo backend (two processes, env:// rendezvous)
   mpi        mpi4py on Open MPI         (mpirun -np 2)
+  cring-torch  cring.torch's allreduce_ on torch tensors, over shared memory
+  deepspeed  DeepSpeed's shared-memory allreduce (deepspeed.comm.inference_all_reduce
+             on torch tensors; two processes, env://, LOCAL_SIZE=2)
 and then, for each collective and size, has the libraries measure it one
 after another (the others sleep on a control socket meanwhile), so the times
 a ratio compares were taken seconds apart; `--rounds` repeats the whole
@@ -32,11 +35,18 @@ several buffers whose total exceeds the last-level cache, so large sizes are
 not measured from cache.
 After timing, one more call on fresh values is checked.
 
+The last two measure only allreduce, float32 and bfloat16 (`allreduce-bf16`),
+as issue 20's DeepSpeed comparison; both run by default when DeepSpeed is
+installed (see docs/performance.md), and are skipped with a note when it is not,
+or when the CPU lacks the ISA its kernel needs (AVX2 for float32, AVX-512BW
+for bfloat16).
+
 Prints a table per collective (time, algbw, busbw per library, and the ratio
 of cring's time to each peer's), writes DIR/collectives.csv,
 DIR/collectives.png (busbw against size, log-log), DIR/collectives.json
 (summary) and DIR/collectives_raw.json (every rank's repetitions), and checks
-the targets of issue 7 and issue 20's small broadcast and allgather rows.
+the targets of issue 7 and issue 20's rows (small broadcast and allgather;
+cring.torch against DeepSpeed's shared-memory allreduce).
 DIR defaults to benchmarks/results.
 
 --loop (benchmarks/_collectives_loop.py) times plain long loops of the small
@@ -64,16 +74,20 @@ from typing import Optional
 
 from _collectives_common import (
     COLLECTIVES,
+    DEEPSPEED_INSTALL,
     DEFAULT_SIZES,
     HERE,
     LAUNCHER_VARS,
     LIBRARIES,
     QUICK_SIZES,
     RESULTS,
+    SHORT,
+    TORCH_LIBRARIES,
     WORLD,
     fmt_size,
     machine,
     parse_size,
+    supports,
 )
 from _collectives_loop import loop_main
 from _collectives_report import check_targets, fmt_time, plot, print_tables, summarise, write_csv
@@ -112,21 +126,30 @@ def start(library: str, control: str) -> tuple:
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
+    if library in TORCH_LIBRARIES and importlib.util.find_spec("torch") is None:
+        return [], "torch is not installed"
+    if library == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        return [], f"deepspeed is not installed; {DEEPSPEED_INSTALL}"
     if library.startswith("cring"):
-        env["CRING_TRANSPORT"] = library.split("-")[1]
+        env["CRING_TRANSPORT"] = "tcp" if library == "cring-tcp" else "shm"
         cmds = [
             [sys.executable, "-m", "cring.run", "-np", str(WORLD), sys.executable, *worker_args]
         ]
         envs = [env]
-    elif library == "gloo":
+    elif library in ("gloo", "deepspeed"):
         if importlib.util.find_spec("torch") is None:
             return [], "torch is not installed"
         port = free_port()
+        # torchrun's variables; DeepSpeed's shm op also needs LOCAL_SIZE (the
+        # ranks on this host; it crashes without it)
         envs = [
             dict(
                 env,
                 RANK=str(r),
                 WORLD_SIZE=str(WORLD),
+                LOCAL_RANK=str(r),
+                LOCAL_SIZE=str(WORLD),
+                LOCAL_WORLD_SIZE=str(WORLD),
                 MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(port),
             )
@@ -266,16 +289,17 @@ def parent(args: argparse.Namespace) -> int:
     groups, notes, server = start_groups(args.libraries, args.timeout)
     # samples[lib][(collective, bytes)] = one list of rank replies per round
     samples: dict = {lib: {} for lib in groups}
-    short = {"cring-shm": "shm", "cring-tcp": "tcp", "gloo": "gloo", "mpi": "mpi"}
     try:
         for r in range(args.rounds):
             for collective in args.collectives:
+                if not any(supports(lib, collective) for lib in groups):
+                    continue
                 for nbytes in args.sizes:
                     # every library in turn on the same size: a ratio compares
                     # times taken seconds apart
                     line = []
                     for lib, g in groups.items():
-                        if g.failed:
+                        if g.failed or not supports(lib, collective):
                             continue
                         replies = g.request(
                             {
@@ -289,12 +313,15 @@ def parent(args: argparse.Namespace) -> int:
                         )
                         if replies is None:
                             continue
+                        if replies[0].get("skipped"):
+                            line.append(f"{SHORT[lib]} skipped ({replies[0]['skipped']})")
+                            continue
                         key = (collective, replies[0]["bytes"])
                         samples[lib].setdefault(key, []).append(replies)
                         t = statistics.median(
                             max(ts) for ts in zip(*(x["times_s"] for x in replies))
                         )
-                        line.append(f"{short[lib]} {fmt_time(t)}")
+                        line.append(f"{SHORT[lib]} {fmt_time(t)}")
                     print(
                         f"  round {r + 1}/{args.rounds} {collective:9s} {fmt_size(nbytes):>8s}: "
                         + ", ".join(line),
@@ -366,7 +393,7 @@ def parent(args: argparse.Namespace) -> int:
         )
     )
 
-    print("\ntargets (issue 7): cring's time / the peer's time in this run")
+    print("\ntargets (issues 7 and 20): cring's time / the peer's time in this run")
     multi = args.rounds > 1
     print(
         f"{'case':48s} {'measured':>9s} {'target':>8s}  result" + ("   per round" if multi else "")
@@ -410,7 +437,14 @@ def main() -> int:
         help="measure every size this many times; the median is taken over "
         "the repetitions of all rounds (default 2)",
     )
-    parser.add_argument("--libraries", nargs="+", choices=LIBRARIES, default=list(LIBRARIES))
+    parser.add_argument(
+        "--libraries",
+        nargs="+",
+        choices=LIBRARIES,
+        default=None,
+        help="default: all; cring-torch only where deepspeed is installed (it is the "
+        "DeepSpeed comparison's cring side)",
+    )
     parser.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=list(COLLECTIVES))
     parser.add_argument("--out", default=str(RESULTS), help="output folder (default %(default)s)")
     parser.add_argument(
@@ -456,11 +490,15 @@ def main() -> int:
     if os.environ.get("CRING_RANK", "0") != "0":
         return 0  # under cringrun: rank 0 runs the benchmark, which starts its own ranks
     if args.loop:
-        if args.libraries == list(LIBRARIES):
+        if args.libraries is None:
             args.libraries = ["cring-shm", "mpi"]
         if args.reps == (5 if args.quick else 10):
             args.reps = 3
         return loop_main(args)
+    if args.libraries is None:
+        args.libraries = list(LIBRARIES)
+        if importlib.util.find_spec("deepspeed") is None:
+            args.libraries.remove("cring-torch")
     return parent(args)
 
 

@@ -5,6 +5,7 @@
  *
  *   make bench && build/bench/shm_bench [-n ranks] [-r reps] [-R rotate_MiB]
  *       [-o misalign_bytes] [-s bytes]... [-c allreduce|broadcast|allgather]...
+ *       [-t float32|bfloat16]
  *
  * Buffers rotate over at least rotate_MiB per rank (default 576, more than
  * this VM's reported 480 MiB L3), so inputs and outputs come from DRAM, as in
@@ -30,6 +31,8 @@
 static size_t sizes[MAX_SIZES];
 static int nsizes, reps = 30, rotate_mib = 576, misalign = 0;
 static int do_coll[3] = {1, 1, 1};
+/* -t bfloat16: allreduce in bfloat16 (the other collectives move bytes) */
+static cring_dtype_t dtype = CRING_FLOAT32;
 static const char *coll_names[3] = {"allreduce", "broadcast", "allgather"};
 
 static double now_s(void) {
@@ -53,7 +56,8 @@ static void call(cring_comm_t *comm, int c, float **in, float **out, int i, size
                  const size_t *recv_bytes) {
     int size = cring_comm_size(comm);
     if (c == 0)
-        CHECK_OK(cring__comm_allreduce(comm, in[i], in[i], bytes / 4, CRING_FLOAT32, CRING_SUM));
+        CHECK_OK(cring__comm_allreduce(comm, in[i], in[i], bytes / cring_dtype_size(dtype), dtype,
+                                       CRING_SUM));
     else if (c == 1) CHECK_OK(cring__comm_broadcast(comm, in[i], bytes, 0));
     else CHECK_OK(cring__comm_allgatherv(comm, in[i], bytes / (size_t)size, out[i], recv_bytes));
 }
@@ -106,23 +110,30 @@ static void bench_one(cring_comm_t *comm, int c, size_t bytes) {
     }
     /* check one fresh call */
     const size_t n = in_bytes / 4;
-    for (size_t e = 0; e < n; e++) in[0][e] = (float)((rank + 1) * (e % 1000));
-    call(comm, c, in, out, 0, bytes, recv_bytes);
-    for (size_t e = 0; e < n; e++) {
-        float want;
-        if (c == 0) want = (float)((size * (size + 1) / 2) * (e % 1000));
-        else if (c == 1) want = (float)(e % 1000);
-        else want = 0;
-        if (c != 2 && in[0][e] != want) {
-            fprintf(stderr, "%s %zu B: rank %d element %zu is %g, want %g\n", coll_names[c], bytes,
-                    rank, e, in[0][e], want);
-            exit(1);
+    if (c == 0 && dtype == CRING_BFLOAT16) { /* bfloat16 1.0 and 2.0 sum to 3.0 */
+        uint16_t *h = (uint16_t *)in[0];
+        for (size_t e = 0; e < in_bytes / 2; e++) h[e] = rank ? 0x4000 : 0x3f80;
+        call(comm, c, in, out, 0, bytes, recv_bytes);
+        for (size_t e = 0; e < in_bytes / 2; e++) CHECK(h[e] == 0x4040);
+    } else {
+        for (size_t e = 0; e < n; e++) in[0][e] = (float)((rank + 1) * (e % 1000));
+        call(comm, c, in, out, 0, bytes, recv_bytes);
+        for (size_t e = 0; e < n; e++) {
+            float want;
+            if (c == 0) want = (float)((size * (size + 1) / 2) * (e % 1000));
+            else if (c == 1) want = (float)(e % 1000);
+            else want = 0;
+            if (c != 2 && in[0][e] != want) {
+                fprintf(stderr, "%s %zu B: rank %d element %zu is %g, want %g\n", coll_names[c],
+                        bytes, rank, e, in[0][e], want);
+                exit(1);
+            }
         }
+        if (c == 2)
+            for (int q = 0; q < size; q++)
+                for (size_t e = 0; e < n; e++)
+                    CHECK(out[0][(size_t)q * n + e] == (float)((q + 1) * (e % 1000)));
     }
-    if (c == 2)
-        for (int q = 0; q < size; q++)
-            for (size_t e = 0; e < n; e++)
-                CHECK(out[0][(size_t)q * n + e] == (float)((q + 1) * (e % 1000)));
     qsort(times, (size_t)reps, sizeof *times, cmp_double);
     if (rank == 0) {
         printf("%-10s %9.3f MiB  median %9.1f us  min %9.1f us  (%d calls/rep, %d buffers)\n",
@@ -164,6 +175,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "-R")) rotate_mib = atoi(v);
         else if (!strcmp(a, "-o")) misalign = atoi(v) & ~3; /* keep float alignment */
         else if (!strcmp(a, "-s") && nsizes < MAX_SIZES) sizes[nsizes++] = strtoull(v, NULL, 0);
+        else if (!strcmp(a, "-t") && !strcmp(v, "bfloat16")) dtype = CRING_BFLOAT16;
+        else if (!strcmp(a, "-t") && !strcmp(v, "float32")) dtype = CRING_FLOAT32;
         else if (!strcmp(a, "-c")) {
             if (!picked) memset(do_coll, 0, sizeof do_coll);
             picked = 1;
@@ -184,7 +197,7 @@ int main(int argc, char **argv) {
 usage:
     fprintf(stderr,
             "usage: %s [-n ranks] [-r reps] [-R rotate_MiB] [-o misalign_bytes] [-s bytes]... "
-            "[-c allreduce|broadcast|allgather]...\n",
+            "[-c allreduce|broadcast|allgather]... [-t float32|bfloat16]\n",
             argv[0]);
     return 2;
 }
