@@ -187,6 +187,9 @@ def fit_trainer(strategy: str, devices: int, precision: str, out: str) -> None:
 
         def on_train_epoch_end(self) -> None:
             self.losses.append(float(self.trainer.callback_metrics["train_loss"]))
+            # Read here, not after fit(): Lightning's teardown moves the module
+            # back to the CPU when fit() returns (DDP's and cring's alike).
+            self.param_device = str(next(self.net.parameters()).device)
 
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
@@ -229,7 +232,7 @@ def fit_trainer(strategy: str, devices: int, precision: str, out: str) -> None:
             "world_size": trainer.world_size,
             "root_device": str(trainer.strategy.root_device),
             "current_device": torch.cuda.current_device(),
-            "param_device": str(next(model.net.parameters()).device),
+            "param_device": model.param_device,
             "params": _weights(model.net),
             "losses": model.losses,
             "scaler_scale": float(scaler.get_scale()) if scaler is not None else None,

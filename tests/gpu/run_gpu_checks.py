@@ -332,6 +332,8 @@ def world_one(torch: Any, cring: Any) -> None:
             import lightning as L
         except ImportError:
             return "lightning is not installed (skipped)"
+        import cring.lightning  # noqa: F401  (registers strategy="cring", as a user does)
+
         torch.manual_seed(0)
         data = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
 
@@ -342,7 +344,12 @@ def world_one(torch: Any, cring: Any) -> None:
 
             def training_step(self, batch, _):
                 xb, yb = batch
+                self.seen_on = xb.device.type
                 return torch.nn.functional.mse_loss(self.net(xb), yb)
+
+            def on_train_epoch_end(self):
+                # fit()'s teardown moves the module back to the CPU: look during fit
+                self.param_on = next(self.parameters()).device.type
 
             def configure_optimizers(self):
                 return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -358,7 +365,10 @@ def world_one(torch: Any, cring: Any) -> None:
             enable_progress_bar=False,
         )
         trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=32))
-        expect(next(model.parameters()).device.type == "cuda", "the model is not on the GPU")
+        expect(
+            (model.param_on, model.seen_on) == ("cuda", "cuda"),
+            f"parameters on {model.param_on}, batches on {model.seen_on} during fit",
+        )
         return "Trainer(strategy='cring', accelerator='gpu', devices=1).fit() ran"
 
     check("nccl world 1: C fast path for torch CUDA tensors", c_fast_path)
