@@ -18,47 +18,13 @@
 
 #include "../reduce/reduce.h"
 #include "algo.h"
+#include "shm_layout.h"
 
-#define MAX_STACK_RANKS 64
-/* At or below this many bytes per rank, allreduce uses one exchange in which
- * every rank reduces the whole message itself (fewer synchronisations). */
-#define SMALL_ALLREDUCE_BYTES (16u << 10)
-
-static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
-
-/* Elements per cache line, so slices start on cache-line boundaries. */
-static size_t align_elems(size_t esize) {
-    return esize >= CRING_CACHE_LINE ? 1 : CRING_CACHE_LINE / esize;
-}
-
-/* Bytes per round (at most a window half): small enough that a round's
- * window data stays in L2 while the peer reads it and that ranks overlap;
- * 128 KiB to 2 MiB measured within noise on 2 ranks, 2 MiB slightly worse. */
-#define ROUND_BYTES (256u << 10)
-/* The owner reduces its slice in blocks of this many bytes and copies each
- * block out while it is in L1, instead of re-reading the slice afterwards. */
-#define REDUCE_BLOCK_BYTES (32u << 10)
-/* From this many output bytes on, copies into user buffers use streaming
- * stores: such outputs are mostly not in cache and not read again at once,
- * and streaming saves the read-for-ownership. */
-#define STREAM_MIN_BYTES (1u << 20)
-
-static size_t round_bytes(cring__shm_t *shm) {
-    return CRING_MIN(cring__shm_window_bytes(shm) / 2, ROUND_BYTES);
-}
-
+/* Window sizes, rounds and slices: shm_layout.h (shared with shm_multi.c). */
 /* Copy into a user buffer, streaming or not (see STREAM_MIN_BYTES). */
 static void copy_out(void *dst, const void *src, size_t n, int stream) {
     if (stream) cring__copy_stream(dst, src, n);
     else memcpy(dst, src, n);
-}
-
-/* The window half used by round k of a collective entered at counter value
- * `base` is (base + k) % 2: consecutive collectives start on alternating
- * halves (see the file comment). */
-static unsigned char *half_of(cring__shm_t *shm, int peer, uint64_t base_plus_round) {
-    size_t half = cring__shm_window_bytes(shm) / 2;
-    return (unsigned char *)cring__shm_window(shm, peer) + (base_plus_round & 1) * half;
 }
 
 /* Reduce this rank's slice [lo, lo+n) (element offsets into a window half
@@ -72,7 +38,7 @@ static void reduce_slice(cring__shm_t *shm, int rank, int size, uint64_t round,
     int k = 0;
     srcs[k++] = mine;
     for (int q = 0; q < size; q++)
-        if (q != rank) srcs[k++] = half_of(shm, q, round) + win_off_bytes;
+        if (q != rank) srcs[k++] = shm_half_of(shm, q, round) + win_off_bytes;
     cring__reduce_multi(dtype, op, dst, (const void *const *)srcs, size, n, size);
 }
 
@@ -89,10 +55,10 @@ static cring_status_t small_allreduce(cring__shm_t *shm, int rank, int size, uin
                                       cring_dtype_t dtype, cring_op_t op) {
     const size_t bytes = count * cring_dtype_size(dtype);
     const void *srcs[MAX_STACK_RANKS];
-    memcpy(half_of(shm, rank, base), send, bytes);
+    memcpy(shm_half_of(shm, rank, base), send, bytes);
     cring__shm_publish(shm, base + 1);
     CRING_CHECK(cring__shm_wait_all(shm, base + 1));
-    for (int q = 0; q < size; q++) srcs[q] = q == rank ? send : half_of(shm, q, base);
+    for (int q = 0; q < size; q++) srcs[q] = q == rank ? send : shm_half_of(shm, q, base);
     cring__reduce_multi(dtype, op, recv, (const void *const *)srcs, size, count, size);
     return CRING_OK;
 }
@@ -124,21 +90,21 @@ cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const
         return CRING_OK;
     }
     const size_t half = cring__shm_window_bytes(shm) / 2;
-    const size_t chunk = round_bytes(shm) / es;
-    const size_t al = align_elems(es);
+    const size_t chunk = shm_round_bytes(shm) / es;
+    const size_t al = shm_align_elems(es);
     const size_t block = CRING_MAX(REDUCE_BLOCK_BYTES / es / al, 1) * al;
     /* In place, every output line was just read as input and is still
      * cached: plain stores are cheaper then. */
     const int stream = send != recv && count * es >= STREAM_MIN_BYTES;
     const uint64_t base = cring__shm_seq(shm);
-    const size_t rounds = ceil_div(count, chunk);
+    const size_t rounds = shm_ceil_div(count, chunk);
     CRING_CHECK(cring__shm_wait_all(shm, base));
     if (count * es <= CRING_MIN(SMALL_ALLREDUCE_BYTES, half))
         return small_allreduce(shm, rank, size, base, send, recv, count, dtype, op);
     for (size_t k = 0; k < rounds; k++) {
         const size_t off = k * chunk, n = CRING_MIN(chunk, count - off);
-        const size_t s = ceil_div(ceil_div(n, (size_t)size), al) * al;
-        unsigned char *mine = half_of(shm, rank, base + k);
+        const size_t s = shm_ceil_div(shm_ceil_div(n, (size_t)size), al) * al;
+        unsigned char *mine = shm_half_of(shm, rank, base + k);
         if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 3 * (k - 2) + 3));
         for (int q = 0; q < size; q++) {
             size_t lo = CRING_MIN((size_t)q * s, n), hi = CRING_MIN(lo + s, n);
@@ -161,7 +127,7 @@ cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const
             size_t qlo = CRING_MIN((size_t)q * s, n), qhi = CRING_MIN(qlo + s, n);
             CRING_CHECK(cring__shm_wait(shm, q, base + 3 * k + 2));
             if (qhi > qlo)
-                copy_out(out + (off + qlo) * es, half_of(shm, q, base + k) + qlo * es,
+                copy_out(out + (off + qlo) * es, shm_half_of(shm, q, base + k) + qlo * es,
                          (qhi - qlo) * es, stream);
         }
         cring__shm_publish(shm, base + 3 * k + 3);
@@ -194,15 +160,15 @@ cring_status_t cring__shm_reducescatter(cring__shm_t *shm, int rank, int size, c
         memcpy(recv, send, counts[0] * es);
         return CRING_OK;
     }
-    const size_t al = align_elems(es);
+    const size_t al = shm_align_elems(es);
     size_t piece = cring__shm_window_bytes(shm) / 2 / ((size_t)size * es) / al * al;
     if (piece == 0) piece = 1;
     const uint64_t base = cring__shm_seq(shm);
-    const size_t rounds = ceil_div(max_count, piece);
+    const size_t rounds = shm_ceil_div(max_count, piece);
     CRING_CHECK(cring__shm_wait_all(shm, base));
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * piece;
-        unsigned char *mine = half_of(shm, rank, base + k);
+        unsigned char *mine = shm_half_of(shm, rank, base + k);
         if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
         for (int q = 0; q < size; q++) {
             if (q == rank || counts[q] <= lo) continue;
@@ -245,13 +211,13 @@ cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, cons
         if (own_copy) memcpy(out, send, send_bytes);
         return CRING_OK;
     }
-    const size_t piece = round_bytes(shm);
+    const size_t piece = shm_round_bytes(shm);
     const uint64_t base = cring__shm_seq(shm);
-    const size_t rounds = ceil_div(max_bytes, piece);
+    const size_t rounds = shm_ceil_div(max_bytes, piece);
     CRING_CHECK(cring__shm_wait_all(shm, base));
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * piece;
-        unsigned char *mine = half_of(shm, rank, base + k);
+        unsigned char *mine = shm_half_of(shm, rank, base + k);
         if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
         if (send_bytes > lo) {
             size_t n = CRING_MIN(piece, send_bytes - lo);
@@ -265,7 +231,7 @@ cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, cons
             int q = (rank + i) % size; /* spread readers over different windows */
             CRING_CHECK(cring__shm_wait(shm, q, base + 2 * k + 1));
             if (recv_bytes[q] > lo)
-                copy_out(out + offs[q] + lo, half_of(shm, q, base + k),
+                copy_out(out + offs[q] + lo, shm_half_of(shm, q, base + k),
                          CRING_MIN(piece, recv_bytes[q] - lo), stream);
         }
         cring__shm_publish(shm, base + 2 * k + 2);
@@ -284,10 +250,10 @@ cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void 
                                     int root) {
     if (size == 1) return CRING_OK;
     unsigned char *data = buf;
-    const size_t half = round_bytes(shm);
+    const size_t half = shm_round_bytes(shm);
     const int stream = nbytes >= STREAM_MIN_BYTES;
     const uint64_t base = cring__shm_seq(shm);
-    const size_t rounds = ceil_div(nbytes, half);
+    const size_t rounds = shm_ceil_div(nbytes, half);
     if (rank == root) CRING_CHECK(cring__shm_wait_all(shm, base));
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * half, n = CRING_MIN(half, nbytes - lo);
@@ -296,11 +262,11 @@ cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void 
              * wait until every reader has entered this one */
             if (k == 1) CRING_CHECK(cring__shm_wait_all(shm, base + 1));
             if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
-            memcpy(half_of(shm, root, base + k), data + lo, n);
+            memcpy(shm_half_of(shm, root, base + k), data + lo, n);
             cring__shm_publish(shm, base + 2 * k + 1);
         } else {
             CRING_CHECK(cring__shm_wait(shm, root, base + 2 * k + 1));
-            copy_out(data + lo, half_of(shm, root, base + k), n, stream);
+            copy_out(data + lo, shm_half_of(shm, root, base + k), n, stream);
         }
         cring__shm_publish(shm, base + 2 * k + 2);
     }
@@ -332,7 +298,7 @@ cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void 
 #define LINES_MAX_BYTES 2048
 #define LINE_DATA (CRING_CACHE_LINE - 8)
 
-static size_t line_count(size_t bytes) { return ceil_div(bytes + 8, LINE_DATA); }
+static size_t line_count(size_t bytes) { return shm_ceil_div(bytes + 8, LINE_DATA); }
 
 typedef struct {
     size_t lines_max; /* the longest block that travels in lines */
@@ -345,7 +311,7 @@ static lines_layout_t lines_layout(size_t half, int size) {
     for (l.lines_max = LINES_MAX_BYTES;; l.lines_max /= 2) {
         l.scratch = line_count(l.lines_max) * CRING_CACHE_LINE;
         l.bulk = l.scratch +
-                 (size_t)size * ceil_div(l.lines_max + 8, CRING_CACHE_LINE) * CRING_CACHE_LINE;
+                 (size_t)size * shm_ceil_div(l.lines_max + 8, CRING_CACHE_LINE) * CRING_CACHE_LINE;
         if (l.bulk <= half / 4 || l.lines_max == 0) return l;
     }
 }
@@ -373,14 +339,14 @@ cring_status_t cring__shm_gather_small(cring__shm_t *shm, int rank, int size, co
                                        size_t bytes, const void **ptrs_out, size_t *lens_out) {
     const size_t half = cring__shm_window_bytes(shm) / 2;
     const lines_layout_t l = lines_layout(half, size);
-    const size_t slot = ceil_div(l.lines_max + 8, CRING_CACHE_LINE) * CRING_CACHE_LINE;
+    const size_t slot = shm_ceil_div(l.lines_max + 8, CRING_CACHE_LINE) * CRING_CACHE_LINE;
     if (l.bulk >= half || bytes > half - l.bulk) return CRING_ERR_INVALID_ARGUMENT;
     const uint64_t base = cring__shm_seq(shm), want = base + 1;
     /* the counter value mixed with the segment's key: other collectives'
      * data left in the half never reads as this collective's flag */
     const uint64_t flag = want ^ cring__shm_flag_key(shm);
     CRING_CHECK(cring__shm_wait_all(shm, base));
-    unsigned char *w = half_of(shm, rank, base);
+    unsigned char *w = shm_half_of(shm, rank, base);
     /* [length | block] cut into lines; a bulk block goes first, and its
      * line carries only the length */
     const size_t staged = bytes <= l.lines_max ? bytes + 8 : 8;
@@ -403,7 +369,7 @@ cring_status_t cring__shm_gather_small(cring__shm_t *shm, int rank, int size, co
             if (lens_out) lens_out[q] = bytes;
             continue;
         }
-        const unsigned char *lines = half_of(shm, q, base);
+        const unsigned char *lines = shm_half_of(shm, q, base);
         if (!lines_ready(lines, 1, flag, spin)) CRING_CHECK(cring__shm_wait(shm, q, want));
         uint64_t qlen;
         memcpy(&qlen, lines + 8, 8);
@@ -464,13 +430,13 @@ cring_status_t cring__shm_alltoallv(cring__shm_t *shm, int rank, int size, const
     if (size == 1) return CRING_OK;
     const size_t half = cring__shm_window_bytes(shm) / 2;
     const uint64_t base = cring__shm_seq(shm);
-    const size_t rounds = ceil_div(max_total, half);
+    const size_t rounds = shm_ceil_div(max_total, half);
     CRING_CHECK(cring__shm_wait_all(shm, base));
     for (size_t k = 0; k < rounds; k++) {
         const size_t lo = k * half, hi = lo + half;
         if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 2 * (k - 2) + 2));
         if (mine_total > lo)
-            memcpy(half_of(shm, rank, base + k), in + lo, CRING_MIN(half, mine_total - lo));
+            memcpy(shm_half_of(shm, rank, base + k), in + lo, CRING_MIN(half, mine_total - lo));
         cring__shm_publish(shm, base + 2 * k + 1);
         for (int i = 1; i < size; i++) {
             int q = (rank + i) % size;
@@ -478,7 +444,7 @@ cring_status_t cring__shm_alltoallv(cring__shm_t *shm, int rank, int size, const
             size_t a = CRING_MAX(seg_lo, lo), b = CRING_MIN(seg_hi, hi);
             if (a >= b) continue;
             CRING_CHECK(cring__shm_wait(shm, q, base + 2 * k + 1));
-            memcpy(out + at[q] + (a - seg_lo), half_of(shm, q, base + k) + (a - lo), b - a);
+            memcpy(out + at[q] + (a - seg_lo), shm_half_of(shm, q, base + k) + (a - lo), b - a);
         }
         cring__shm_publish(shm, base + 2 * k + 2);
     }

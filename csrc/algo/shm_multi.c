@@ -16,21 +16,9 @@
 
 #include "../reduce/reduce.h"
 #include "algo.h"
+#include "shm_layout.h"
 
-#define MAX_STACK_RANKS 64
-/* The same sizes as shm_coll.c's allreduce (see there for why). */
-#define SMALL_ALLREDUCE_BYTES (16u << 10)
-#define ROUND_BYTES (256u << 10)
-#define REDUCE_BLOCK_BYTES (32u << 10)
-#define STREAM_MIN_BYTES (1u << 20)
-
-static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
-
-static unsigned char *half_of(cring__shm_t *shm, int peer, uint64_t base_plus_round) {
-    size_t half = cring__shm_window_bytes(shm) / 2;
-    return (unsigned char *)cring__shm_window(shm, peer) + (base_plus_round & 1) * half;
-}
-
+/* The same sizes and window halves as shm_coll.c's allreduce: shm_layout.h. */
 /* The first segment whose elements reach past virtual element v. */
 static int seg_at(const cring__seg_t *segs, int nsegs, size_t v) {
     int lo = 0, hi = nsegs - 1;
@@ -105,14 +93,14 @@ static cring_status_t small_multi(cring__shm_t *shm, int rank, int size, uint64_
                                   cring_dtype_t dtype, cring_op_t op) {
     const size_t es = cring_dtype_size(dtype);
     const void *srcs[MAX_STACK_RANKS];
-    gather_in(segs, nsegs, es, 0, total, half_of(shm, rank, base));
+    gather_in(segs, nsegs, es, 0, total, shm_half_of(shm, rank, base));
     cring__shm_publish(shm, base + 1);
     CRING_CHECK(cring__shm_wait_all(shm, base + 1));
     piece_t p;
     FOR_PIECES(p, segs, nsegs, 0, total) {
         for (int q = 0; q < size; q++)
             srcs[q] = q == rank ? (const unsigned char *)segs[p.i].send + p.e * es
-                                : half_of(shm, q, base) + p.v * es;
+                                : shm_half_of(shm, q, base) + p.v * es;
         cring__reduce_multi(dtype, op, (unsigned char *)segs[p.i].recv + p.e * es,
                             (const void *const *)srcs, size, p.n, size);
     }
@@ -127,7 +115,7 @@ static void reduce_own(cring__shm_t *shm, int rank, int size, uint64_t round,
                        const cring__seg_t *segs, int nsegs, size_t off, size_t lo, size_t hi,
                        cring_dtype_t dtype, cring_op_t op, int stream) {
     const size_t es = cring_dtype_size(dtype);
-    unsigned char *mine = half_of(shm, rank, round);
+    unsigned char *mine = shm_half_of(shm, rank, round);
     const void *srcs[MAX_STACK_RANKS];
     piece_t p;
     FOR_PIECES(p, segs, nsegs, off + lo, off + hi) {
@@ -135,7 +123,7 @@ static void reduce_own(cring__shm_t *shm, int rank, int size, uint64_t round,
         int k = 0;
         srcs[k++] = (const unsigned char *)segs[p.i].send + p.e * es;
         for (int q = 0; q < size; q++)
-            if (q != rank) srcs[k++] = half_of(shm, q, round) + w;
+            if (q != rank) srcs[k++] = shm_half_of(shm, q, round) + w;
         cring__reduce_multi(dtype, op, mine + w, (const void *const *)srcs, size, p.n, size);
         unsigned char *dst = (unsigned char *)segs[p.i].recv + p.e * es;
         if (stream && segs[p.i].send != segs[p.i].recv) cring__copy_stream(dst, mine + w, p.n * es);
@@ -173,19 +161,19 @@ cring_status_t cring__shm_allreduce_multi(cring__shm_t *shm, int rank, int size,
         return CRING_OK;
     }
     const size_t half = cring__shm_window_bytes(shm) / 2;
-    const size_t chunk = CRING_MIN(half, ROUND_BYTES) / es;
-    const size_t al = es >= CRING_CACHE_LINE ? 1 : CRING_CACHE_LINE / es;
+    const size_t chunk = shm_round_bytes(shm) / es;
+    const size_t al = shm_align_elems(es);
     const size_t block = CRING_MAX(REDUCE_BLOCK_BYTES / es / al, 1) * al;
     const int stream = total * es >= STREAM_MIN_BYTES;
     const uint64_t base = cring__shm_seq(shm);
-    const size_t rounds = ceil_div(total, chunk);
+    const size_t rounds = shm_ceil_div(total, chunk);
     CRING_CHECK(cring__shm_wait_all(shm, base));
     if (total * es <= CRING_MIN(SMALL_ALLREDUCE_BYTES, half))
         return small_multi(shm, rank, size, base, segs, nsegs, total, dtype, op);
     for (size_t k = 0; k < rounds; k++) {
         const size_t off = k * chunk, n = CRING_MIN(chunk, total - off);
-        const size_t s = ceil_div(ceil_div(n, (size_t)size), al) * al;
-        unsigned char *mine = half_of(shm, rank, base + k);
+        const size_t s = shm_ceil_div(shm_ceil_div(n, (size_t)size), al) * al;
+        unsigned char *mine = shm_half_of(shm, rank, base + k);
         if (k >= 2) CRING_CHECK(cring__shm_wait_all(shm, base + 3 * (k - 2) + 3));
         for (int q = 0; q < size; q++) {
             size_t lo = CRING_MIN((size_t)q * s, n), hi = CRING_MIN(lo + s, n);
@@ -205,7 +193,7 @@ cring_status_t cring__shm_allreduce_multi(cring__shm_t *shm, int rank, int size,
             CRING_CHECK(cring__shm_wait(shm, q, base + 3 * k + 2));
             if (qhi > qlo)
                 scatter_out(segs, nsegs, es, off + qlo, off + qhi,
-                            half_of(shm, q, base + k) + qlo * es, stream);
+                            shm_half_of(shm, q, base + k) + qlo * es, stream);
         }
         cring__shm_publish(shm, base + 3 * k + 3);
     }

@@ -42,6 +42,24 @@
 #define BLOCK_IDS (BLOCK_HEADER_BYTES + 8)
 #define ALL_IDLE 0x0101010101010101ull /* eight slot bytes that are all 1 */
 
+/* The first slot at or after i that is not idle (state byte 1), or nslots;
+ * idle slots are skipped eight at a time where a whole word is idle. */
+static int next_busy(const uint8_t *sv, int i, int nslots) {
+    while (i < nslots) {
+        if ((i & 7) == 0 && i + 8 <= nslots) {
+            uint64_t w;
+            memcpy(&w, sv + i, 8);
+            if (w == ALL_IDLE) {
+                i += 8;
+                continue;
+            }
+        }
+        if (sv[i] != 1) return i;
+        i++;
+    }
+    return nslots;
+}
+
 /* Where a block's riding data starts after its nids slot ids: 8-aligned, so
  * the kernels read doubles and int64s from it at their alignment. */
 static size_t block_data_offset(size_t nids) { return (BLOCK_IDS + 4 * nids + 7) & ~(size_t)7; }
@@ -178,15 +196,7 @@ static size_t encode_block(cring_engine_t *e, const uint8_t *v, int nslots, cons
     uint32_t *ids = (uint32_t *)(e->neg.block + BLOCK_IDS);
     uint32_t npend = 0, ninval = 0, *inval = e->neg.inval_ids;
     const uint8_t *sv = v + e->join.vhdr;
-    for (int i = 0; i < nslots; i++) { /* skip idle slots eight at a time */
-        if ((i & 7) == 0 && i + 8 <= nslots) {
-            uint64_t w;
-            memcpy(&w, sv + i, 8);
-            if (w == ALL_IDLE) {
-                i += 7;
-                continue;
-            }
-        }
+    for (int i = next_busy(sv, 0, nslots); i < nslots; i = next_busy(sv, i + 1, nslots)) {
         if (sv[i] == 2) ids[npend++] = (uint32_t)i;
         else if (sv[i] == 0) inval[ninval++] = (uint32_t)i;
     }
@@ -476,17 +486,8 @@ static cring_status_t read_slots(cring_engine_t *e, const uint8_t *v, req_t *spe
             if ((int)ids[a] < nslots && sv[ids[a]] != 1)
                 CRING_CHECK(take_slot(e, (int)ids[a], sv, spec, l, all_joined));
     } else {
-        for (int i = 0; i < nslots; i++) {
-            if ((i & 7) == 0 && i + 8 <= nslots) {
-                uint64_t w;
-                memcpy(&w, sv + i, 8);
-                if (w == ALL_IDLE) {
-                    i += 7;
-                    continue;
-                }
-            }
-            if (sv[i] != 1) CRING_CHECK(take_slot(e, i, sv, spec, l, all_joined));
-        }
+        for (int i = next_busy(sv, 0, nslots); i < nslots; i = next_busy(sv, i + 1, nslots))
+            CRING_CHECK(take_slot(e, i, sv, spec, l, all_joined));
     }
     while (e->cache.nslots > 0 && !e->cache.slots[e->cache.nslots - 1].in_use) e->cache.nslots--;
     return CRING_OK;
