@@ -432,11 +432,16 @@ static cring_status_t aborted_status(cring__shm_t *shm) {
                            "rank %d timed out waiting for rank %d (CRING_TIMEOUT_SECONDS); rank "
                            "%d stopped too",
                            detector, peer, shm->rank);
+    /* Otherwise the peer is not a rank of this segment (hierarchical: it is
+     * on another host) or was not recorded: a peer failure or a time-out
+     * keeps its kind all the same. */
     if (detector >= 0)
-        return cring__fail(shm->err, CRING_ERR_BROKEN,
-                           "rank %d stopped: rank %d hit an error (%s) and aborted the job's "
-                           "collectives",
-                           shm->rank, detector, cring_status_string(why));
+        return cring__fail(
+            shm->err,
+            why == CRING_ERR_PEER_FAILURE || why == CRING_ERR_TIMEOUT ? why : CRING_ERR_BROKEN,
+            "rank %d stopped: rank %d hit an error (%s) and aborted the job's "
+            "collectives",
+            shm->rank, detector, cring_status_string(why));
     return cring__fail(shm->err, CRING_ERR_BROKEN, "the shared-memory communicator was aborted");
 }
 
