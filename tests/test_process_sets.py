@@ -21,7 +21,17 @@ def run_mode(tmp_path, np_, mode, timeout=180):
 
 @pytest.mark.parametrize("np_", [2, 3, 4])
 def test_every_collective_on_a_set(tmp_path, np_):
-    results = run_mode(tmp_path, np_, "values")
+    # at 4 ranks also: each set's engine writes its own timeline and autotune
+    # log (".ps<id>" before the suffix), never over the global set's files
+    env = None
+    if np_ == 4:
+        env = {
+            "CRING_TIMELINE": str(tmp_path / "trace.json"),
+            "CRING_AUTOTUNE": "1",
+            "CRING_AUTOTUNE_LOG": str(tmp_path / "tune.csv"),
+        }
+    run_ranks(np_, "process_sets.py", "values", str(tmp_path), env=env, timeout=180)
+    results = rank_results(tmp_path, np_)
     for r in results:
         assert r["ids"] == [1, 2]
         members = [m for m in range(np_) if m % 2 == r["rank"] % 2]
@@ -30,6 +40,16 @@ def test_every_collective_on_a_set(tmp_path, np_):
         assert r["global"] == [np_, np_] and r["global_ps"] == [np_, np_]
         if np_ > 2 and r["rank"] < 2:
             assert r["head"]["size"] == 2 and r["head"]["rank"] == r["rank"]
+    if np_ == 4:
+        # sets 1 {0,2} and 2 {1,3}, then 3 {0,1}: two ranks each
+        traces = [f"trace.{r}.json" for r in range(4)]
+        traces += [f"trace.ps{i}.{r}.json" for i in (1, 2, 3) for r in (0, 1)]
+        for name in traces:
+            assert (tmp_path / name).stat().st_size > 0, name
+        assert "inplace" in (tmp_path / "trace.ps2.1.json").read_text()
+        assert "inplace" not in (tmp_path / "trace.3.json").read_text()
+        for name in ("tune.csv", "tune.ps1.csv", "tune.ps2.csv", "tune.ps3.csv"):
+            assert (tmp_path / name).read_text().startswith("trial,knob,"), name
 
 
 def test_disjoint_sets_run_at_the_same_time(tmp_path):

@@ -121,21 +121,27 @@ static cring_status_t start_set_engine(module_state *s, int id, int index, int n
     Py_BEGIN_ALLOW_THREADS st = cring_comm_init(&cfg, &comm);
     if (st != CRING_OK) snprintf(detail, len, "%s", cring_last_init_error());
     Py_END_ALLOW_THREADS if (st != CRING_OK) return st;
-    /* engine start reads CRING_TIMELINE once; with the GIL held, nothing else of ours reads it */
-    const char *timeline = getenv("CRING_TIMELINE");
-    char *saved = timeline && *timeline ? copy_text(timeline) : NULL;
-    if (saved) {
+    /* engine start reads CRING_TIMELINE and CRING_AUTOTUNE_LOG once; with the
+     * GIL held, nothing else of ours reads them. Each set writes its own
+     * files ("trace.json" -> "trace.ps3.json"), not over the global set's. */
+    static const char *const per_set[] = {"CRING_TIMELINE", "CRING_AUTOTUNE_LOG"};
+    char *saved[2] = {NULL, NULL};
+    for (int v = 0; v < 2; v++) {
+        const char *value = getenv(per_set[v]);
+        if (!value || !*value || !(saved[v] = copy_text(value))) continue;
         char path[4096];
-        const char *dot = strrchr(saved, '.');
+        const char *dot = strrchr(saved[v], '.');
         if (dot && !strchr(dot, '/'))
-            snprintf(path, sizeof path, "%.*s.ps%d%s", (int)(dot - saved), saved, id, dot);
-        else snprintf(path, sizeof path, "%s.ps%d", saved, id);
-        setenv("CRING_TIMELINE", path, 1);
+            snprintf(path, sizeof path, "%.*s.ps%d%s", (int)(dot - saved[v]), saved[v], id, dot);
+        else snprintf(path, sizeof path, "%s.ps%d", saved[v], id);
+        setenv(per_set[v], path, 1);
     }
     st = cring_engine_start(comm, engine); /* takes comm, even on failure */
     if (st != CRING_OK) snprintf(detail, len, "%s", cring_engine_error_message());
-    if (saved) setenv("CRING_TIMELINE", saved, 1);
-    PyMem_RawFree(saved);
+    for (int v = 0; v < 2; v++) {
+        if (saved[v]) setenv(per_set[v], saved[v], 1);
+        PyMem_RawFree(saved[v]);
+    }
     return st;
 }
 
