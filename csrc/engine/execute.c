@@ -121,14 +121,23 @@ cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n) {
         int nb = 1;
         batch[0] = r0->req;
         if (fusible(r0->req) && !runs_alone(r0->req)) {
+            /* Every later response of the same key that can share the buffer
+             * joins, moved up to resp[i + nb]: one that runs alone (a large
+             * gradient between small ones, as a backward pass interleaves
+             * them) or does not fit stays behind for a later batch instead of
+             * ending this one. What every rank agreed on decides it, so every
+             * rank forms the same batches. */
             size_t bytes = req_wire_bytes(r0->req);
-            while (i + nb < n && resp[i + nb].status == CRING_OK && !resp[i + nb].executed &&
-                   fusible(resp[i + nb].req) && !runs_alone(resp[i + nb].req) &&
-                   fusion_key_cmp(resp[i + nb].req, r0->req) == 0 &&
-                   bytes + req_wire_bytes(resp[i + nb].req) <= e->exec.threshold) {
-                bytes += req_wire_bytes(resp[i + nb].req);
-                batch[nb] = resp[i + nb].req;
-                nb++;
+            for (int j = i + 1; j < n && fusion_key_cmp(resp[j].req, r0->req) == 0; j++) {
+                const req_t *q = resp[j].req;
+                if (resp[j].status != CRING_OK || resp[j].executed || !fusible(q) ||
+                    runs_alone(q) || bytes + req_wire_bytes(q) > e->exec.threshold)
+                    continue;
+                bytes += req_wire_bytes(q);
+                response_t cur = resp[j];
+                memmove(&resp[i + nb + 1], &resp[i + nb], sizeof *resp * (size_t)(j - i - nb));
+                resp[i + nb] = cur;
+                batch[nb++] = cur.req;
             }
         }
         e->exec.error[0] = 0;
