@@ -72,9 +72,7 @@ def test_small_tensors_are_fused(tmp_path):
     paced 100 us apart (three times). The engine thread gathers for
     CRING_CYCLE_TIME (1 ms) before each round, so a tight loop fuses into a
     handful of collectives, and paced submissions into about one per
-    millisecond of submitting (~100-150 here), far fewer than 1000. A burst
-    of 20 large tensors (each runs alone) interleaved with 40 small ones: the
-    small ones share a few collectives, not one per gap between large ones."""
+    millisecond of submitting (~100-150 here), far fewer than 1000."""
     proc = run_ranks(2, "engine_fusion.py", str(tmp_path), "100", timeout=TIMEOUT_S, check=False)
     if proc.returncode != 0:  # wrong values are not the expected failure (see raises=)
         raise RuntimeError(proc.stdout[-6000:] + proc.stderr[-3000:])
@@ -83,9 +81,6 @@ def test_small_tensors_are_fused(tmp_path):
         print(f"rank {res['rank']}: collectives per batch of 1000: {res['collectives']}")
     for res in results:
         for label, n in res["collectives"].items():
-            if label == "mixed":  # 20 run alone; the 40 small ones share a few
-                assert 20 < n <= 26, f"rank {res['rank']}: {n} collectives for 20 large + 40 small"
-                continue
             limit = 50 if label.startswith("tight") else 250
             assert n < limit, f"rank {res['rank']} {label}: {n} collectives for 1000 tensors"
 

@@ -7,6 +7,7 @@ every process under a hard timeout:
   rank submits 2 s later, and its result is right after synchronize();
 - 100 small CUDA tensors submitted asynchronously reach NCCL as at most 2
   collective calls (counted by the fake NCCL's log and by cring), exactly;
+  small ones interleaved with large ones (which run alone) still share calls;
 - mismatches and different submission orders behave as for CPU tensors
   (tests/gpu/fake_worker.py, also at 3 ranks);
 - a killed peer makes the survivors' CUDA allreduce raise PeerFailureError;
@@ -118,6 +119,17 @@ def test_one_hundred_small_tensors_take_at_most_two_nccl_calls(fakes, tmp_path, 
         assert sum(int(re.search(r"count=(\d+)", ln).group(1)) for ln in calls) == sum(
             k % 7 + 1 for k in range(100)
         )
+
+
+def test_small_gradients_between_large_ones_share_nccl_calls(fakes):
+    """20 tensors of 1 MiB (each its own NCCL call, in place) interleaved with
+    40 small ones in one burst: the small ones share a call or two instead of
+    one call per gap between two large ones (about 40 calls in all before)."""
+    env = fake_env(fakes, CRING_CYCLE_TIME="100", CRING_FAKE_NCCL_SLOT_BYTES=str(4 << 20))
+    for r in start_ranks(2, "mixed", env):
+        assert r["returncode"] == 0, r["stderr"]
+        assert r["exact"], r
+        assert 20 < r["nccl_calls"] <= 24, r
 
 
 def test_mismatch_and_any_order_at_three_ranks(fakes, tmp_path):

@@ -3,7 +3,7 @@ non-blocking NCCL path against the test doubles (CRING_NCCL_LIBRARY=
 libfake_nccl.so, CRING_CUDART_LIBRARY=libfake_cudart.so) on FakeCudaTensor
 inputs. Started directly with CRING_RANK/CRING_SIZE/CRING_ADDR/CRING_PORT (not
 by cringrun, which would stop the survivors of a killed rank itself). Prints
-one JSON line. argv: mode ("late", "fuse" or "kill").
+one JSON line. argv: mode ("late", "fuse", "mixed" or "kill").
 """
 
 from __future__ import annotations
@@ -65,6 +65,23 @@ def fuse(r: int, p: int, out: dict) -> None:
     out["fused_copies"] = after["fused_copies"] - before["fused_copies"]
 
 
+def mixed(r: int, p: int, out: dict) -> None:
+    """60 tensors in one burst, every third of 1 MiB (which runs alone, in
+    place) and the others small, as a backward pass interleaves them."""
+    cring.barrier()
+    big = (1 << 20) // 4
+    xs = [F(np.full(big if k % 3 == 0 else 16, float(r + k), np.float32)) for k in range(60)]
+    before = _gpu.stats()["nccl_calls"]
+    handles = [cring.allreduce_async_(x, op=cring.Sum, name=f"mixed{k}") for k, x in enumerate(xs)]
+    exact = True
+    for k, h in enumerate(handles):
+        exact &= cring.synchronize(h) is xs[k]
+        want = np.full(xs[k].array.shape, sum(float(q + k) for q in range(p)), np.float32)
+        exact &= bool(np.array_equal(xs[k].array, want))
+    out["nccl_calls"] = _gpu.stats()["nccl_calls"] - before
+    out["exact"] = exact
+
+
 def kill(r: int, p: int, out: dict) -> None:
     """The last rank dies (SIGKILL) once the communicator exists; the others'
     next CUDA allreduce raises PeerFailureError."""
@@ -91,7 +108,7 @@ def main() -> None:
     cring.init()
     r, p = cring.rank(), cring.size()
     out: dict = {"rank": r, "size": p, "pid": os.getpid(), "mode": mode}
-    {"late": late, "fuse": fuse, "kill": kill}[mode](r, p, out)
+    {"late": late, "fuse": fuse, "mixed": mixed, "kill": kill}[mode](r, p, out)
     cring.shutdown()
     print(json.dumps(out), flush=True)
 
