@@ -14,8 +14,8 @@ from conftest import WORKERS, rank_results, run_ranks
 from test_bootstrap import clean_env, free_port
 
 
-def run_mode(tmp_path, np_, mode, timeout=180):
-    run_ranks(np_, "process_sets.py", mode, str(tmp_path), timeout=timeout)
+def run_mode(tmp_path, np_, mode, timeout=180, env=None):
+    run_ranks(np_, "process_sets.py", mode, str(tmp_path), env=env, timeout=timeout)
     return rank_results(tmp_path, np_)
 
 
@@ -30,8 +30,7 @@ def test_every_collective_on_a_set(tmp_path, np_):
             "CRING_AUTOTUNE": "1",
             "CRING_AUTOTUNE_LOG": str(tmp_path / "tune.csv"),
         }
-    run_ranks(np_, "process_sets.py", "values", str(tmp_path), env=env, timeout=180)
-    results = rank_results(tmp_path, np_)
+    results = run_mode(tmp_path, np_, "values", env=env)
     for r in results:
         assert r["ids"] == [1, 2]
         members = [m for m in range(np_) if m % 2 == r["rank"] % 2]
