@@ -7,6 +7,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+# Everything Python goes into a fresh virtual environment, so that a package
+# the tests use but nobody installs fails here as it would for a user (a
+# machine's global Python may have it by chance). Inside an activated venv that
+# one is used (`python3 -m venv /tmp/v && . /tmp/v/bin/activate && bash
+# scripts/test.sh`); otherwise build/test-venv is made anew.
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+    python3 -m venv --clear build/test-venv
+    # shellcheck disable=SC1091  # made just above
+    . build/test-venv/bin/activate
+fi
+echo "== Python: $(command -v python3) ($VIRTUAL_ENV)"
 PIP="python3 -m pip"
 APT_PACKAGES=""
 command -v mpirun >/dev/null 2>&1 || APT_PACKAGES="openmpi-bin libopenmpi-dev"
