@@ -1,12 +1,16 @@
 """Build of cring's C extension (cring._C) from csrc/.
 
 Needs only a C compiler and the Python headers: no framework, CUDA or MPI.
-Vector kernels are selected at run time by CPU feature, so no -march flags.
+Vector kernels are selected at run time by CPU feature, so no -march flags:
+a wheel built here runs on any x86-64 (scripts/build_wheel.sh builds and
+repairs the manylinux wheels; it uses the full C API, so one wheel per Python
+version, no abi3). The version is cring.__version__ (pyproject.toml reads it).
 The GPU layer (csrc/gpu) finds the CUDA runtime and NCCL with dlopen at run
 time: building needs neither. The compiler flags come from build_flags.mk,
 which the Makefile (C tests) reads too.
 """
 
+import os
 import re
 from glob import glob
 from pathlib import Path
@@ -43,4 +47,6 @@ ext = Extension(
     libraries=FLAGS["CRING_LIBS"],
 )
 
-setup(ext_modules=[ext])
+# Compile the sources in parallel by default (pip install and python -m build
+# give no -j); `build_ext -jN` on the command line still wins.
+setup(ext_modules=[ext], options={"build_ext": {"parallel": os.cpu_count() or 1}})

@@ -1,6 +1,6 @@
 # cringrun's command line: the options, where the command starts, and the
 # checks of option combinations (hosts and slots included). Parses only;
-# starts nothing.
+# starts nothing (--check-build and --version print their report and exit).
 """Command line of cringrun (see cring.launch for what the options do)."""
 
 from __future__ import annotations
@@ -62,6 +62,26 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+class _CheckBuildAction(argparse.Action):
+    """-cb/--check-build: print what this install can do (cring.info) and exit 0,
+    as horovodrun --check-build does; needs no -np or command."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # noqa: ANN001
+        from cring.info import report  # only now: it loads NCCL and the CUDA runtime if it can
+
+        print(report(), flush=True)
+        parser.exit(0)
+
+
+def _version() -> str:
+    from cring import __version__
+
+    return f"{PROG} (cring) {__version__}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -89,6 +109,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         metavar="N",
         help="number of processes (ranks) to start, >= 1 (required)",
+    )
+    parser.add_argument(
+        "-v", "--version", action="version", version=_version(), help="print cring's version"
+    )
+    parser.add_argument(
+        "-cb",
+        "--check-build",
+        action=_CheckBuildAction,
+        help=(
+            "print what this install can do (version, frameworks, transports, kernels, "
+            "NCCL and CUDA, known defects, knobs) and exit; also python -m cring.info"
+        ),
     )
     parser.add_argument(
         "--no-prefix",
