@@ -7,13 +7,15 @@ and writes <tmp>/rank<R>.json (see tests/workers/engine_common.py)."""
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
 
 import cring
 
-from conftest import rank_results, run_ranks
+from conftest import WORKERS, rank_results, run_ranks
 
 TIMEOUT_S = 120  # per job; every job here normally ends within a few seconds
 
@@ -267,23 +269,29 @@ def test_timeline_files(tmp_path):
             assert "allreduce.all.ranks" in _rows(json.load(f)).values()
 
 
-def test_timeline_mark_cycles_from_the_environment(tmp_path):
-    """HOROVOD_TIMELINE_MARK_CYCLES=1 beside HOROVOD_TIMELINE marks cycles."""
-    proc = run_ranks(
-        2,
-        "engine_timeline.py",
-        str(tmp_path),
-        env={
-            "HOROVOD_TIMELINE": str(tmp_path / "trace.json"),
-            "HOROVOD_TIMELINE_MARK_CYCLES": "1",
-        },
-        timeout=TIMEOUT_S,
-        check=False,
-    )
+@pytest.mark.parametrize("how", ["environment", "cringrun"])
+def test_timeline_mark_cycles_from_the_environment_or_cringrun(tmp_path, how):
+    """HOROVOD_TIMELINE_MARK_CYCLES=1 beside HOROVOD_TIMELINE, or horovodrun's
+    flags `cringrun --timeline-filename F --timeline-mark-cycles`, mark cycles
+    in the file at that exact path."""
+    path = tmp_path / "trace.json"
+    if how == "environment":
+        env = {"HOROVOD_TIMELINE": str(path), "HOROVOD_TIMELINE_MARK_CYCLES": "1"}
+        proc = run_ranks(
+            2, "engine_timeline.py", str(tmp_path), env=env, timeout=TIMEOUT_S, check=False
+        )
+    else:
+        cmd = [sys.executable, "-m", "cring.run", "-np", "2", "--timeline-filename", str(path)]
+        cmd += ["--timeline-mark-cycles", sys.executable, str(WORKERS / "engine_timeline.py")]
+        env = dict(os.environ, CRING_TIMEOUT_SECONDS="60")
+        proc = subprocess.run(
+            [*cmd, str(tmp_path)], env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
     assert_clean(proc, tmp_path, 2)
-    with open(tmp_path / "trace.json") as f:
+    with open(path) as f:
         events = json.load(f)
     assert len([e for e in events if e.get("name") == "CYCLE_START"]) >= 4
+    assert "allreduce.tl.grad" in _rows(events).values()
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to overlap")
