@@ -218,6 +218,8 @@ def test_timeline_files(tmp_path):
     assert isinstance(events, list) and events
     rows = _rows(events)
     assert rows[0] == "rank 0"
+    start_us = next(e for e in events if e.get("name") == "process_name")["args"]
+    assert abs(start_us["start_time_since_epoch_in_micros"] / 1e6 - time.time()) < 3600
     spans = [e for e in events if e.get("ph") == "X"]
     assert all(e["pid"] in rows and e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
     assert {

@@ -171,6 +171,10 @@ def test_horovod_env_table_unit():
     env = {"HOROVOD_STALL_CHECK_DISABLE": "0", "HOROVOD_STALL_CHECK_TIME_SECONDS": "5"}
     _horovod_env.apply_horovod_environment(env)
     assert env["CRING_STALL_CHECK_SECONDS"] == "5"
+    # Horovod's own tests set HOROVOD_TIMELINE=DYNAMIC: no file until start_timeline()
+    env = {"HOROVOD_TIMELINE": "DYNAMIC", "HOROVOD_TIMELINE_MARK_CYCLES": "1"}
+    _horovod_env.apply_horovod_environment(env)
+    assert "CRING_TIMELINE" not in env and env["CRING_TIMELINE_MARK_CYCLES"] == "1"
 
 
 def test_example_with_uneven_data_joins_and_ends_identical():

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "strmap.h"
@@ -152,11 +153,13 @@ cring_status_t cring__timeline_open(const char *path, int rank, cring__timeline_
     snprintf(tl->tmp_path, plen + 32, "%s.tmp.%d", path, (int)getpid());
     tl->rank = rank;
     tl->t0 = cring__now_s();
-    char ev[160];
+    struct timespec wall; /* where ts 0 is, in wall-clock time (Horovod's field) */
+    clock_gettime(CLOCK_REALTIME, &wall);
+    char ev[200];
     snprintf(ev, sizeof ev,
              "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": "
-             "\"rank %d\"}}",
-             rank);
+             "\"rank %d\", \"start_time_since_epoch_in_micros\": %lld}}",
+             rank, (long long)wall.tv_sec * 1000000LL + wall.tv_nsec / 1000);
     emit(tl, ev);
     emit(tl, "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": 0, \"args\": "
              "{\"sort_index\": 0}}");
