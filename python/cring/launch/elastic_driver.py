@@ -382,8 +382,8 @@ class ElasticJob(Job):
     def _blacklist(self, worker: Rank) -> None:
         """No new worker where `worker` failed until the cool-down ends."""
         remote = self._hosts is not None and not self._hosts.is_local(worker.host)
-        if not remote and self._options.discovery_script is None and self._hosts is None:
-            return  # nothing would start a worker here again anyway
+        if not remote and self._options.discovery_script is None:
+            return  # nothing would start a worker on this host again anyway
         seconds = self._cooldown_s(worker.host if remote else None)
         until = time.monotonic() + seconds
         how_long = "for the rest of the job" if math.isinf(seconds) else f"for {seconds:.1f} s"
