@@ -206,6 +206,43 @@ def test_reset_limit_fails_the_job(tmp_path):
     assert results(tmp_path) == {}
 
 
+@pytest.mark.parametrize("cooldown", [[], ["--blacklist-cooldown-range", "1", "2"]])
+def test_a_crash_loop_ends_the_job_with_the_workers_error(tmp_path, cooldown):
+    """Every worker (replacements too) crashes at step 3 while discovery keeps
+    offering 2 slots: failed slots are blacklisted (for good, or for the
+    cool-down) and the generation that failed as a whole ends the job with the
+    workers' error and exit code, instead of replacing workers forever."""
+    before = cring_shm_files()
+    _, launcher_args, out = discovery(tmp_path, "localhost:2\n")
+    proc, wall_s = launch(
+        [*launcher_args, "--min-np", "1", *cooldown],
+        "elastic_numbers.py",
+        worker_args(10, 1, out, "--crash-at", "3"),
+        timeout=60,
+    )
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, failure_text(proc)  # the workers' exit code (a Python error)
+    assert "RuntimeError: deterministic crash at step 3" in text, failure_text(proc)
+    assert "has failed: stopping the job" in proc.stderr, failure_text(proc)
+    assert "(blacklisted)" in proc.stderr, failure_text(proc)
+    assert results(out) == {}
+    assert wall_s < 60
+    assert cring_shm_files() <= before
+
+
+def test_blacklist_cooldown_range_usage():
+    from cring.launch.cli import parse_args
+
+    base = ["-np", "2", "--elastic", "--blacklist-cooldown-range"]
+    assert parse_args([*base, "1", "30", "x"]).blacklist_cooldown_range == (1.0, 30.0)
+    assert parse_args([*base, "1", "30", "x"]).command == ["x"]
+    for bad in (["0.5", "2"], ["5", "2"], ["1", "4000"]):
+        with pytest.raises(SystemExit):
+            parse_args([*base, *bad, "x"])
+    with pytest.raises(SystemExit):
+        parse_args(["-np", "2", "--blacklist-cooldown-range", "1", "2", "x"])  # needs --elastic
+
+
 def test_worker_that_times_out_gets_a_new_generation_with_the_same_workers(tmp_path):
     before = cring_shm_files()
     steps, commit_every, fail_step = 20, 3, 8

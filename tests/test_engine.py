@@ -7,13 +7,15 @@ and writes <tmp>/rank<R>.json (see tests/workers/engine_common.py)."""
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
 
 import cring
 
-from conftest import rank_results, run_ranks
+from conftest import WORKERS, rank_results, run_ranks
 
 TIMEOUT_S = 120  # per job; every job here normally ends within a few seconds
 
@@ -188,58 +190,110 @@ def test_stall_shutdown_fails_pending_handles(tmp_path):
 # ---- item 7: timelines ------------------------------------------------------------------------
 
 
+def _rows(events):
+    """pid -> row label (Horovod's layout: a process per tensor, pid 0 the rank)."""
+    return {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+
+
 def test_timeline_files(tmp_path):
-    """CRING_TIMELINE=<tmp>/trace.json gives trace.0.json and trace.1.json,
-    valid JSON after every op while the job runs and at the end, with
-    NEGOTIATE and ALLREDUCE spans on one track per tensor name; a timeline
-    started and stopped from Python holds exactly the ops in between."""
+    """HOROVOD_TIMELINE=<tmp>/trace.json at 2 ranks: that exact file (rank 0
+    writes it, no per-rank suffix), valid JSON after every op while the job
+    runs and at the end, with Horovod's event names (NEGOTIATE_ALLREDUCE, the
+    top-level ALLREDUCE holding QUEUE and the transfer, CPU_ALLREDUCE here) on a row per tensor
+    named as Horovod names it ("allreduce.tl.grad"); a timeline started and
+    stopped from Python holds exactly the ops in between; mark_cycles adds
+    CYCLE_START markers (off by default); all_ranks gives a file per rank."""
     proc = run_ranks(
         2,
         "engine_timeline.py",
         str(tmp_path),
-        env={"CRING_TIMELINE": str(tmp_path / "trace.json")},
+        env={"HOROVOD_TIMELINE": str(tmp_path / "trace.json")},
         timeout=TIMEOUT_S,
         check=False,
     )
-    results = assert_clean(proc, tmp_path, 2)
-    assert not (tmp_path / "trace.json").exists()
+    assert_clean(proc, tmp_path, 2)
+    assert not list(tmp_path.glob("trace.*.json")), list(tmp_path.iterdir())
+    with open(tmp_path / "trace.json") as f:
+        events = json.load(f)
+    assert isinstance(events, list) and events
+    rows = _rows(events)
+    assert rows[0] == "rank 0"
+    start_us = next(e for e in events if e.get("name") == "process_name")["args"]
+    assert abs(start_us["start_time_since_epoch_in_micros"] / 1e6 - time.time()) < 3600
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert all(e["pid"] in rows and e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
+    assert {
+        "NEGOTIATE_ALLREDUCE",
+        "NEGOTIATE_BROADCAST",
+        "NEGOTIATE_ALLGATHER",
+        "NEGOTIATE_REDUCESCATTER",
+        "ALLREDUCE",
+        "BROADCAST",
+        "ALLGATHER",
+        "REDUCESCATTER",
+        "QUEUE",
+        "CPU_ALLREDUCE",
+        "CPU_BCAST",
+    } <= {e["name"] for e in spans}, {e["name"] for e in spans}
+    assert {
+        "allreduce.tl.grad",
+        "broadcast.tl.bcast",
+        "allgather.tl.gather",
+        "reducescatter.tl.scatter",
+        "allreduce.tl.small.0",
+        "allreduce.tl.small.39",
+    } <= set(rows.values()), rows
+    grad_pid = next(p for p, n in rows.items() if n == "allreduce.tl.grad")
+    grad = {e["name"]: e for e in spans if e["pid"] == grad_pid}
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE"} <= set(grad), grad
+    top, queue = grad["ALLREDUCE"], grad["QUEUE"]
+    # the activity nests inside the top-level op, which follows negotiation
+    assert (
+        top["ts"] <= queue["ts"] + 1e-3
+        and queue["ts"] + queue["dur"] <= top["ts"] + top["dur"] + 1e-3
+    )
+    assert grad["NEGOTIATE_ALLREDUCE"]["ts"] <= top["ts"]
+    assert top["args"]["dtype"] == "float32" and top["args"]["bytes"] == 4000
+    assert not [e for e in events if e.get("ph") == "i"]  # no cycle markers unless asked
+    # the Python-started timeline: rank 0 only, exactly the op in between
+    with open(tmp_path / "py.json") as f:
+        py_events = json.load(f)
+    assert set(_rows(py_events).values()) == {"rank 0", "allreduce.py.after_start"}
+    assert "ALLREDUCE" in {e["name"] for e in py_events if e.get("ph") == "X"}
+    # mark_cycles=True: a global CYCLE_START instant per negotiation cycle
+    with open(tmp_path / "cycles.json") as f:
+        cycles = json.load(f)
+    marks = [e for e in cycles if e.get("ph") == "i"]
+    assert len(marks) >= 3 and {(e["name"], e["s"]) for e in marks} == {("CYCLE_START", "g")}
+    # all_ranks=True: the per-rank files of before
     for r in range(2):
-        with open(tmp_path / f"trace.{r}.json") as f:
-            events = json.load(f)
-        assert isinstance(events, list) and events
-        spans = [e for e in events if e.get("ph") == "X"]
-        phases = {e["name"] for e in spans}
-        assert {
-            "NEGOTIATE",
-            "QUEUE",
-            "ALLREDUCE",
-            "BROADCAST",
-            "ALLGATHER",
-            "REDUCESCATTER",
-        } <= phases, phases
-        assert all(e["pid"] == r and e["dur"] >= 0 and e["ts"] >= 0 for e in spans)
-        tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-        assert {
-            "tl.grad",
-            "tl.bcast",
-            "tl.gather",
-            "tl.scatter",
-            "tl.small.0",
-            "tl.small.39",
-        } <= set(tracks.values()), tracks
-        assert {e["tid"] for e in spans} <= set(tracks)
-        grad = [e for e in spans if tracks[e["tid"]] == "tl.grad"]
-        assert {"NEGOTIATE", "ALLREDUCE"} <= {e["name"] for e in grad}, grad
-        assert any(
-            e.get("name") == "process_name" and e["args"]["name"] == f"rank {r}" for e in events
+        with open(tmp_path / f"all.{r}.json") as f:
+            assert "allreduce.all.ranks" in _rows(json.load(f)).values()
+
+
+@pytest.mark.parametrize("how", ["environment", "cringrun"])
+def test_timeline_mark_cycles_from_the_environment_or_cringrun(tmp_path, how):
+    """HOROVOD_TIMELINE_MARK_CYCLES=1 beside HOROVOD_TIMELINE, or horovodrun's
+    flags `cringrun --timeline-filename F --timeline-mark-cycles`, mark cycles
+    in the file at that exact path."""
+    path = tmp_path / "trace.json"
+    if how == "environment":
+        env = {"HOROVOD_TIMELINE": str(path), "HOROVOD_TIMELINE_MARK_CYCLES": "1"}
+        proc = run_ranks(
+            2, "engine_timeline.py", str(tmp_path), env=env, timeout=TIMEOUT_S, check=False
         )
-        # the Python-started timeline
-        assert results[r]["py_path"] == str(tmp_path / f"py.{r}.json")
-        with open(tmp_path / f"py.{r}.json") as f:
-            py_events = json.load(f)
-        names = {e["args"]["name"] for e in py_events if e.get("name") == "thread_name"}
-        assert names == {"py.after_start"}, names
-        assert "ALLREDUCE" in {e["name"] for e in py_events if e.get("ph") == "X"}
+    else:
+        cmd = [sys.executable, "-m", "cring.run", "-np", "2", "--timeline-filename", str(path)]
+        cmd += ["--timeline-mark-cycles", sys.executable, str(WORKERS / "engine_timeline.py")]
+        env = dict(os.environ, CRING_TIMEOUT_SECONDS="60")
+        proc = subprocess.run(
+            [*cmd, str(tmp_path)], env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    assert_clean(proc, tmp_path, 2)
+    with open(path) as f:
+        events = json.load(f)
+    assert len([e for e in events if e.get("name") == "CYCLE_START"]) >= 4
+    assert "allreduce.tl.grad" in _rows(events).values()
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to overlap")

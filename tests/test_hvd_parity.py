@@ -115,7 +115,7 @@ def test_cring_imports_without_torch():
 
 
 def test_horovod_knobs_are_honoured(tmp_path):
-    """HOROVOD_FUSION_THRESHOLD / CYCLE_TIME / TIMELINE / LOG_LEVEL become their
+    """HOROVOD_FUSION_THRESHOLD / CYCLE_TIME / TIMELINE(_MARK_CYCLES) / LOG_LEVEL become their
     CRING_* equivalents (a CRING_* variable set too wins), the timeline is
     written, and one warning lists the settings cring has no equivalent for."""
     env = {
@@ -127,6 +127,7 @@ def test_horovod_knobs_are_honoured(tmp_path):
         "CRING_CACHE_CAPACITY": "128",
         "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
         "HOROVOD_TIMELINE_MARK_CYCLES": "1",
+        "HOROVOD_TORUS_ALLREDUCE": "1",
         "HOROVOD_GPU_OPERATIONS": "XLA",
     }
     run_ranks(2, "horovod_env.py", str(tmp_path), env=env, timeout=120)
@@ -136,18 +137,22 @@ def test_horovod_knobs_are_honoured(tmp_path):
         assert got["CRING_CYCLE_TIME"] == "3.5"
         assert got["CRING_LOG_LEVEL"] == "error"
         assert got["CRING_CACHE_CAPACITY"] == "128"  # CRING_* wins
+        assert got["CRING_TIMELINE_MARK_CYCLES"] == "1"
         assert len(res["warnings"]) == 1, res["warnings"]
         message = res["warnings"][0]
         for name in (
             "HOROVOD_HIERARCHICAL_ALLREDUCE",
-            "HOROVOD_TIMELINE_MARK_CYCLES",
+            "HOROVOD_TORUS_ALLREDUCE",
             "HOROVOD_GPU_OPERATIONS='XLA'",
         ):
             assert name in message
         assert "HOROVOD_FUSION_THRESHOLD" not in message
-    for r in range(2):
-        events = json.loads((tmp_path / f"hvd_trace.{r}.json").read_text())
-        assert any("hvd_env.0" in json.dumps(e) for e in events)
+        assert "HOROVOD_TIMELINE_MARK_CYCLES" not in message
+    # Horovod's layout: the exact path, written by rank 0, cycles marked
+    assert not list(tmp_path.glob("hvd_trace.*.json"))
+    events = json.loads((tmp_path / "hvd_trace.json").read_text())
+    assert any("allreduce.hvd_env.0" in json.dumps(e) for e in events)
+    assert any(e.get("name") == "CYCLE_START" for e in events)
 
 
 def test_horovod_env_table_unit():
@@ -166,6 +171,10 @@ def test_horovod_env_table_unit():
     env = {"HOROVOD_STALL_CHECK_DISABLE": "0", "HOROVOD_STALL_CHECK_TIME_SECONDS": "5"}
     _horovod_env.apply_horovod_environment(env)
     assert env["CRING_STALL_CHECK_SECONDS"] == "5"
+    # Horovod's own tests set HOROVOD_TIMELINE=DYNAMIC: no file until start_timeline()
+    env = {"HOROVOD_TIMELINE": "DYNAMIC", "HOROVOD_TIMELINE_MARK_CYCLES": "1"}
+    _horovod_env.apply_horovod_environment(env)
+    assert "CRING_TIMELINE" not in env and env["CRING_TIMELINE_MARK_CYCLES"] == "1"
 
 
 def test_example_with_uneven_data_joins_and_ends_identical():

@@ -588,6 +588,92 @@ def test_elastic_host_added_by_discovery_gets_a_worker(hosts, tmp_path) -> None:
     assert wait_empty(hosts, HOSTS) == {}
 
 
+FLAKY_HOST_WORKER = """
+    import json, os, socket, sys, time
+    import numpy as np
+    import cring
+    import cring.elastic
+
+    steps, out = int(sys.argv[1]), sys.argv[2]
+    host = socket.gethostname()
+    started = time.time()
+    cring.init()
+    state = cring.elastic.ObjectState(step=0, sizes=[], sums_ok=True)
+    mine = [0]
+
+    @cring.elastic.run
+    def train(state):
+        while state.step < steps:
+            if host == "hostC" and mine[0] == 3:  # a bad host: every worker there fails
+                with open(f"{out}/hostC.{os.getpid()}.json", "w") as f:
+                    json.dump({"started": started, "died": time.time()}, f)
+                raise RuntimeError("hostC is broken")
+            x = np.ones(4, np.float64)
+            cring.allreduce_(x, op=cring.Sum, name="ones")
+            state.sums_ok = state.sums_ok and bool(np.all(x == cring.size()))
+            state.sizes.append(cring.size())
+            state.step += 1
+            mine[0] += 1
+            time.sleep(0.05)
+            state.commit()
+
+    train(state)
+    with open(f"{out}/{host}.json", "w") as f:
+        json.dump({"size": cring.size(), "sizes": state.sizes, "sums_ok": state.sums_ok}, f)
+"""
+
+
+@needs_hosts
+def test_elastic_failing_host_is_blacklisted_for_its_cooldown(hosts, tmp_path) -> None:
+    """Every worker on hostC fails after 3 steps; hostA and hostB are healthy.
+    With --blacklist-cooldown-range 1 2, hostC gets no new worker until its
+    cool-down has passed, then one again (which fails again); the job goes on
+    and finishes on the healthy hosts."""
+    discover = tmp_path / "discover.sh"
+    discover.write_text("#!/bin/sh\nprintf 'hostA:1\\nhostB:1\\nhostC:1\\n'\n")
+    discover.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    command = script(tmp_path, "flaky", FLAKY_HOST_WORKER)
+    result = launch(
+        [
+            "--elastic",
+            "-np",
+            "3",
+            "--min-np",
+            "2",
+            "-H",
+            "hostA:1,hostB:1,hostC:1",
+            "--host-discovery-script",
+            str(discover),
+            "--discovery-interval",
+            "0.2",
+            "--blacklist-cooldown-range",
+            "1",
+            "2",
+            *remote_args(hosts),
+            *command,
+            "150",
+            str(out),
+        ],
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "hostC gets no new workers for 2.0 s (blacklisted)" in result.stderr, result.stderr
+    assert "RuntimeError: hostC is broken" in result.stdout + result.stderr
+    for host in ("hostA", "hostB"):
+        report = json.loads((out / f"{host}.json").read_text())
+        assert report["size"] == 2 and report["sums_ok"], report
+    deaths = sorted(
+        (json.loads(p.read_text()) for p in out.glob("hostC.*.json")), key=lambda r: r["started"]
+    )
+    assert len(deaths) >= 2, f"hostC was never used again: {result.stderr[-3000:]}"
+    for before, after in zip(deaths, deaths[1:]):
+        # the next worker there started after the cool-down (>= MIN) that followed the death
+        assert after["started"] - before["died"] >= 1.0, (before, after)
+    assert wait_empty(hosts, HOSTS) == {}
+
+
 @needs_hosts
 def test_an_unknown_host_fails_the_job_with_the_remote_shell_code(hosts, tmp_path) -> None:
     command = script(tmp_path, "sleeper", SLEEPER)

@@ -164,6 +164,42 @@ void cring__engine_span_write(cring_engine_t *e, const char *name, const char *p
     pthread_mutex_unlock(&e->timeline_mu);
 }
 
+/* "allreduce" -> "ALLREDUCE" (Horovod's event names are upper case). */
+static void upper_op(cring_collective_t c, char *out, size_t n) {
+    const char *s = cring_collective_name(c);
+    size_t i = 0;
+    for (; s[i] && i + 1 < n; i++) out[i] = (char)(s[i] >= 'a' && s[i] <= 'z' ? s[i] - 32 : s[i]);
+    out[i] = 0;
+}
+
+void cring__engine_span_negotiated(cring_engine_t *e, const req_t *r, double t_ready) {
+    char phase[48] = "NEGOTIATE_";
+    upper_op(r->coll, phase + 10, sizeof phase - 10);
+    pthread_mutex_lock(&e->timeline_mu);
+    cring__timeline_tensor(e->timeline, r->name, cring_collective_name(r->coll));
+    cring__timeline_span(e->timeline, r->name, phase, r->submit_s, t_ready, NULL);
+    pthread_mutex_unlock(&e->timeline_mu);
+}
+
+void cring__engine_span_done(cring_engine_t *e, const req_t *r) {
+    /* barrier and join write their own top-level span; a request that never
+     * became ready has no processing to show */
+    if (r->coll == CRING_COLL_BARRIER || r->coll == CRING_COLL_JOIN || r->ready_s <= 0) return;
+    char phase[40], args[128];
+    upper_op(r->coll, phase, sizeof phase);
+    size_t bytes = 0;
+    for (int i = 0; i < r->ntensors; i++) bytes += r->t[i].bytes;
+    snprintf(args, sizeof args, "\"dtype\": \"%s\", \"tensors\": %d, \"bytes\": %zu",
+             r->ntensors ? cring_dtype_name(r->t[0].dtype) : "", r->ntensors, bytes);
+    cring__engine_span_write(e, r->name, phase, r->ready_s, cring__now_s(), args);
+}
+
+void cring__engine_mark_cycle(cring_engine_t *e) {
+    pthread_mutex_lock(&e->timeline_mu);
+    cring__timeline_marker(e->timeline, "CYCLE_START", cring__now_s());
+    pthread_mutex_unlock(&e->timeline_mu);
+}
+
 cring_status_t cring__engine_transport_failed(cring_engine_t *e, cring_status_t st) {
     int expected = CRING_OK;
     if (atomic_compare_exchange_strong(&e->broken, &expected, (int)st))
@@ -421,18 +457,24 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
         return cring__engine_submit_fail(CRING_ERR_NO_MEMORY, "out of memory");
     }
     const char *tl = getenv("CRING_TIMELINE");
-    if (tl && *tl) {
+    const char *all_ranks = getenv("CRING_TIMELINE_ALL_RANKS");
+    int per_rank = all_ranks && *all_ranks && strcmp(all_ranks, "0") != 0;
+    if (tl && *tl && (per_rank || e->rank == 0)) {
         char path[8192];
-        /* one file per rank: "trace.json" -> "trace.json" on rank 0 of 1,
-         * "trace.<rank>.json" otherwise */
+        /* Horovod's layout: rank 0 writes the path itself. With
+         * CRING_TIMELINE_ALL_RANKS every rank writes one: "trace.json" ->
+         * "trace.json" on rank 0 of 1, "trace.<rank>.json" otherwise. */
         const char *dot = strrchr(tl, '.');
-        if (e->size > 1 && dot && !strchr(dot, '/'))
+        if (!per_rank) snprintf(path, sizeof path, "%s", tl);
+        else if (e->size > 1 && dot && !strchr(dot, '/'))
             snprintf(path, sizeof path, "%.*s.%d%s", (int)(dot - tl), tl, e->rank, dot);
         else if (e->size > 1) snprintf(path, sizeof path, "%s.%d", tl, e->rank);
         else snprintf(path, sizeof path, "%s", tl);
         if (cring__timeline_open(path, e->rank, &e->timeline) != CRING_OK)
             cring__log(CRING__LOG_WARNING, e->rank, "CRING_TIMELINE: cannot write %s", path);
         atomic_store(&e->timeline_on, e->timeline != NULL);
+        const char *mark = getenv("CRING_TIMELINE_MARK_CYCLES");
+        atomic_store(&e->timeline_mark_cycles, mark && *mark && strcmp(mark, "0") != 0);
     }
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         cring_comm_destroy(comm);
@@ -509,6 +551,10 @@ void cring_engine_get_stats(cring_engine_t *e, cring_engine_stats_t *out) {
     out->fusion_threshold_bytes = atomic_load(&e->tune.shown_threshold_bytes);
     out->cycle_time_ms = atomic_load(&e->tune.shown_cycle_time_us) / 1000.0;
     out->autotune = atomic_load(&e->tune.shown_state);
+}
+
+void cring_engine_timeline_mark_cycles(cring_engine_t *e, int on) {
+    atomic_store(&e->timeline_mark_cycles, on != 0);
 }
 
 cring_status_t cring_engine_timeline(cring_engine_t *e, const char *path) {

@@ -322,8 +322,9 @@ struct cring_engine {
     } stats;
     pthread_mutex_t timeline_mu;
     cring__timeline_t *timeline;
-    _Atomic int timeline_on; /* read without the lock by submitters */
-    cring__tune_t tune;      /* autotune.c (its hooks: execute.c, negotiate.c) */
+    _Atomic int timeline_on;          /* read without the lock by submitters */
+    _Atomic int timeline_mark_cycles; /* a CYCLE_START marker per negotiation round */
+    cring__tune_t tune;               /* autotune.c (its hooks: execute.c, negotiate.c) */
 };
 
 /* ---- engine.c ---------------------------------------------------------------- */
@@ -346,6 +347,14 @@ static inline void cring__engine_span(cring_engine_t *e, const char *name, const
                                       double t0, double t1, const char *args) {
     if (e->timeline) cring__engine_span_write(e, name, phase, t0, t1, args);
 }
+
+/* The Horovod-shaped spans around a request (call only with a timeline):
+ * its row label and NEGOTIATE_<OP> from submission to t_ready; <OP> from
+ * ready to done (QUEUE, the copies and the transfer nest inside it); a
+ * CYCLE_START marker. */
+void cring__engine_span_negotiated(cring_engine_t *e, const req_t *r, double t_ready);
+void cring__engine_span_done(cring_engine_t *e, const req_t *r);
+void cring__engine_mark_cycle(cring_engine_t *e);
 
 /* Timestamps only matter to the timeline; reading the clock is not free. */
 static inline double cring__engine_tl_now(const cring_engine_t *e) {

@@ -69,7 +69,7 @@ static cring_status_t run_adasum(cring_engine_t *e, req_t **batch, int n) {
     char args[96];
     snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors,
              total * es);
-    cring__fused_spans(e, batch, n, "ADASUM", t0, t1, t2, t3, args);
+    cring__fused_spans(e, batch, n, "CPU_ADASUM_ALLREDUCE", t0, t1, t2, t3, args);
     cring__engine_stats_add(&e->stats.fused_tensors, ntensors);
     cring__engine_stats_add(&e->stats.collectives, 1);
     free(counts);
@@ -118,7 +118,7 @@ static cring_status_t run_allreduce_direct(cring_engine_t *e, req_t **batch, int
         snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors,
                  total * cring_dtype_size(dtype));
         for (int b = 0; b < n; b++)
-            cring__engine_span(e, batch[b]->name, "ALLREDUCE", t0, t1, args);
+            cring__engine_span(e, batch[b]->name, "CPU_ALLREDUCE", t0, t1, args);
     }
     cring__engine_stats_add(&e->stats.fused_tensors, ntensors);
     return st;
@@ -150,7 +150,7 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
         double t1 = cring__engine_tl_now(e);
         if (st == CRING_OK && first->postscale != 1.0)
             cring__convert(dtype, t->recv, dtype, t->recv, t->count, first->postscale);
-        cring__engine_span(e, first->name, "ALLREDUCE", t0, t1, NULL);
+        cring__engine_span(e, first->name, "CPU_ALLREDUCE", t0, t1, NULL);
     } else if ((n > 1 || first->ntensors > 1) &&
                (st = run_allreduce_direct(e, batch, n, ntensors, t0)) != CRING_ERR_NOT_SUPPORTED) {
         /* several tensors (as every rank has them), reduced in place */
@@ -167,7 +167,7 @@ static cring_status_t run_allreduce(cring_engine_t *e, req_t **batch, int n) {
         char args[96];
         snprintf(args, sizeof args, "\"fused_tensors\": %zu, \"fused_bytes\": %zu", ntensors,
                  total * es);
-        cring__fused_spans(e, batch, n, "ALLREDUCE", t0, t1, t2, t3, args);
+        cring__fused_spans(e, batch, n, "CPU_ALLREDUCE", t0, t1, t2, t3, args);
         cring__engine_stats_add(&e->stats.fused_tensors, ntensors);
     }
     cring__engine_stats_add(&e->stats.collectives, 1);
@@ -200,7 +200,7 @@ static cring_status_t run_broadcast(cring_engine_t *e, req_t **batch, int n) {
         tensor_spec_t *t = &first->t[0];
         if (i_am_root && t->send != t->recv) memcpy(t->recv, t->send, t->bytes);
         st = cring__comm_broadcast(e->comm, t->recv, t->bytes, root);
-        cring__engine_span(e, first->name, "BROADCAST", t0, cring__engine_tl_now(e), NULL);
+        cring__engine_span(e, first->name, "CPU_BCAST", t0, cring__engine_tl_now(e), NULL);
     } else {
         size_t total = 0, ntensors = 0;
         for (int b = 0; b < n; b++)
@@ -228,7 +228,7 @@ static cring_status_t run_broadcast(cring_engine_t *e, req_t **batch, int n) {
                     off += batch[b]->t[i].bytes;
                 }
         double t3 = cring__engine_tl_now(e);
-        cring__fused_spans(e, batch, n, "BROADCAST", t0, t1, t2, t3, NULL);
+        cring__fused_spans(e, batch, n, "CPU_BCAST", t0, t1, t2, t3, NULL);
         cring__engine_stats_add(&e->stats.fused_tensors, ntensors);
     }
     cring__engine_stats_add(&e->stats.collectives, 1);
@@ -267,7 +267,7 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
         cring__engine_stats_add(&e->stats.collectives, 1);
     }
     free(sizes);
-    cring__engine_span(e, r->name, "ALLGATHER", t0, cring__engine_tl_now(e), NULL);
+    cring__engine_span(e, r->name, "CPU_ALLGATHER", t0, cring__engine_tl_now(e), NULL);
     return st;
 }
 
@@ -296,7 +296,7 @@ static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
         cring__engine_stats_add(&e->stats.collectives, 1);
     }
     free(counts);
-    cring__engine_span(e, r->name, "REDUCESCATTER", t0, cring__engine_tl_now(e), NULL);
+    cring__engine_span(e, r->name, "CPU_REDUCESCATTER", t0, cring__engine_tl_now(e), NULL);
     return st;
 }
 
@@ -345,7 +345,7 @@ static cring_status_t run_alltoall(cring_engine_t *e, req_t *r) {
 done:
     free(rows);
     free(sizes);
-    cring__engine_span(e, r->name, "ALLTOALL", t0, cring__engine_tl_now(e), NULL);
+    cring__engine_span(e, r->name, "CPU_ALLTOALL", t0, cring__engine_tl_now(e), NULL);
     return st;
 }
 

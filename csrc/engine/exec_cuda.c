@@ -224,7 +224,7 @@ static cring_status_t ghost_buffers(cring_engine_t *e, const lane_t *L, req_t *r
 static const char *phase_name(cring_collective_t c) {
     switch (c) {
     case CRING_COLL_ALLREDUCE: return "NCCL_ALLREDUCE";
-    case CRING_COLL_BROADCAST: return "NCCL_BROADCAST";
+    case CRING_COLL_BROADCAST: return "NCCL_BCAST";
     case CRING_COLL_ALLGATHER: return "NCCL_ALLGATHER";
     default: return "NCCL_REDUCESCATTER";
     }

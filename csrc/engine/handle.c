@@ -96,6 +96,7 @@ void cring__engine_complete(cring_engine_t *e, req_t *r, cring_status_t st, cons
     cring_handle_t *h = r->handle;
     if (!h) return;    /* a joined rank's stand-in */
     if (e->timeline) { /* a user who saw the handle complete finds it in the file */
+        if (st == CRING_OK) cring__engine_span_done(e, r);
         pthread_mutex_lock(&e->timeline_mu);
         cring__timeline_flush(e->timeline);
         pthread_mutex_unlock(&e->timeline_mu);

@@ -300,7 +300,7 @@ static void reduce_speculated(cring_engine_t *e, req_t *spec) {
     cring__reduce_multi(t->dtype, spec->op, t->recv, srcs, P, t->count, P);
     if (spec->postscale != 1.0)
         cring__convert(t->dtype, t->recv, t->dtype, t->recv, t->count, spec->postscale);
-    cring__engine_span(e, spec->name, "ALLREDUCE", t0, cring__engine_tl_now(e),
+    cring__engine_span(e, spec->name, "CPU_ALLREDUCE", t0, cring__engine_tl_now(e),
                        "\"with_negotiation\": true");
     cring__engine_stats_add(&e->stats.collectives, 1);
 }
@@ -323,7 +323,7 @@ static cring_status_t run_speculated(cring_engine_t *e, req_t *spec) {
     if (spec->coll == CRING_COLL_BROADCAST) {
         const void *src = e->rank == spec->root ? t->send : block_data(e, spec->root);
         if (src != t->recv) memcpy(t->recv, src, t->bytes);
-        cring__engine_span(e, spec->name, "BROADCAST", t0, cring__engine_tl_now(e),
+        cring__engine_span(e, spec->name, "CPU_BCAST", t0, cring__engine_tl_now(e),
                            "\"with_negotiation\": true");
     } else {
         const int P = e->size;
@@ -347,7 +347,7 @@ static cring_status_t run_speculated(cring_engine_t *e, req_t *spec) {
             memcpy(out, q == e->rank ? t->send : block_data(e, q), n);
             out += n;
         }
-        cring__engine_span(e, spec->name, "ALLGATHER", t0, cring__engine_tl_now(e),
+        cring__engine_span(e, spec->name, "CPU_ALLGATHER", t0, cring__engine_tl_now(e),
                            "\"with_negotiation\": true");
     }
     cring__engine_stats_add(&e->stats.collectives, 1);
@@ -502,7 +502,7 @@ static void mark_ready(cring_engine_t *e, response_list_t *l) {
         if (!r->handle) continue; /* a joined rank's stand-in */
         if (r == e->neg.last_attached) e->neg.last_attached = NULL;
         cring__strmap_remove_h(&e->neg.pending, r->name, r->name_hash);
-        cring__engine_span(e, r->name, "NEGOTIATE", r->submit_s, t_ready, NULL);
+        if (e->timeline) cring__engine_span_negotiated(e, r, t_ready);
     }
 }
 
@@ -525,6 +525,7 @@ cring_status_t cring__negotiate_round(cring_engine_t *e, int *progress) {
     cring_status_t st = exchange_vector(e, vlen, &spec);
     e->drive.rounds_done++;
     cring__engine_stats_add(&e->stats.cycles, 1);
+    if (e->timeline && atomic_load(&e->timeline_mark_cycles)) cring__engine_mark_cycle(e);
     if (st != CRING_OK) return cring__engine_transport_failed(e, st);
     if (v[1] == 0) return stall_shutdown(e);
     int grew = cring__join_update(e, v);

@@ -1,6 +1,9 @@
-/* timeline.c: Chrome-trace JSON writer. Each tensor name gets its own track
- * (a "tid" with a thread_name metadata event) inside the rank's process
- * track. Knows nothing of collectives beyond the strings it is given.
+/* timeline.c: Chrome-trace JSON writer in the layout of Horovod's timeline:
+ * each tensor is a row of its own (a "pid" named by a process_name metadata
+ * event, "allreduce.grad" for the tensor "grad" of an allreduce, sorted in
+ * order of appearance), pid 0 names the writing rank, and cycle markers are
+ * global instant events. Knows nothing of collectives beyond the strings it
+ * is given.
  *
  * The file must be valid JSON whenever anyone reads it, even while it grows,
  * and a reader may hold it open for any time, so no file that was ever
@@ -17,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "strmap.h"
@@ -35,8 +39,9 @@ struct cring__timeline {
     char *buf; /* events not yet published, with separators */
     size_t len, cap;
     int nevents;
-    int next_tid;
-    cring__strmap_t tids;
+    int next_row;
+    cring__strmap_t rows;   /* row label -> its pid */
+    cring__strmap_t labels; /* tensor name -> its row label (malloc'd) */
 };
 
 static void json_escape(const char *in, char *out, size_t out_len) {
@@ -148,12 +153,16 @@ cring_status_t cring__timeline_open(const char *path, int rank, cring__timeline_
     snprintf(tl->tmp_path, plen + 32, "%s.tmp.%d", path, (int)getpid());
     tl->rank = rank;
     tl->t0 = cring__now_s();
-    char ev[160];
+    struct timespec wall; /* where ts 0 is, in wall-clock time (Horovod's field) */
+    clock_gettime(CLOCK_REALTIME, &wall);
+    char ev[200];
     snprintf(ev, sizeof ev,
-             "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
-             "\"rank %d\"}}",
-             rank, rank);
+             "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": "
+             "\"rank %d\", \"start_time_since_epoch_in_micros\": %lld}}",
+             rank, (long long)wall.tv_sec * 1000000LL + wall.tv_nsec / 1000);
     emit(tl, ev);
+    emit(tl, "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": 0, \"args\": "
+             "{\"sort_index\": 0}}");
     if (publish(tl) != 0) {
         int e = errno;
         cring__timeline_close(tl);
@@ -168,38 +177,68 @@ void cring__timeline_close(cring__timeline_t *tl) {
     if (!tl) return;
     if (tl->len && tl->path) publish(tl);
     if (tl->fd_visible >= 0) close(tl->fd_visible);
-    cring__strmap_free(&tl->tids);
+    for (size_t b = 0; b < tl->labels.nbuckets; b++)
+        for (cring__strmap_entry_t *x = tl->labels.buckets[b]; x; x = x->next) free(x->value);
+    cring__strmap_free(&tl->labels);
+    cring__strmap_free(&tl->rows);
     free(tl->buf);
     free(tl->path);
     free(tl->tmp_path);
     free(tl);
 }
 
-static int tid_for(cring__timeline_t *tl, const char *name) {
-    void *v = cring__strmap_get(&tl->tids, name);
+void cring__timeline_tensor(cring__timeline_t *tl, const char *name, const char *op) {
+    if (!tl || cring__strmap_get(&tl->labels, name)) return;
+    size_t olen = strlen(op), nlen = strlen(name);
+    char *label = malloc(olen + nlen + 2);
+    if (!label) return; /* the row keeps the bare name */
+    if (strncmp(name, op, olen) == 0 && name[olen] == '.') memcpy(label, name, nlen + 1);
+    else snprintf(label, olen + nlen + 2, "%s.%s", op, name);
+    if (cring__strmap_put(&tl->labels, name, label) != 0) free(label);
+}
+
+static int row_for(cring__timeline_t *tl, const char *name) {
+    const char *label = cring__strmap_get(&tl->labels, name);
+    if (!label) label = name;
+    void *v = cring__strmap_get(&tl->rows, label);
     if (v) return (int)(intptr_t)v;
-    int tid = ++tl->next_tid;
-    cring__strmap_put(&tl->tids, name, (void *)(intptr_t)tid);
+    int pid = ++tl->next_row;
+    cring__strmap_put(&tl->rows, label, (void *)(intptr_t)pid);
     char esc[512], ev[768];
-    json_escape(name, esc, sizeof esc);
+    json_escape(label, esc, sizeof esc);
     snprintf(ev, sizeof ev,
-             "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": "
+             "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": "
              "{\"name\": \"%s\"}}",
-             tl->rank, tid, esc);
+             pid, esc);
     emit(tl, ev);
-    return tid;
+    snprintf(ev, sizeof ev,
+             "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"args\": "
+             "{\"sort_index\": %d}}",
+             pid, pid);
+    emit(tl, ev);
+    return pid;
 }
 
 void cring__timeline_span(cring__timeline_t *tl, const char *name, const char *phase,
                           double start_s, double end_s, const char *args) {
     if (!tl) return;
-    int tid = tid_for(tl, name);
+    int pid = row_for(tl, name);
     char ev[1024];
     double ts = (start_s - tl->t0) * 1e6, dur = (end_s - start_s) * 1e6;
     if (dur < 0) dur = 0;
     snprintf(ev, sizeof ev,
-             "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, "
+             "{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.3f, "
              "\"dur\": %.3f, \"args\": {%s}}",
-             phase, tl->rank, tid, ts, dur, args ? args : "");
+             phase, pid, ts, dur, args ? args : "");
+    emit(tl, ev);
+}
+
+void cring__timeline_marker(cring__timeline_t *tl, const char *marker, double at_s) {
+    if (!tl) return;
+    char ev[256];
+    snprintf(ev, sizeof ev,
+             "{\"name\": \"%s\", \"ph\": \"i\", \"pid\": 0, \"tid\": 0, \"ts\": %.3f, "
+             "\"s\": \"g\"}",
+             marker, (at_s - tl->t0) * 1e6);
     emit(tl, ev);
 }

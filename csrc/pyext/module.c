@@ -97,8 +97,10 @@ static PyObject *py_engine_stats(PyObject *module, PyObject *unused) {
 static PyObject *py_timeline(PyObject *module, PyObject *args) {
     module_state *s = cring__pyext_state(module);
     const char *path = NULL;
-    if (!PyArg_ParseTuple(args, "z", &path)) return NULL;
+    int mark_cycles = 0;
+    if (!PyArg_ParseTuple(args, "z|p", &path, &mark_cycles)) return NULL;
     if (!s->engine) return cring__pyext_not_initialized(s);
+    cring_engine_timeline_mark_cycles(s->engine, mark_cycles);
     cring_status_t st = cring_engine_timeline(s->engine, path);
     if (st != CRING_OK)
         return cring__pyext_raise(s, st, "cannot write the timeline", cring_last_init_error());
@@ -118,7 +120,7 @@ static PyMethodDef module_methods[] = {
     {"is_initialized", py_is_initialized, METH_NOARGS, NULL},
     {"topology", py_topology, METH_NOARGS, "dict of rank, size, local_*, cross_*, transport"},
     {"engine_stats", py_engine_stats, METH_NOARGS, "engine counters"},
-    {"timeline", py_timeline, METH_VARARGS, "timeline(path or None)"},
+    {"timeline", py_timeline, METH_VARARGS, "timeline(path or None, mark_cycles=False)"},
     {"reduce_isa", py_reduce_isa, METH_NOARGS, "kernel family chosen for this CPU"},
     {NULL, NULL, 0, NULL}};
 

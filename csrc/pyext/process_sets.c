@@ -99,7 +99,7 @@ int cring__pyext_pset_root(module_state *s, const cring__pyext_pset_t *set, int 
 /* Start the engine of a set this rank belongs to: a communicator over the
  * same rendezvous store under its own key prefix, ranks renumbered. The
  * timeline of CRING_TIMELINE gets its own file per set ("trace.json" ->
- * "trace.ps<id>.json", then per set rank as the engine does). */
+ * "trace.ps<id>.json", written by the set's rank 0 as the engine does). */
 static cring_status_t start_set_engine(module_state *s, int id, int index, int nranks,
                                        cring_engine_t **engine, char *detail, size_t len) {
     cring__pyext_psets_t *p = &s->psets;

@@ -341,13 +341,26 @@ def _rank_path(path: str) -> str:
     return f"{path}.{rank()}"
 
 
-def start_timeline(file_path: str) -> str:
+def start_timeline(
+    file_path: str, mark_cycles: bool = False, all_ranks: bool = False
+) -> Optional[str]:
     """Write a Chrome-trace timeline (open it in Perfetto or chrome://tracing)
-    of every collective from now on. With several ranks each writes its own
-    file: "trace.json" becomes "trace.<rank>.json". Returns the path used."""
+    of every collective from now on, in Horovod's layout (a row per tensor,
+    NEGOTIATE_ALLREDUCE, ALLREDUCE, QUEUE, ... events). Call it on every rank:
+    as in Horovod, rank 0 writes `file_path` and the others write nothing.
+    `mark_cycles` adds a CYCLE_START marker per negotiation cycle.
+    `all_ranks=True` has every rank write its own file instead ("trace.json"
+    becomes "trace.<rank>.json"). Returns the path this rank writes, or None.
+    A timeline already being written is replaced."""
     _require_init()
-    path = _rank_path(str(file_path))
-    _C.timeline(path)
+    if all_ranks:
+        path = _rank_path(str(file_path))
+    elif rank() == 0:
+        path = str(file_path)
+    else:
+        _C.timeline(None)
+        return None
+    _C.timeline(path, bool(mark_cycles))
     return path
 
 

@@ -32,6 +32,11 @@ def _stall_check_disable(value: str) -> Optional[str]:
     return "1e12" if value.strip().lower() in ("1", "true", "yes", "on") else ""
 
 
+def _timeline(value: str) -> Optional[str]:
+    # HOROVOD_TIMELINE=DYNAMIC: no file until start_timeline() (Horovod's own tests set it)
+    return "" if value.strip() == "DYNAMIC" else value
+
+
 def _gpu_operations(value: str) -> Optional[str]:
     # NCCL: cring's NCCL path; MPI, GLOO, DDL, CCL: stage through host memory as those did
     v = value.strip().upper()
@@ -43,7 +48,8 @@ def _gpu_operations(value: str) -> Optional[str]:
 HOROVOD_TO_CRING: dict[str, tuple[str, Callable[[str], Optional[str]]]] = {
     "HOROVOD_FUSION_THRESHOLD": ("CRING_FUSION_THRESHOLD", _same),  # bytes
     "HOROVOD_CYCLE_TIME": ("CRING_CYCLE_TIME", _same),  # milliseconds
-    "HOROVOD_TIMELINE": ("CRING_TIMELINE", _same),  # cring writes one file per rank
+    "HOROVOD_TIMELINE": ("CRING_TIMELINE", _timeline),  # written by rank 0, as Horovod's
+    "HOROVOD_TIMELINE_MARK_CYCLES": ("CRING_TIMELINE_MARK_CYCLES", _same),
     "HOROVOD_CACHE_CAPACITY": ("CRING_CACHE_CAPACITY", _same),
     "HOROVOD_STALL_CHECK_TIME_SECONDS": ("CRING_STALL_CHECK_SECONDS", _same),
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("CRING_STALL_SHUTDOWN_SECONDS", _same),

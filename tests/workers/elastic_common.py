@@ -6,6 +6,8 @@ the common command line and the kills they inflict on themselves.
   --kill W:S          worker W SIGKILLs itself when it is about to run step S
   --kill-during W:S   worker W, on reaching step S, starts a thread that
                       SIGKILLs it 0-5 ms later, wherever it is then
+  --crash-at S        every worker raises RuntimeError when about to run step S
+                      (a deterministic bug: replacements crash there too)
   --out DIR           where worker<id>.json goes
 """
 
@@ -24,6 +26,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--commit-every", type=int, required=True)
     p.add_argument("--kill", action="append", default=[])
     p.add_argument("--kill-during")
+    p.add_argument("--crash-at", type=int)
     p.add_argument("--out", required=True)
     return p
 
@@ -37,10 +40,13 @@ class Killer:
         kills = {int(w): int(s) for w, s in (item.split(":") for item in args.kill)}
         self.kill_step = kills.get(self.worker_id)
         self.kill_during = None
+        self.crash_at = args.crash_at
         if args.kill_during and int(args.kill_during.split(":")[0]) == self.worker_id:
             self.kill_during = int(args.kill_during.split(":")[1])
 
     def before_step(self, step: int) -> None:
+        if self.crash_at == step:
+            raise RuntimeError(f"deterministic crash at step {step}")
         if self.kill_step == step:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.kill_during == step:

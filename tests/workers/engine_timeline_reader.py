@@ -7,7 +7,7 @@ really overlap. The reader takes single-syscall snapshots of the file's end
 (pread from size - 8 KiB to EOF) for up to SECONDS and stops at the first one
 that does not end with the closing "]" of the JSON array. Meanwhile this
 process runs async allreduces with long, new names (each adds a ~600-byte
-thread_name event besides the phase events).
+process_name row event besides the phase events).
 
 Usage: engine_timeline_reader.py OUTDIR SECONDS
 Prints "reader: clean after N reads" or "reader: torn read N: ...<tail>";

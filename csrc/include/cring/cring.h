@@ -402,6 +402,9 @@ CRING_API void cring_engine_get_stats(cring_engine_t *engine, cring_engine_stats
 /* Start writing a Chrome-trace timeline to path (replacing any current one);
  * NULL stops it. The file is valid JSON after every event written. */
 CRING_API cring_status_t cring_engine_timeline(cring_engine_t *engine, const char *path);
+/* Mark the start of every negotiation cycle in the timeline (Horovod's
+ * CYCLE_START markers), or stop marking. Thread-safe. */
+CRING_API void cring_engine_timeline_mark_cycles(cring_engine_t *engine, int on);
 
 /* ---- Utilities for bindings and tools ---------------------------------------- */
 /* Name of the reduction kernel family chosen for this CPU at run time

@@ -16,6 +16,9 @@ from .remote import RSH_ENV, parse_exports
 PROG = "cringrun"
 DEFAULT_GRACE_SECONDS = 5.0
 DEFAULT_DISCOVERY_INTERVAL_S = 1.0
+# --blacklist-cooldown-range bounds (Horovod's: 1 s to an hour)
+COOLDOWN_MIN_S = 1.0
+COOLDOWN_MAX_S = 3600.0
 
 _USAGE = f"{PROG} -np N [options] [--] command [args ...]"
 
@@ -253,6 +256,29 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="fail the job instead of forming generation K+1 (default: no limit)",
     )
+    elastic.add_argument(
+        "--blacklist-cooldown-range",
+        type=float,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help=(
+            "a host (with -H/--hostfile; else a slot of this host) where a worker failed gets "
+            "no new worker for a cool-down between MIN and MAX seconds, growing with each "
+            f"failure there ({COOLDOWN_MIN_S:g} <= MIN <= MAX <= {COOLDOWN_MAX_S:g}; "
+            "default: for the rest of the job)"
+        ),
+    )
+    timeline = parser.add_argument_group("timeline")
+    timeline.add_argument(
+        "--timeline-filename",
+        metavar="FILE",
+        help="rank 0 writes a Chrome-trace timeline in Horovod's layout here (CRING_TIMELINE)",
+    )
+    timeline.add_argument(
+        "--timeline-mark-cycles",
+        action="store_true",
+        help="mark every negotiation cycle in the timeline (CRING_TIMELINE_MARK_CYCLES)",
+    )
     return parser
 
 
@@ -281,8 +307,11 @@ _OPTIONS_WITH_VALUE = frozenset(
         "--discovery-interval",
         "--reset-limit",
         "--autotune-log-file",
+        "--timeline-filename",
     }
 )
+# ... and those that take two
+_OPTIONS_WITH_TWO_VALUES = frozenset({"--blacklist-cooldown-range"})
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -297,7 +326,9 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         if arg == "--":
             return list(argv[:index]), list(argv[index + 1 :])
         if arg.startswith("-") and arg != "-":
-            index += 2 if arg in _OPTIONS_WITH_VALUE else 1
+            index += (
+                2 if arg in _OPTIONS_WITH_VALUE else 3 if arg in _OPTIONS_WITH_TWO_VALUES else 1
+            )
             continue
         return list(argv[:index]), list(argv[index:])
     return list(argv), []
@@ -315,6 +346,8 @@ class Options:
     discovery_script: str | None = None
     discovery_interval_s: float = DEFAULT_DISCOVERY_INTERVAL_S
     reset_limit: int | None = None
+    # (MIN, MAX) seconds a failing host or slot gets no new worker; None: for good
+    blacklist_cooldown_range: tuple[float, float] | None = None
     # Multi-host (None: every rank on this host, as without -H)
     hosts: tuple[HostSlots, ...] | None = None
     rsh: str | None = None
@@ -326,12 +359,18 @@ class Options:
     remote_python: str | None = None
     autotune: bool = False
     autotune_log_file: str | None = None
+    timeline_filename: str | None = None
+    timeline_mark_cycles: bool = False
 
     def rank_variables(self) -> dict[str, str]:
         """What the options add to every rank's environment."""
         env = {"CRING_AUTOTUNE": "1"} if self.autotune else {}
         if self.autotune_log_file is not None:
             env["CRING_AUTOTUNE_LOG"] = os.path.abspath(self.autotune_log_file)
+        if self.timeline_filename is not None:
+            env["CRING_TIMELINE"] = os.path.abspath(self.timeline_filename)
+            if self.timeline_mark_cycles:
+                env["CRING_TIMELINE_MARK_CYCLES"] = "1"
         return env
 
 
@@ -367,6 +406,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         "--max-np": namespace.max_np,
         "--host-discovery-script": namespace.host_discovery_script,
         "--reset-limit": namespace.reset_limit,
+        "--blacklist-cooldown-range": namespace.blacklist_cooldown_range,
     }
     if namespace.discovery_interval != DEFAULT_DISCOVERY_INTERVAL_S:
         elastic_only["--discovery-interval"] = namespace.discovery_interval
@@ -381,6 +421,17 @@ def parse_args(argv: Sequence[str]) -> Options:
         parser.error(f"--max-np {namespace.max_np} is less than -np {namespace.num_proc}")
     if namespace.autotune_log_file is not None and not namespace.autotune:
         parser.error("--autotune-log-file needs --autotune")
+    if namespace.timeline_mark_cycles and namespace.timeline_filename is None:
+        parser.error("--timeline-mark-cycles needs --timeline-filename")
+    cooldown = namespace.blacklist_cooldown_range
+    if cooldown is not None:
+        low, high = cooldown
+        if not COOLDOWN_MIN_S <= low <= high <= COOLDOWN_MAX_S:
+            parser.error(
+                f"--blacklist-cooldown-range {low:g} {high:g}: expected "
+                f"{COOLDOWN_MIN_S:g} <= MIN <= MAX <= {COOLDOWN_MAX_S:g} seconds"
+            )
+        cooldown = (low, high)
     script = namespace.host_discovery_script
     if script is not None and not (os.path.isfile(script) and os.access(script, os.X_OK)):
         parser.error(f"--host-discovery-script {script!r} is not an executable file")
@@ -395,6 +446,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         discovery_script=script,
         discovery_interval_s=namespace.discovery_interval,
         reset_limit=namespace.reset_limit,
+        blacklist_cooldown_range=cooldown,
         hosts=hosts,
         rsh=namespace.rsh,
         ssh_port=namespace.ssh_port,
@@ -405,4 +457,6 @@ def parse_args(argv: Sequence[str]) -> Options:
         remote_python=namespace.remote_python,
         autotune=namespace.autotune,
         autotune_log_file=namespace.autotune_log_file,
+        timeline_filename=namespace.timeline_filename,
+        timeline_mark_cycles=namespace.timeline_mark_cycles,
     )

@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import json
+import math
 import queue
+import random
 import signal
 import subprocess
 import threading
@@ -72,6 +74,12 @@ class ElasticJob(Job):
     --max-np); a worker can ask for a new generation (after a time-out). Once
     a worker has exited 0 the job is finishing: no generation is formed any
     more and a failure ends the job as without --elastic.
+
+    Failure loops are bounded as in Horovod: where a worker failed (its remote
+    host with -H/--hostfile, else one slot of this host) gets no new worker
+    for a cool-down (--blacklist-cooldown-range; for good without it), and a
+    generation whose every worker failed ends the job with the first one's
+    exit code.
     """
 
     def __init__(
@@ -99,7 +107,12 @@ class ElasticJob(Job):
         # it has run: only the initial hosts) and remote hosts where a worker
         # failed, which get no new workers.
         self._discovered_hosts: dict[str, int] | None = None
-        self._failed_hosts: set[str] = set()
+        # The blacklist: remote host -> end of its cool-down (time.monotonic(),
+        # math.inf: for good); one end per failed slot of this host; failures
+        # per place (None: this host), which lengthen the next cool-down.
+        self._blocked_hosts: dict[str, float] = {}
+        self._blocked_local: list[float] = []
+        self._failures: dict[str | None, int] = {}
 
     def run(self) -> int:
         with SignalWatcher() as watcher:
@@ -352,19 +365,52 @@ class ElasticJob(Job):
             for worker in workers:
                 self._pump.wait_closed(FAILED_RANK_OUTPUT_TIMEOUT_S, rank=worker.rank)
 
+    # -- the blacklist -------------------------------------------------------------
+
+    def _cooldown_s(self, place: str | None) -> float:
+        """The cool-down after another failure at `place` (None: this host):
+        Horovod's rule, MIN * 2**k + U(0, 1) * MIN seconds after the k-th
+        failure there, kept within [MIN, MAX]; without a range, for good."""
+        self._failures[place] = count = self._failures.get(place, 0) + 1
+        cooldown = self._options.blacklist_cooldown_range
+        if cooldown is None:
+            return math.inf
+        low, high = cooldown
+        delay = low * 2.0 ** min(count, 30) + random.uniform(0.0, 1.0) * low
+        return max(low, min(high, delay))
+
+    def _blacklist(self, worker: Rank) -> None:
+        """No new worker where `worker` failed until the cool-down ends."""
+        remote = self._hosts is not None and not self._hosts.is_local(worker.host)
+        if not remote and self._options.discovery_script is None:
+            return  # nothing would start a worker on this host again anyway
+        seconds = self._cooldown_s(worker.host if remote else None)
+        until = time.monotonic() + seconds
+        how_long = "for the rest of the job" if math.isinf(seconds) else f"for {seconds:.1f} s"
+        if remote:
+            assert worker.host is not None
+            self._blocked_hosts[worker.host] = until
+            where = f"{worker.host} gets no new workers"
+        else:
+            self._blocked_local.append(until)
+            where = "its slot on this host gets no new worker"
+        self.message(f"worker {worker.rank} failed: {where} {how_long} (blacklisted)")
+
+    def _host_blocked(self, host: str) -> bool:
+        return self._blocked_hosts.get(host, 0.0) > time.monotonic()
+
+    def _local_slots_blocked(self) -> int:
+        now = time.monotonic()
+        self._blocked_local = [t for t in self._blocked_local if t > now]
+        return len(self._blocked_local)
+
     def _reform(self, failed: list[Rank]) -> None:
         self._wait_for_output(failed)
         size = len(self._members)
         lost = []
         for worker in failed:
             assert worker.status is not None
-            if self._hosts is not None and not self._hosts.is_local(worker.host):
-                assert worker.host is not None
-                if worker.host not in self._failed_hosts:
-                    self._failed_hosts.add(worker.host)
-                    self.message(
-                        f"no new workers on {worker.host}: worker {worker.rank} failed there"
-                    )
+            self._blacklist(worker)
             where = (
                 f" (rank {self._members.index(worker)} of {size})"
                 if worker in self._members
@@ -376,9 +422,19 @@ class ElasticJob(Job):
             if worker in self._members:
                 self._members.remove(worker)
         carried = list(self._members)
+        what = "; ".join(lost)
+        if not carried:  # as Horovod: a generation that failed as a whole ends the job
+            first = failed[0]
+            assert first.status is not None
+            self._exit_code = exit_code_of(first.status)
+            self.message(
+                f"{what}; every worker of generation {self._generation} has failed: "
+                "stopping the job"
+            )
+            self._begin_stop(signal.SIGTERM)
+            return
         added = self._additions(carried)
         total = len(carried) + len(added)
-        what = "; ".join(lost)
         if total < self._options.min_np:
             first = failed[0]
             assert first.status is not None
@@ -445,7 +501,7 @@ class ElasticJob(Job):
             )
         self._discovery_warning("; ".join(problems) or None)
         self._discovered_slots = sum(n for h, n in hosts.items() if is_local(h, self._local_names))
-        added = self._wanted_workers() - len(self._members)
+        added = len(self._additions(self._members))
         if added > 0 and not self._may_reset(fail=False):
             self._discovery_warning(
                 f"not adding workers: --reset-limit {self._options.reset_limit} reached"
@@ -463,17 +519,21 @@ class ElasticJob(Job):
     def _additions(self, members: list[Rank]) -> list[str | None]:
         """Hosts of the workers to add to `members`: this host's free slots
         without -H; with it, every discovered host's free slots in the script's
-        order (none on hosts where a worker failed); at most --max-np in all."""
+        order; never a blacklisted remote host or slot of this host (until its
+        cool-down ends); at most --max-np in all."""
+        blocked_here = self._local_slots_blocked()
         if self._hosts is None:
-            return [None] * max(0, self._wanted_workers() - len(members))
+            return [None] * max(0, self._wanted_workers() - len(members) - blocked_here)
         if self._discovered_hosts is None:
             return []
         room = None if self._options.max_np is None else self._options.max_np - len(members)
         hosts: list[str | None] = []
         for host, slots in self._discovered_hosts.items():
-            if host in self._failed_hosts:
+            if self._host_blocked(host):
                 continue
             free = slots - sum(1 for w in members if w.host == host)
+            if self._hosts.is_local(host):
+                free, blocked_here = free - blocked_here, max(0, blocked_here - free)
             hosts.extend([host] * max(0, free))
         return hosts if room is None else hosts[: max(0, room)]
 

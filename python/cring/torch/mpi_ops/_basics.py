@@ -147,10 +147,11 @@ cross_size = cring.cross_size
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Write a Chrome-trace timeline from now on (cring writes one file per
-    rank: trace.json becomes trace.<rank>.json). `mark_cycles` is accepted and
-    ignored."""
-    cring.start_timeline(file_path)
+    """Horovod's start_timeline: rank 0 writes a Chrome-trace timeline in
+    Horovod's layout to `file_path` from now on; `mark_cycles` adds a
+    CYCLE_START marker per cycle (cring.start_timeline(..., all_ranks=True)
+    writes a file per rank)."""
+    cring.start_timeline(file_path, mark_cycles=mark_cycles)
 
 
 def stop_timeline() -> None:
