@@ -111,21 +111,66 @@ def test_bad_arguments_are_rejected():
         ElasticRayExecutor(settings, min_workers=0)
     with pytest.raises(ValueError, match="reset_limit"):
         ElasticRayExecutor(settings, min_workers=1, reset_limit=-1)
-    with pytest.raises(TypeError, match="ElasticRayExecutor"):
-        RayExecutor(settings, min_workers=1, max_workers=2)
     with pytest.raises(RuntimeError, match="call start"):
         ElasticRayExecutor(settings).run(elastic_train, args=[1, "/nonexistent"])
 
 
-def test_killed_worker_leaves_and_a_new_one_joins(cluster, tmp_path):
-    from ray.util.placement_group import placement_group, remove_placement_group
+def test_horovods_elastic_spellings_build_the_same_executor():
+    from cring.ray import ElasticRayExecutor, ElasticRaySettings, RayExecutor
 
+    settings = RayExecutor.create_settings(timeout_s=10)
+    # Horovod's RayExecutor elastic spelling (elastic_v2) and its argument rules
+    v2 = RayExecutor(settings, min_workers=1, max_workers=3, cpus_per_worker=2, reset_limit=4)
+    assert isinstance(v2, ElasticRayExecutor)
+    assert (v2.min_workers, v2.max_workers, v2.cpus_per_worker, v2.reset_limit) == (1, 3, 2, 4)
+    with pytest.raises(ValueError, match="not both"):
+        RayExecutor(settings, num_workers=2, min_workers=1)
+    with pytest.raises(ValueError, match="positive min_workers"):
+        RayExecutor(settings, max_workers=2)
+    with pytest.raises(ValueError, match="positive min_workers"):
+        RayExecutor(settings, min_workers=0, max_workers=2)
+    assert isinstance(RayExecutor(settings, num_workers=2), RayExecutor)
+    # Horovod's ElasticRayExecutor.create_settings + ElasticRayExecutor(settings, ...slot)
+    hs = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3, timeout_s=10)
+    assert isinstance(hs, ElasticRaySettings) and hs.timeout_s == 10
+    v1 = ElasticRayExecutor(hs, use_gpu=False, cpus_per_slot=2)
+    assert (v1.min_workers, v1.max_workers, v1.cpus_per_worker, v1.gpus_per_worker) == (2, 3, 2, 0)
+    assert ElasticRayExecutor(hs, min_workers=1).min_workers == 1, "explicit arguments win"
+    with pytest.warns(DeprecationWarning, match="min_np"):
+        assert ElasticRayExecutor.create_settings(min_np=2, verbose=True).min_num_proc == 2
+    with pytest.raises(ValueError, match="cpus_per_slot, not both"):
+        ElasticRayExecutor(hs, cpus_per_worker=1, cpus_per_slot=1)
+    with pytest.raises(ValueError, match="use_gpu=True"):
+        ElasticRayExecutor(hs, gpus_per_slot=1)
+    with pytest.raises(ValueError, match="max_workers"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=3, max_num_proc=2))
+    hs.discovery = object()
+    with pytest.raises(NotImplementedError, match="discovery"):
+        ElasticRayExecutor(hs, override_discovery=False)
+    assert ElasticRayExecutor(hs).max_workers == 3, "override_discovery=True ignores it"
+
+
+def _executor(spelling: str):
+    """An elastic executor for 1 to 2 workers, spelt as cring, Horovod's
+    ElasticRayExecutor (create_settings + *_per_slot) or its RayExecutor."""
     from cring.ray import ElasticRayExecutor, RayExecutor
 
+    if spelling == "cring":
+        return ElasticRayExecutor(
+            RayExecutor.create_settings(timeout_s=30), min_workers=1, max_workers=2
+        )
+    if spelling == "horovod-elastic-executor":
+        settings = ElasticRayExecutor.create_settings(min_num_proc=1, timeout_s=30, verbose=True)
+        return ElasticRayExecutor(settings, use_gpu=False, cpus_per_slot=1)  # max: 2 CPUs
+    return RayExecutor(RayExecutor.create_settings(timeout_s=30), min_workers=1, max_workers=2)
+
+
+@pytest.mark.parametrize("spelling", ["cring", "horovod-elastic-executor", "horovod-ray-executor"])
+def test_killed_worker_leaves_and_a_new_one_joins(cluster, tmp_path, spelling):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
     t0 = time.monotonic()
-    executor = ElasticRayExecutor(
-        RayExecutor.create_settings(timeout_s=30), min_workers=1, max_workers=2
-    )
+    executor = _executor(spelling)
     blocker = None
     try:
         executor.start()

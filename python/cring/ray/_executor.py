@@ -9,6 +9,7 @@ runs a collective itself.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import secrets
@@ -42,6 +43,12 @@ _POLL_S = 1.0
 # After a survivor reports a dead peer, how long to wait for Ray to say which
 # worker died (so the error names it rather than the survivor).
 _DEATH_NOTICE_S = 5.0
+
+
+# The class RayExecutor(settings, min_workers=...) builds: ElasticRayExecutor,
+# set by cring.ray._elastic (which imports this module, so this one cannot
+# import it).
+_ELASTIC_EXECUTOR: Optional[type] = None
 
 
 class RayWorkerError(PeerFailureError):
@@ -147,6 +154,14 @@ class RayExecutor:
         use_current_placement_group: when called inside a placement group
             (e.g. from a Tune trial), place the workers in it instead of
             creating a new one.
+        min_workers, max_workers, reset_limit: Horovod's elastic spelling:
+            instead of num_workers, RayExecutor(settings, min_workers=...)
+            returns an ElasticRayExecutor (not a RayExecutor) with those
+            arguments and cpus_per_worker, use_gpu, gpus_per_worker.
+            max_workers without a positive min_workers, or min_workers with
+            num_workers or num_hosts, is a ValueError; cooldown_range is
+            ignored with a warning, elastic_timeout ignored (the workers'
+            waits are bounded by settings.timeout_s).
     """
 
     @classmethod
@@ -184,6 +199,46 @@ class RayExecutor:
             transport=transport,
         )
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """Horovod's elastic spelling, RayExecutor(settings, min_workers=...,
+        max_workers=...), builds an ElasticRayExecutor (cring.ray._elastic
+        registers it here; importing cring.ray loads both)."""
+        try:
+            bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+        except TypeError:
+            return super().__new__(cls)  # __init__ reports the bad call
+        params = bound.arguments
+        min_workers, max_workers = params.get("min_workers"), params.get("max_workers")
+        if max_workers and (not min_workers or min_workers <= 0):
+            raise ValueError(
+                "RayExecutor: max_workers needs a positive min_workers (elastic training)"
+            )
+        if min_workers is None:
+            return super().__new__(cls)
+        if params.get("num_workers") is not None or params.get("num_hosts") is not None:
+            raise ValueError(
+                "RayExecutor: give min_workers/max_workers (elastic) or num_workers/num_hosts "
+                "(a fixed number of workers), not both"
+            )
+        if params.get("cooldown_range") is not None:
+            warnings.warn(
+                "RayExecutor: cooldown_range is ignored on Ray (a dead worker's placement group "
+                "is requested again at once)",
+                stacklevel=2,
+            )
+        if _ELASTIC_EXECUTOR is None:  # pragma: no cover - cring.ray imports both
+            raise RuntimeError("RayExecutor: import cring.ray for elastic training")
+        return _ELASTIC_EXECUTOR(
+            params["settings"],
+            min_workers=min_workers,
+            max_workers=max_workers,
+            cpus_per_worker=params.get("cpus_per_worker", 1),
+            use_gpu=params.get("use_gpu", False),
+            gpus_per_worker=params.get("gpus_per_worker"),
+            reset_limit=params.get("reset_limit"),
+            override_discovery=params.get("override_discovery", True),
+        )
+
     def __init__(
         self,
         settings: RaySettings,
@@ -196,12 +251,13 @@ class RayExecutor:
         use_current_placement_group: bool = True,
         min_workers: Optional[int] = None,
         max_workers: Optional[int] = None,
+        reset_limit: Optional[int] = None,
+        cooldown_range: Optional[Any] = None,
+        elastic_timeout: float = 600,
+        override_discovery: bool = True,
     ) -> None:
-        if min_workers is not None or max_workers is not None:
-            raise TypeError(
-                "RayExecutor: for elastic training (Horovod's min_workers/max_workers) use "
-                "cring.ray.ElasticRayExecutor(settings, min_workers=..., max_workers=...)"
-            )
+        # min_workers and the other elastic arguments: __new__ built an
+        # ElasticRayExecutor instead (this __init__ then does not run)
         if not isinstance(settings, RaySettings):
             raise TypeError(
                 "RayExecutor: settings must come from RayExecutor.create_settings(), got "
