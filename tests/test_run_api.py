@@ -76,6 +76,15 @@ def test_import_cring_as_horovod_and_import_cring_run():
     assert [r["rank"] for r in outcome["results"]] == [0, 1] and outcome["main"], outcome
 
 
+def test_elastic_options_run_cringrun_elastic_and_return_the_final_ranks():
+    # worker 2 of 3 SIGKILLs itself before step 3; the two others finish on 2 ranks
+    outcome, proc = drive("elastic", 3)
+    assert "error" not in outcome, (outcome, proc.stderr[-3000:])
+    results = outcome["results"]
+    assert [(r["rank"], r["size"]) for r in results] == [(0, 2), (1, 2)]
+    assert all(r["sizes"] == [3, 3, 3, 2, 2, 2] for r in results), results
+
+
 def test_bad_options_are_a_value_error():
     outcome, _ = drive("usage", 3)
     assert outcome["error"]["type"] == "ValueError", outcome

@@ -3,7 +3,7 @@ horovod.run) with functions of this __main__ module, which cloudpickle sends
 by value, and prints one line 'OUTCOME <json>' describing what came back.
 
   run_api.py SCENARIO NP [HOSTS RSH]
-  SCENARIO: ranks | fail | exit | module | horovod | hosts | usage
+  SCENARIO: ranks | fail | exit | module | horovod | hosts | usage | elastic
 """
 
 import json
@@ -54,6 +54,30 @@ def exit_on_last_rank():
     return "unreachable"
 
 
+def elastic_loop(steps):
+    import signal
+
+    import numpy as np
+
+    import cring
+    import cring.elastic
+
+    cring.init()
+
+    @cring.elastic.run
+    def loop(state):
+        while state.step < steps:
+            if state.step == 3 and os.environ["CRING_ELASTIC_WORKER_ID"] == "2":
+                os.kill(os.getpid(), signal.SIGKILL)
+            count = cring.allreduce(np.ones(1), op=cring.Sum)
+            state.sizes.append(int(count[0]))
+            state.step += 1
+            state.commit()
+        return {"rank": cring.rank(), "size": cring.size(), "sizes": state.sizes}
+
+    return loop(cring.elastic.ObjectState(step=0, sizes=[]))
+
+
 def main():
     scenario, np_ = sys.argv[1], int(sys.argv[2])
     outcome = {}
@@ -77,6 +101,10 @@ def main():
             outcome["results"] = cring.run(
                 work, args=(1,), hosts=sys.argv[3], rsh=sys.argv[4], store_addr="127.0.0.1"
             )
+        elif scenario == "elastic":
+            import cring
+
+            outcome["results"] = cring.run(elastic_loop, args=(6,), num_proc=np_, min_num_proc=2)
         elif scenario == "fail":
             import cring
 
