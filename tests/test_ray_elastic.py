@@ -35,7 +35,7 @@ def cluster():
         assert not left, f"Ray processes left after ray.shutdown(): {left}"
 
 
-def elastic_train(min_steps: int, outdir: str, max_steps: int = 3000) -> dict:
+def elastic_train(min_steps: int, outdir: str, max_steps: int = 3000, log: bool = False) -> dict:
     """Counts the workers at every step into the elastic state; after the job
     has shrunk it goes on until it has grown back (or max_steps)."""
     import json
@@ -61,6 +61,10 @@ def elastic_train(min_steps: int, outdir: str, max_steps: int = 3000) -> dict:
             if cring.rank() == 0:
                 with open(os.path.join(outdir, "progress.jsonl"), "a") as f:
                     f.write(json.dumps({"step": state.step, "size": cring.size()}) + "\n")
+                if log:
+                    from cring.ray import ray_logger
+
+                    ray_logger.log({"step": state.step, "size": cring.size()})
             time.sleep(0.1)
         return {
             "sizes": state.sizes,
@@ -87,12 +91,12 @@ def _wait_for(condition, what: str, timeout_s: float = RUN_TIMEOUT_S) -> None:
         time.sleep(0.1)
 
 
-def _run_in_thread(executor, *args) -> tuple[threading.Thread, dict]:
+def _run_in_thread(executor, *args, **kwargs) -> tuple[threading.Thread, dict]:
     box: dict = {}
 
     def target():
         try:
-            box["result"] = executor.run(*args)
+            box["result"] = executor.run(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001  (checked by the test)
             box["error"] = exc
 
@@ -176,7 +180,15 @@ def test_killed_worker_leaves_and_a_new_one_joins(cluster, tmp_path, spelling):
         executor.start()
         assert len(executor.workers) == 2 and executor.generation == 0
         started = time.monotonic() - t0
-        thread, box = _run_in_thread(executor, elastic_train, [20, str(tmp_path)])
+        # Horovod's spelling also passes callbacks: rank 0 logs every step (ray_logger)
+        logged: list = []
+        horovods = spelling != "cring"
+        thread, box = _run_in_thread(
+            executor,
+            elastic_train,
+            [20, str(tmp_path), 3000, horovods],
+            callbacks=[logged.append] if horovods else None,
+        )
         _wait_for(lambda: len(_progress(tmp_path)) >= 5 or box, "5 steps on 2 workers")
         # Something else asks for a CPU; it gets the one the killed worker frees.
         blocker = placement_group([{"CPU": 1}])
@@ -209,6 +221,10 @@ def test_killed_worker_leaves_and_a_new_one_joins(cluster, tmp_path, spelling):
     assert shrink >= 5 and set(sizes[:shrink]) == {2}, sizes
     assert grow - shrink >= 5 and set(sizes[shrink:grow]) == {1}, sizes
     assert set(sizes[grow:]) == {2} and len(sizes) >= 20, sizes
+    if horovods:  # rank 0 logged what it wrote to progress.jsonl, and it reached the driver
+        pairs = sorted((item["step"], item["size"]) for item in logged)
+        assert pairs == sorted((p["step"], p["size"]) for p in _progress(tmp_path))
+        assert {size for _, size in pairs} == {1, 2}
     print(
         f"elastic: started in {started:.1f} s; alone {alone_at - killed_at:.1f} s after the "
         f"kill (steps {shrink}-{grow}); {len(sizes)} steps in {time.monotonic() - t0:.1f} s"

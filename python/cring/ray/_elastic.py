@@ -35,7 +35,7 @@ from ._executor import (
     _SHUTDOWN_TIMEOUT_S,
     RaySettings,
     RayWorkerError,
-    _no_callbacks,
+    _LogRelay,
     _positive_int,
     _Worker,
 )
@@ -474,7 +474,7 @@ class ElasticRayExecutor:
                 ray.kill(m.actor)
                 remove_placement_group(m.group)
 
-    def _loop(self, call: tuple) -> list:
+    def _loop(self, call: tuple, relay: Optional[_LogRelay] = None) -> list:
         for m in self.members:
             self._call(m, call)
         finishing = False
@@ -485,6 +485,8 @@ class ElasticRayExecutor:
             growing = not finishing and self._may_reset()
             waits = list(running) + (list(self._waiting) if growing else [])
             ready, _ = ray.wait(waits, num_returns=1, timeout=_POLL_S)
+            if relay is not None:
+                relay.drain()
             if ready:
                 ready, _ = ray.wait(waits, num_returns=len(waits), timeout=0)
             dead: list[tuple[_Member, BaseException]] = []
@@ -562,16 +564,25 @@ class ElasticRayExecutor:
         """``fn(*args, **kwargs)`` on every worker, including those added
         while it runs; the results of the last generation's workers, in rank
         order. ``fn`` should call ``cring.init()`` and a function decorated
-        with ``cring.elastic.run``."""
-        _no_callbacks(callbacks)
+        with ``cring.elastic.run``. ``callbacks``: called in the driver with
+        every value a worker passes to ``cring.ray.ray_logger.log``."""
         self._check_running("run")
-        return self._loop(("run", (fn, list(args or []), dict(kwargs or {}))))
+        return self._relayed(
+            callbacks, lambda q: ("run", (fn, list(args or []), dict(kwargs or {}), q))
+        )
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Optional[list] = None) -> list:
         """``fn(executable)`` on every worker, elastic as run()."""
-        _no_callbacks(callbacks)
         self._check_running("execute")
-        return self._loop(("execute", (fn,)))
+        return self._relayed(callbacks, lambda q: ("execute", (fn, q)))
+
+    def _relayed(self, callbacks: Optional[list], call: Callable[[Any], tuple]) -> list:
+        relay = _LogRelay.make(callbacks)
+        try:
+            return self._loop(call(relay.queue if relay is not None else None), relay)
+        finally:
+            if relay is not None:
+                relay.close()
 
     # -- shutdown -------------------------------------------------------------------
 

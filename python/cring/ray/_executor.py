@@ -31,7 +31,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cring import PeerFailureError
 
-from . import _worker
+from . import _worker, ray_logger
 from ._backend import _TRANSPORTS, CRingConfig, worker_environments
 
 logger = logging.getLogger(__name__)
@@ -115,10 +115,12 @@ class _Worker:
     def start_executable(self, cls: Optional[type], args: list, kwargs: dict) -> None:
         self.executable = cls(*args, **kwargs) if cls is not None else None
 
-    def execute(self, fn: Callable[[Any], Any]) -> Any:
+    def execute(self, fn: Callable[[Any], Any], queue: Any = None) -> Any:
+        ray_logger.configure(queue)  # the callbacks' queue of this call (None: none)
         return fn(self.executable)
 
-    def run(self, fn: Callable[..., Any], args: list, kwargs: dict) -> Any:
+    def run(self, fn: Callable[..., Any], args: list, kwargs: dict, queue: Any = None) -> Any:
+        ray_logger.configure(queue)
         return fn(*args, **kwargs)
 
     def shutdown(self) -> None:
@@ -402,7 +404,7 @@ class RayExecutor:
                 f"RayExecutor.{what}: {self._broken}; call shutdown() and start() again"
             )
 
-    def _get(self, refs: list, what: str) -> list:
+    def _get(self, refs: list, what: str, relay: Optional[_LogRelay] = None) -> list:
         """Every result, in the order of `refs` (rank order). Raises as soon as
         one worker fails: a dead worker gives RayWorkerError naming its rank;
         an exception in the user's function is raised again as itself (Ray's
@@ -411,6 +413,8 @@ class RayExecutor:
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=_POLL_S)
+            if relay is not None:
+                relay.drain()
             for ref in done:
                 try:
                     ray.get(ref)
@@ -450,12 +454,16 @@ class RayExecutor:
         ) from exc
 
     def run_remote(
-        self, fn: Callable[..., Any], args: Optional[list] = None, kwargs: Optional[dict] = None
+        self,
+        fn: Callable[..., Any],
+        args: Optional[list] = None,
+        kwargs: Optional[dict] = None,
+        _queue: Any = None,
     ) -> list:
         """Start ``fn(*args, **kwargs)`` on every worker; its ObjectRefs in rank order."""
         self._check_running("run_remote")
         args, kwargs = list(args or []), dict(kwargs or {})
-        return [w.run.remote(fn, args, kwargs) for w in self.workers]
+        return [w.run.remote(fn, args, kwargs, _queue) for w in self.workers]
 
     def run(
         self,
@@ -467,16 +475,30 @@ class RayExecutor:
         """``fn(*args, **kwargs)`` on every worker; the results in rank order.
         A worker that dies raises RayWorkerError here as soon as Ray reports
         it; the others, blocked on it in a collective, fail within
-        ``timeout_s``."""
-        _no_callbacks(callbacks)
-        return self._get(self.run_remote(fn, args, kwargs), "run a function")
+        ``timeout_s``. ``callbacks``: called in the driver with every value a
+        worker passes to ``cring.ray.ray_logger.log`` (Horovod's)."""
+        self._check_running("run")
+        relay = _LogRelay.make(callbacks)
+        try:
+            queue = relay.queue if relay is not None else None
+            return self._get(self.run_remote(fn, args, kwargs, queue), "run a function", relay)
+        finally:
+            if relay is not None:
+                relay.close()
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Optional[list] = None) -> list:
         """``fn(executable)`` on every worker (the object start() built); the
-        results in rank order."""
-        _no_callbacks(callbacks)
+        results in rank order. ``callbacks`` as for run()."""
         self._check_running("execute")
-        return self._get([w.execute.remote(fn) for w in self.workers], "execute a function")
+        relay = _LogRelay.make(callbacks)
+        try:
+            queue = relay.queue if relay is not None else None
+            return self._get(
+                [w.execute.remote(fn, queue) for w in self.workers], "execute a function", relay
+            )
+        finally:
+            if relay is not None:
+                relay.close()
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` on the rank 0 worker only; its result."""
@@ -511,9 +533,36 @@ class RayExecutor:
         self.shutdown()
 
 
-def _no_callbacks(callbacks: Optional[list]) -> None:
-    if callbacks:
-        raise NotImplementedError(
-            "RayExecutor: callbacks (Horovod's Ray log queue) are not supported; workers' "
-            "output reaches the driver through Ray's own log forwarding"
-        )
+class _LogRelay:
+    """Horovod's run(..., callbacks=[...]): a Ray queue that the workers'
+    ray_logger.log() puts into, drained by the driver while it waits for the
+    results; every callback is called with every item, in the driver."""
+
+    def __init__(self, callbacks: list) -> None:
+        from ray.util.queue import Queue
+
+        self.callbacks = callbacks
+        self.queue = Queue(actor_options={"num_cpus": 0})
+
+    @classmethod
+    def make(cls, callbacks: Optional[list]) -> Optional[_LogRelay]:
+        if not callbacks:
+            return None
+        callbacks = list(callbacks)
+        for cb in callbacks:
+            if not callable(cb):
+                raise TypeError(f"callbacks must be callable, got {cb!r}")
+        return cls(callbacks)
+
+    def drain(self) -> None:
+        n = self.queue.qsize()
+        if n:
+            for item in self.queue.get_nowait_batch(n):
+                for cb in self.callbacks:
+                    cb(item)
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self.queue.shutdown()
