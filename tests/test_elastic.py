@@ -587,3 +587,66 @@ def test_elastic_generation_names_the_rendezvous_key():
     assert key(0, CRING_ELASTIC_GENERATION="2") == "j/elastic.2"
     with pytest.raises(ValueError, match="CRING_ELASTIC_GENERATION"):
         key(0, CRING_ELASTIC_GENERATION="x")
+
+
+# ---- ElasticSampler (tests/workers/elastic_sampler.py) -------------------------------------
+
+
+def test_elastic_sampler_partitions_and_repartitions_the_rest():
+    pytest.importorskip("torch")
+    from cring.torch.elastic import ElasticSampler
+
+    def samplers(n_ranks, state=None):
+        out = []
+        for r in range(n_ranks):  # cring is not initialised here: set the ranks by hand
+            s = ElasticSampler(list(range(30)), shuffle=True, seed=5)
+            s.num_replicas, s.rank = n_ranks, r
+            if state is not None:
+                s.load_state_dict(copy.deepcopy(state))
+            s.reset()
+            out.append(s)
+        return out
+
+    three = samplers(3)
+    parts = [list(iter(s)) for s in three]
+    assert sorted(sum(parts, [])) == list(range(30)), "a partition of the dataset"
+    assert parts[0] != sorted(parts[0]), "shuffled"
+    for s in three:  # two batches of 4 processed on every rank
+        s.record_batch(0, 4)
+        s.record_batch(1, 4)
+    done = set(sum((p[:8] for p in parts), []))
+    assert all(s.processed_indices == done for s in three), "every rank records every rank's batch"
+    two = samplers(2, three[0].state_dict())
+    rest = [list(iter(s)) for s in two]
+    assert len(rest[0]) == len(rest[1]) == 3
+    assert sorted(sum(rest, []) + sorted(done)) == list(range(30)), "the rest, once"
+    # Horovod's later state_dict (a count of the order's first indices) loads too
+    (s,) = samplers(1, {"epoch": 0, "processed_num": 24})
+    assert sorted(iter(s)) == sorted(
+        set(range(30)) - set(ElasticSampler(list(range(30)), seed=5)._order()[:24])
+    )
+    s.set_epoch(1)
+    assert len(s) == 30 and list(iter(s)) != parts[0]
+    with pytest.raises(KeyError, match="processed_indices"):
+        s.load_state_dict({"epoch": 0})
+
+
+def test_elastic_sampler_across_a_reset_from_3_to_2_ranks(tmp_path):
+    # 60 samples, 2 a rank a step: 10 steps of 6 on 3 ranks. Worker 2 dies before
+    # step 5; commits every 2 steps, so steps 0-3 are committed and step 4 is
+    # redone: the 36 samples left go to 2 ranks (9 steps). Epoch 1 runs on 2 ranks.
+    pytest.importorskip("torch")
+    proc, _ = launch(
+        ["--elastic", "-np", "3", "--min-np", "2"],
+        "elastic_sampler.py",
+        worker_args(0, 2, tmp_path, "--kill", "2:5", "--samples", "60", "--epochs", "2"),
+    )
+    assert proc.returncode == 0, failure_text(proc)
+    got = results(tmp_path)
+    assert sorted(got) == [0, 1]
+    for result in got.values():
+        seen = np.array(result["seen"])
+        assert seen.shape == (2, 60)
+        lost, repeated = np.flatnonzero(seen == 0), np.flatnonzero(seen > 1)
+        assert lost.size == 0 and repeated.size == 0, (lost, repeated)
+        assert result["sizes"] == [3] * 4 + [2] * 9 + [2] * 15

@@ -35,7 +35,7 @@ def cluster():
         assert not left, f"Ray processes left after ray.shutdown(): {left}"
 
 
-def elastic_train(min_steps: int, outdir: str, max_steps: int = 3000) -> dict:
+def elastic_train(min_steps: int, outdir: str, max_steps: int = 3000, log: bool = False) -> dict:
     """Counts the workers at every step into the elastic state; after the job
     has shrunk it goes on until it has grown back (or max_steps)."""
     import json
@@ -61,6 +61,10 @@ def elastic_train(min_steps: int, outdir: str, max_steps: int = 3000) -> dict:
             if cring.rank() == 0:
                 with open(os.path.join(outdir, "progress.jsonl"), "a") as f:
                     f.write(json.dumps({"step": state.step, "size": cring.size()}) + "\n")
+                if log:
+                    from cring.ray import ray_logger
+
+                    ray_logger.log({"step": state.step, "size": cring.size()})
             time.sleep(0.1)
         return {
             "sizes": state.sizes,
@@ -87,12 +91,12 @@ def _wait_for(condition, what: str, timeout_s: float = RUN_TIMEOUT_S) -> None:
         time.sleep(0.1)
 
 
-def _run_in_thread(executor, *args) -> tuple[threading.Thread, dict]:
+def _run_in_thread(executor, *args, **kwargs) -> tuple[threading.Thread, dict]:
     box: dict = {}
 
     def target():
         try:
-            box["result"] = executor.run(*args)
+            box["result"] = executor.run(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001  (checked by the test)
             box["error"] = exc
 
@@ -111,27 +115,80 @@ def test_bad_arguments_are_rejected():
         ElasticRayExecutor(settings, min_workers=0)
     with pytest.raises(ValueError, match="reset_limit"):
         ElasticRayExecutor(settings, min_workers=1, reset_limit=-1)
-    with pytest.raises(TypeError, match="ElasticRayExecutor"):
-        RayExecutor(settings, min_workers=1, max_workers=2)
     with pytest.raises(RuntimeError, match="call start"):
         ElasticRayExecutor(settings).run(elastic_train, args=[1, "/nonexistent"])
 
 
-def test_killed_worker_leaves_and_a_new_one_joins(cluster, tmp_path):
-    from ray.util.placement_group import placement_group, remove_placement_group
+def test_horovods_elastic_spellings_build_the_same_executor():
+    from cring.ray import ElasticRayExecutor, ElasticRaySettings, RayExecutor
 
+    settings = RayExecutor.create_settings(timeout_s=10)
+    # Horovod's RayExecutor elastic spelling (elastic_v2) and its argument rules
+    v2 = RayExecutor(settings, min_workers=1, max_workers=3, cpus_per_worker=2, reset_limit=4)
+    assert isinstance(v2, ElasticRayExecutor)
+    assert (v2.min_workers, v2.max_workers, v2.cpus_per_worker, v2.reset_limit) == (1, 3, 2, 4)
+    with pytest.raises(ValueError, match="not both"):
+        RayExecutor(settings, num_workers=2, min_workers=1)
+    with pytest.raises(ValueError, match="positive min_workers"):
+        RayExecutor(settings, max_workers=2)
+    with pytest.raises(ValueError, match="positive min_workers"):
+        RayExecutor(settings, min_workers=0, max_workers=2)
+    assert isinstance(RayExecutor(settings, num_workers=2), RayExecutor)
+    # Horovod's ElasticRayExecutor.create_settings + ElasticRayExecutor(settings, ...slot)
+    hs = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=3, timeout_s=10)
+    assert isinstance(hs, ElasticRaySettings) and hs.timeout_s == 10
+    v1 = ElasticRayExecutor(hs, use_gpu=False, cpus_per_slot=2)
+    assert (v1.min_workers, v1.max_workers, v1.cpus_per_worker, v1.gpus_per_worker) == (2, 3, 2, 0)
+    assert ElasticRayExecutor(hs, min_workers=1).min_workers == 1, "explicit arguments win"
+    with pytest.warns(DeprecationWarning, match="min_np"):
+        assert ElasticRayExecutor.create_settings(min_np=2, verbose=True).min_num_proc == 2
+    with pytest.raises(ValueError, match="cpus_per_slot, not both"):
+        ElasticRayExecutor(hs, cpus_per_worker=1, cpus_per_slot=1)
+    with pytest.raises(ValueError, match="use_gpu=True"):
+        ElasticRayExecutor(hs, gpus_per_slot=1)
+    with pytest.raises(ValueError, match="max_workers"):
+        ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=3, max_num_proc=2))
+    hs.discovery = object()
+    with pytest.raises(NotImplementedError, match="discovery"):
+        ElasticRayExecutor(hs, override_discovery=False)
+    assert ElasticRayExecutor(hs).max_workers == 3, "override_discovery=True ignores it"
+
+
+def _executor(spelling: str):
+    """An elastic executor for 1 to 2 workers, spelt as cring, Horovod's
+    ElasticRayExecutor (create_settings + *_per_slot) or its RayExecutor."""
     from cring.ray import ElasticRayExecutor, RayExecutor
 
+    if spelling == "cring":
+        return ElasticRayExecutor(
+            RayExecutor.create_settings(timeout_s=30), min_workers=1, max_workers=2
+        )
+    if spelling == "horovod-elastic-executor":
+        settings = ElasticRayExecutor.create_settings(min_num_proc=1, timeout_s=30, verbose=True)
+        return ElasticRayExecutor(settings, use_gpu=False, cpus_per_slot=1)  # max: 2 CPUs
+    return RayExecutor(RayExecutor.create_settings(timeout_s=30), min_workers=1, max_workers=2)
+
+
+@pytest.mark.parametrize("spelling", ["cring", "horovod-elastic-executor", "horovod-ray-executor"])
+def test_killed_worker_leaves_and_a_new_one_joins(cluster, tmp_path, spelling):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
     t0 = time.monotonic()
-    executor = ElasticRayExecutor(
-        RayExecutor.create_settings(timeout_s=30), min_workers=1, max_workers=2
-    )
+    executor = _executor(spelling)
     blocker = None
     try:
         executor.start()
         assert len(executor.workers) == 2 and executor.generation == 0
         started = time.monotonic() - t0
-        thread, box = _run_in_thread(executor, elastic_train, [20, str(tmp_path)])
+        # Horovod's spelling also passes callbacks: rank 0 logs every step (ray_logger)
+        logged: list = []
+        horovods = spelling != "cring"
+        thread, box = _run_in_thread(
+            executor,
+            elastic_train,
+            [20, str(tmp_path), 3000, horovods],
+            callbacks=[logged.append] if horovods else None,
+        )
         _wait_for(lambda: len(_progress(tmp_path)) >= 5 or box, "5 steps on 2 workers")
         # Something else asks for a CPU; it gets the one the killed worker frees.
         blocker = placement_group([{"CPU": 1}])
@@ -164,6 +221,10 @@ def test_killed_worker_leaves_and_a_new_one_joins(cluster, tmp_path):
     assert shrink >= 5 and set(sizes[:shrink]) == {2}, sizes
     assert grow - shrink >= 5 and set(sizes[shrink:grow]) == {1}, sizes
     assert set(sizes[grow:]) == {2} and len(sizes) >= 20, sizes
+    if horovods:  # rank 0 logged what it wrote to progress.jsonl, and it reached the driver
+        pairs = sorted((item["step"], item["size"]) for item in logged)
+        assert pairs == sorted((p["step"], p["size"]) for p in _progress(tmp_path))
+        assert {size for _, size in pairs} == {1, 2}
     print(
         f"elastic: started in {started:.1f} s; alone {alone_at - killed_at:.1f} s after the "
         f"kill (steps {shrink}-{grow}); {len(sizes)} steps in {time.monotonic() - t0:.1f} s"

@@ -202,8 +202,19 @@ def test_execute_on_the_executable(executor):
     assert _within(RUN_TIMEOUT_S, executor.execute, lambda c: c.bump()) == [15, 20]
     assert _within(RUN_TIMEOUT_S, executor.execute, lambda c: c.value) == [15, 20]
     assert _within(RUN_TIMEOUT_S, executor.execute_single, lambda c: c.value) == 15
-    with pytest.raises(NotImplementedError, match="callbacks"):
-        executor.execute(lambda c: c.value, callbacks=[print])
+    # Horovod's ray_logger: what the workers log reaches the driver's callbacks
+    got: list = []
+
+    def log_value(c):
+        from cring.ray import ray_logger
+
+        ray_logger.log({"value": c.value})
+        return c.value
+
+    assert _within(RUN_TIMEOUT_S, executor.execute, log_value, callbacks=[got.append]) == [15, 20]
+    assert sorted(item["value"] for item in got) == [15, 20]
+    with pytest.raises(TypeError, match="callable"):
+        executor.execute(log_value, callbacks=[42])
 
 
 def test_user_exception_keeps_its_type(executor):

@@ -70,6 +70,7 @@ from ._core import (  # the shared types (cring._core sits below the API)
     synchronize,
 )
 from ._gpu import cuda_available, nccl_available
+from ._run_api import run  # cring.run(fn, ...), Horovod's horovod.run (see cring/run.py)
 from ._scatter import (
     alltoall,
     alltoall_async,
@@ -135,6 +136,7 @@ __all__ = [
     "reducescatter",
     "reducescatter_async",
     "remove_process_set",
+    "run",
     "shutdown",
     "size",
     "start_timeline",

@@ -8,6 +8,7 @@ import os
 import secrets
 import sys
 from collections.abc import Sequence
+from typing import Any, Optional
 
 from .cli import PROG, Options, parse_args
 from .elastic_driver import ElasticJob
@@ -67,7 +68,13 @@ def _hosts_plan(options: Options, variables: dict[str, str]) -> HostsPlan | None
     )
 
 
-def _launch(options: Options) -> int:
+def _launch(options: Options, session: Optional[Any] = None) -> int:
+    """Serve the store, run the job, stop the store; the job's exit status.
+
+    `session` (cring.run's): session.started(variables) once the store
+    serves (the job's CRING_ADDR/PORT/SECRET/JOB_ID), and
+    session.finished(job, size) after the job, while the store still serves.
+    """
     secret = secrets.token_hex(16)
     job_id = secrets.token_hex(8)
     try:
@@ -98,9 +105,13 @@ def _launch(options: Options) -> int:
         except ValueError as exc:
             print(f"{PROG}: {exc}", file=sys.stderr)
             return 2
-        if options.elastic:
-            return ElasticJob(options, env, job_id, plan).run()
-        return Job(options, env, plan).run()
+        job = ElasticJob(options, env, job_id, plan) if options.elastic else Job(options, env, plan)
+        if session is not None:
+            session.started(job_variables(addr, port, secret, job_id))
+        status = job.run()
+        if session is not None:
+            session.finished(job, None if options.elastic else options.num_proc)
+        return status
     finally:
         try:
             server.stop()

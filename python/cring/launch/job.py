@@ -133,6 +133,7 @@ class Job:
         self._stderr = Sink(sys.stderr)
         self._ranks: list[Rank] = []
         self._exit_code: int | None = None  # set by the first cause of the job's end
+        self.first_failed_rank: int | None = None  # the rank (worker id) that failed first
         self._kill_deadline: float | None = None  # when SIGTERM'd ranks get SIGKILL
         self._stop_signal: int | None = None  # the signal the stop began with
         self._killed = False
@@ -281,6 +282,7 @@ class Job:
         if newly_failed and self._exit_code is None:
             first = newly_failed[0]
             assert first.status is not None
+            self.first_failed_rank = first.rank
             self._exit_code = exit_code_of(first.status)
             self._on_rank_failure(first, first.status)
 

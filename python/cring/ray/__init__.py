@@ -26,13 +26,14 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ._backend import CRingConfig
-from ._elastic import ElasticRayExecutor
+from ._elastic import ElasticRayExecutor, ElasticRaySettings
 from ._executor import RayExecutor, RaySettings, RayWorkerError
 from ._trainer import TRAIN_V2, CRingTrainer
 
 __all__ = [
     "CRingConfig",
     "ElasticRayExecutor",
+    "ElasticRaySettings",
     "CRingTrainer",
     "RayExecutor",
     "RaySettings",

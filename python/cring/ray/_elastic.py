@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -26,13 +28,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cring import _C
 from cring import _elastic_protocol as protocol
 
+from . import _executor
 from ._backend import worker_environments
 from ._executor import (
     _POLL_S,
     _SHUTDOWN_TIMEOUT_S,
     RaySettings,
     RayWorkerError,
-    _no_callbacks,
+    _LogRelay,
     _positive_int,
     _Worker,
 )
@@ -41,6 +44,26 @@ logger = logging.getLogger(__name__)
 
 # Once min_workers are placed, how long start() waits for the other groups.
 _START_GRACE_S = 5.0
+
+
+@dataclass
+class ElasticRaySettings(RaySettings):
+    """What ElasticRayExecutor.create_settings() returns (Horovod's
+    ElasticSettings): RaySettings plus the elastic bounds, which the
+    executor takes unless given its own min_workers/max_workers/reset_limit.
+
+    Attributes (besides RaySettings'): min_num_proc, max_num_proc (None: as
+    many workers as the cluster's resources hold at start()), reset_limit,
+    elastic_timeout and verbose (kept for Horovod's code, unused), discovery
+    (Horovod's host-discovery object: None; a custom one is refused).
+    """
+
+    min_num_proc: int = 1
+    max_num_proc: Optional[int] = None
+    reset_limit: Optional[int] = None
+    elastic_timeout: float = 600
+    verbose: Any = None
+    discovery: Any = None
 
 
 @dataclass
@@ -78,6 +101,10 @@ class ElasticRayExecutor:
 
         executor = ElasticRayExecutor(RayExecutor.create_settings(timeout_s=30),
                                       min_workers=1, max_workers=4)
+        # or Horovod's spellings:
+        #   ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=1,
+        #                      max_num_proc=4), cpus_per_slot=1)
+        #   RayExecutor(RayExecutor.create_settings(), min_workers=1, max_workers=4)
         executor.start()
         results = executor.run(train)      # one per worker of the last generation
         executor.shutdown()
@@ -87,41 +114,148 @@ class ElasticRayExecutor:
     (a new generation, "added") as soon as Ray places it, so the job grows
     back when the resources return. Fewer than ``min_workers`` left, or more
     than ``reset_limit`` new generations, ends ``run`` with RayWorkerError.
+
+    Arguments: ``min_workers`` (default 1), ``max_workers`` (default: as
+    many as the cluster's CPUs, and GPUs with use_gpu, hold at start(), at
+    least min_workers), ``cpus_per_worker`` (default 1), ``use_gpu``,
+    ``gpus_per_worker`` (default 1 with use_gpu), ``reset_limit``. With
+    settings from :meth:`create_settings` the bounds default to the
+    settings'. Horovod's names are accepted: ``cpus_per_slot``,
+    ``gpus_per_slot`` (the same as the ``*_per_worker`` ones; not both),
+    ``env_vars`` (added to every worker's environment) and
+    ``override_discovery`` (True; False with a ``settings.discovery`` object
+    is refused: cring places workers with Ray placement groups).
     """
+
+    @staticmethod
+    def create_settings(
+        min_num_proc: int = 1,
+        max_num_proc: Optional[int] = None,
+        reset_limit: Optional[int] = None,
+        elastic_timeout: float = 600,
+        timeout_s: float = 30,
+        ssh_identity_file: Optional[str] = None,
+        nics: Optional[set] = None,
+        min_np: Optional[int] = None,
+        max_np: Optional[int] = None,
+        placement_group_timeout_s: float = 100,
+        transport: Optional[str] = None,
+        **kwargs: Any,
+    ) -> ElasticRaySettings:
+        """Horovod's ElasticRayExecutor.create_settings: the elastic bounds
+        and RaySettings' timeouts. ``min_np``/``max_np`` are the deprecated
+        spellings of ``min_num_proc``/``max_num_proc``; ``verbose`` is
+        accepted; ``ssh_identity_file``, ``nics`` and other Horovod settings
+        are ignored with a warning (no SSH on Ray)."""
+        if min_np is not None:
+            warnings.warn(
+                "min_np is deprecated, use min_num_proc", DeprecationWarning, stacklevel=2
+            )
+            min_num_proc = min_np
+        if max_np is not None:
+            warnings.warn(
+                "max_np is deprecated, use max_num_proc", DeprecationWarning, stacklevel=2
+            )
+            max_num_proc = max_np
+        verbose = kwargs.pop("verbose", None)
+        ignored = sorted(kwargs) + [
+            n
+            for n, v in (("ssh_identity_file", ssh_identity_file), ("nics", nics))
+            if v is not None
+        ]
+        if ignored:
+            warnings.warn(
+                f"ElasticRayExecutor.create_settings: {', '.join(ignored)} ignored on cring",
+                stacklevel=2,
+            )
+        _positive_int("min_num_proc", min_num_proc, "ElasticRayExecutor.create_settings")
+        if max_num_proc is not None:
+            _positive_int("max_num_proc", max_num_proc, "ElasticRayExecutor.create_settings")
+        return ElasticRaySettings(
+            timeout_s=timeout_s,
+            placement_group_timeout_s=placement_group_timeout_s,
+            transport=transport,
+            min_num_proc=min_num_proc,
+            max_num_proc=max_num_proc,
+            reset_limit=reset_limit,
+            elastic_timeout=elastic_timeout,
+            verbose=verbose,
+        )
 
     def __init__(
         self,
         settings: RaySettings,
-        min_workers: int = 1,
+        min_workers: Optional[int] = None,
         max_workers: Optional[int] = None,
-        cpus_per_worker: float = 1,
+        cpus_per_worker: Optional[float] = None,
         use_gpu: bool = False,
         gpus_per_worker: Optional[float] = None,
         reset_limit: Optional[int] = None,
+        *,
+        cpus_per_slot: Optional[float] = None,
+        gpus_per_slot: Optional[float] = None,
+        env_vars: Optional[dict] = None,
+        override_discovery: bool = True,
     ) -> None:
         if not isinstance(settings, RaySettings):
             raise TypeError(
-                "ElasticRayExecutor: settings must come from RayExecutor.create_settings(), "
-                f"got {type(settings).__name__}"
+                "ElasticRayExecutor: settings must come from ElasticRayExecutor.create_settings() "
+                f"or RayExecutor.create_settings(), got {type(settings).__name__}"
             )
+        if isinstance(settings, ElasticRaySettings):
+            if settings.discovery is not None and not override_discovery:
+                raise NotImplementedError(
+                    "ElasticRayExecutor: a custom settings.discovery "
+                    f"({type(settings.discovery).__name__}) is not supported: cring places "
+                    "workers with Ray placement groups and adds them back when Ray can place "
+                    "them; drop override_discovery=False"
+                )
+            min_workers = settings.min_num_proc if min_workers is None else min_workers
+            max_workers = settings.max_num_proc if max_workers is None else max_workers
+            reset_limit = settings.reset_limit if reset_limit is None else reset_limit
+        for ours, horovods, value in (
+            ("cpus_per_worker", "cpus_per_slot", (cpus_per_worker, cpus_per_slot)),
+            ("gpus_per_worker", "gpus_per_slot", (gpus_per_worker, gpus_per_slot)),
+        ):
+            if value[0] is not None and value[1] is not None:
+                raise ValueError(
+                    f"ElasticRayExecutor: give {ours} or Horovod's {horovods}, not both"
+                )
+        cpus_per_worker = cpus_per_slot if cpus_per_worker is None else cpus_per_worker
+        cpus_per_worker = 1 if cpus_per_worker is None else cpus_per_worker
+        gpus_per_worker = gpus_per_slot if gpus_per_worker is None else gpus_per_worker
+        min_workers = 1 if min_workers is None else min_workers
         self.min_workers = _positive_int("min_workers", min_workers, "ElasticRayExecutor")
-        self.max_workers = _positive_int(
-            "max_workers", min_workers if max_workers is None else max_workers, "ElasticRayExecutor"
-        )
-        if self.max_workers < self.min_workers:
-            raise ValueError(
-                f"ElasticRayExecutor: max_workers ({max_workers}) < min_workers ({min_workers})"
-            )
+        if max_workers is not None:
+            _positive_int("max_workers", max_workers, "ElasticRayExecutor")
+            if max_workers < self.min_workers:
+                raise ValueError(
+                    f"ElasticRayExecutor: max_workers ({max_workers}) < min_workers ({min_workers})"
+                )
+        # None: what the cluster holds, decided at start()
+        self.max_workers: Optional[int] = max_workers
         if reset_limit is not None and (
             isinstance(reset_limit, bool) or not isinstance(reset_limit, int) or reset_limit < 0
         ):
             raise ValueError(f"ElasticRayExecutor: reset_limit must be >= 0, got {reset_limit!r}")
         if gpus_per_worker is not None and not use_gpu:
-            raise ValueError("ElasticRayExecutor: gpus_per_worker needs use_gpu=True")
+            raise ValueError(
+                "ElasticRayExecutor: gpus_per_worker (gpus_per_slot) needs use_gpu=True"
+            )
+        if use_gpu and gpus_per_worker is not None and not gpus_per_worker > 0:
+            raise ValueError(
+                f"ElasticRayExecutor: gpus_per_worker must be > 0, got {gpus_per_worker!r}"
+            )
+        if isinstance(cpus_per_worker, bool) or not isinstance(cpus_per_worker, (int, float)):
+            raise TypeError(
+                f"ElasticRayExecutor: cpus_per_worker must be a number, got {cpus_per_worker!r}"
+            )
         self.settings = settings
         self.cpus_per_worker = cpus_per_worker
+        self.use_gpu = bool(use_gpu)
         self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
         self.reset_limit = reset_limit
+        self.env_vars = {str(k): str(v) for k, v in (env_vars or {}).items()}
         self.members: list[_Member] = []  # the current generation, in rank order
         self.generation = -1
         self.resets = 0
@@ -138,6 +272,17 @@ class ElasticRayExecutor:
         self._next_request = 1
         self._broken: Optional[str] = None
         self._started = False
+        self._max_workers_given = max_workers
+
+    def _cluster_capacity(self) -> int:
+        """Workers the whole cluster holds (CPUs, and GPUs with use_gpu), at least min_workers."""
+        resources = ray.cluster_resources()
+        n = math.inf
+        if self.cpus_per_worker:
+            n = resources.get("CPU", 0) // self.cpus_per_worker
+        if self.gpus_per_worker:
+            n = min(n, resources.get("GPU", 0) // self.gpus_per_worker)
+        return max(self.min_workers, int(n) if n != math.inf else self.min_workers)
 
     @property
     def workers(self) -> list:
@@ -244,7 +389,9 @@ class ElasticRayExecutor:
             list(executable_args or []),
             dict(executable_kwargs or {}),
         )
-        self._extra_env = dict(extra_env_vars or {})
+        self._extra_env = {**self.env_vars, **dict(extra_env_vars or {})}
+        if self._max_workers_given is None:
+            self.max_workers = self._cluster_capacity()
         self._secret = secrets.token_hex(16)
         self._job_id = f"ray-elastic-{uuid.uuid4().hex[:12]}"
         self._keys = protocol.Keys(self._job_id)
@@ -327,7 +474,7 @@ class ElasticRayExecutor:
                 ray.kill(m.actor)
                 remove_placement_group(m.group)
 
-    def _loop(self, call: tuple) -> list:
+    def _loop(self, call: tuple, relay: Optional[_LogRelay] = None) -> list:
         for m in self.members:
             self._call(m, call)
         finishing = False
@@ -338,6 +485,8 @@ class ElasticRayExecutor:
             growing = not finishing and self._may_reset()
             waits = list(running) + (list(self._waiting) if growing else [])
             ready, _ = ray.wait(waits, num_returns=1, timeout=_POLL_S)
+            if relay is not None:
+                relay.drain()
             if ready:
                 ready, _ = ray.wait(waits, num_returns=len(waits), timeout=0)
             dead: list[tuple[_Member, BaseException]] = []
@@ -415,16 +564,25 @@ class ElasticRayExecutor:
         """``fn(*args, **kwargs)`` on every worker, including those added
         while it runs; the results of the last generation's workers, in rank
         order. ``fn`` should call ``cring.init()`` and a function decorated
-        with ``cring.elastic.run``."""
-        _no_callbacks(callbacks)
+        with ``cring.elastic.run``. ``callbacks``: called in the driver with
+        every value a worker passes to ``cring.ray.ray_logger.log``."""
         self._check_running("run")
-        return self._loop(("run", (fn, list(args or []), dict(kwargs or {}))))
+        return self._relayed(
+            callbacks, lambda q: ("run", (fn, list(args or []), dict(kwargs or {}), q))
+        )
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Optional[list] = None) -> list:
         """``fn(executable)`` on every worker, elastic as run()."""
-        _no_callbacks(callbacks)
         self._check_running("execute")
-        return self._loop(("execute", (fn,)))
+        return self._relayed(callbacks, lambda q: ("execute", (fn, q)))
+
+    def _relayed(self, callbacks: Optional[list], call: Callable[[Any], tuple]) -> list:
+        relay = _LogRelay.make(callbacks)
+        try:
+            return self._loop(call(relay.queue if relay is not None else None), relay)
+        finally:
+            if relay is not None:
+                relay.close()
 
     # -- shutdown -------------------------------------------------------------------
 
@@ -458,3 +616,7 @@ class ElasticRayExecutor:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+# RayExecutor(settings, min_workers=...), Horovod's elastic spelling, builds one of these.
+_executor._ELASTIC_EXECUTOR = ElasticRayExecutor

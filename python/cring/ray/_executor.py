@@ -9,6 +9,7 @@ runs a collective itself.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import secrets
@@ -30,7 +31,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cring import PeerFailureError
 
-from . import _worker
+from . import _worker, ray_logger
 from ._backend import _TRANSPORTS, CRingConfig, worker_environments
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,12 @@ _POLL_S = 1.0
 # After a survivor reports a dead peer, how long to wait for Ray to say which
 # worker died (so the error names it rather than the survivor).
 _DEATH_NOTICE_S = 5.0
+
+
+# The class RayExecutor(settings, min_workers=...) builds: ElasticRayExecutor,
+# set by cring.ray._elastic (which imports this module, so this one cannot
+# import it).
+_ELASTIC_EXECUTOR: Optional[type] = None
 
 
 class RayWorkerError(PeerFailureError):
@@ -108,10 +115,12 @@ class _Worker:
     def start_executable(self, cls: Optional[type], args: list, kwargs: dict) -> None:
         self.executable = cls(*args, **kwargs) if cls is not None else None
 
-    def execute(self, fn: Callable[[Any], Any]) -> Any:
+    def execute(self, fn: Callable[[Any], Any], queue: Any = None) -> Any:
+        ray_logger.configure(queue)  # the callbacks' queue of this call (None: none)
         return fn(self.executable)
 
-    def run(self, fn: Callable[..., Any], args: list, kwargs: dict) -> Any:
+    def run(self, fn: Callable[..., Any], args: list, kwargs: dict, queue: Any = None) -> Any:
+        ray_logger.configure(queue)
         return fn(*args, **kwargs)
 
     def shutdown(self) -> None:
@@ -147,6 +156,14 @@ class RayExecutor:
         use_current_placement_group: when called inside a placement group
             (e.g. from a Tune trial), place the workers in it instead of
             creating a new one.
+        min_workers, max_workers, reset_limit: Horovod's elastic spelling:
+            instead of num_workers, RayExecutor(settings, min_workers=...)
+            returns an ElasticRayExecutor (not a RayExecutor) with those
+            arguments and cpus_per_worker, use_gpu, gpus_per_worker.
+            max_workers without a positive min_workers, or min_workers with
+            num_workers or num_hosts, is a ValueError; cooldown_range is
+            ignored with a warning, elastic_timeout ignored (the workers'
+            waits are bounded by settings.timeout_s).
     """
 
     @classmethod
@@ -184,6 +201,46 @@ class RayExecutor:
             transport=transport,
         )
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """Horovod's elastic spelling, RayExecutor(settings, min_workers=...,
+        max_workers=...), builds an ElasticRayExecutor (cring.ray._elastic
+        registers it here; importing cring.ray loads both)."""
+        try:
+            bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+        except TypeError:
+            return super().__new__(cls)  # __init__ reports the bad call
+        params = bound.arguments
+        min_workers, max_workers = params.get("min_workers"), params.get("max_workers")
+        if max_workers and (not min_workers or min_workers <= 0):
+            raise ValueError(
+                "RayExecutor: max_workers needs a positive min_workers (elastic training)"
+            )
+        if min_workers is None:
+            return super().__new__(cls)
+        if params.get("num_workers") is not None or params.get("num_hosts") is not None:
+            raise ValueError(
+                "RayExecutor: give min_workers/max_workers (elastic) or num_workers/num_hosts "
+                "(a fixed number of workers), not both"
+            )
+        if params.get("cooldown_range") is not None:
+            warnings.warn(
+                "RayExecutor: cooldown_range is ignored on Ray (a dead worker's placement group "
+                "is requested again at once)",
+                stacklevel=2,
+            )
+        if _ELASTIC_EXECUTOR is None:  # pragma: no cover - cring.ray imports both
+            raise RuntimeError("RayExecutor: import cring.ray for elastic training")
+        return _ELASTIC_EXECUTOR(
+            params["settings"],
+            min_workers=min_workers,
+            max_workers=max_workers,
+            cpus_per_worker=params.get("cpus_per_worker", 1),
+            use_gpu=params.get("use_gpu", False),
+            gpus_per_worker=params.get("gpus_per_worker"),
+            reset_limit=params.get("reset_limit"),
+            override_discovery=params.get("override_discovery", True),
+        )
+
     def __init__(
         self,
         settings: RaySettings,
@@ -196,12 +253,13 @@ class RayExecutor:
         use_current_placement_group: bool = True,
         min_workers: Optional[int] = None,
         max_workers: Optional[int] = None,
+        reset_limit: Optional[int] = None,
+        cooldown_range: Optional[Any] = None,
+        elastic_timeout: float = 600,
+        override_discovery: bool = True,
     ) -> None:
-        if min_workers is not None or max_workers is not None:
-            raise TypeError(
-                "RayExecutor: for elastic training (Horovod's min_workers/max_workers) use "
-                "cring.ray.ElasticRayExecutor(settings, min_workers=..., max_workers=...)"
-            )
+        # min_workers and the other elastic arguments: __new__ built an
+        # ElasticRayExecutor instead (this __init__ then does not run)
         if not isinstance(settings, RaySettings):
             raise TypeError(
                 "RayExecutor: settings must come from RayExecutor.create_settings(), got "
@@ -346,7 +404,7 @@ class RayExecutor:
                 f"RayExecutor.{what}: {self._broken}; call shutdown() and start() again"
             )
 
-    def _get(self, refs: list, what: str) -> list:
+    def _get(self, refs: list, what: str, relay: Optional[_LogRelay] = None) -> list:
         """Every result, in the order of `refs` (rank order). Raises as soon as
         one worker fails: a dead worker gives RayWorkerError naming its rank;
         an exception in the user's function is raised again as itself (Ray's
@@ -355,6 +413,8 @@ class RayExecutor:
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=_POLL_S)
+            if relay is not None:
+                relay.drain()
             for ref in done:
                 try:
                     ray.get(ref)
@@ -394,12 +454,16 @@ class RayExecutor:
         ) from exc
 
     def run_remote(
-        self, fn: Callable[..., Any], args: Optional[list] = None, kwargs: Optional[dict] = None
+        self,
+        fn: Callable[..., Any],
+        args: Optional[list] = None,
+        kwargs: Optional[dict] = None,
+        _queue: Any = None,
     ) -> list:
         """Start ``fn(*args, **kwargs)`` on every worker; its ObjectRefs in rank order."""
         self._check_running("run_remote")
         args, kwargs = list(args or []), dict(kwargs or {})
-        return [w.run.remote(fn, args, kwargs) for w in self.workers]
+        return [w.run.remote(fn, args, kwargs, _queue) for w in self.workers]
 
     def run(
         self,
@@ -411,16 +475,30 @@ class RayExecutor:
         """``fn(*args, **kwargs)`` on every worker; the results in rank order.
         A worker that dies raises RayWorkerError here as soon as Ray reports
         it; the others, blocked on it in a collective, fail within
-        ``timeout_s``."""
-        _no_callbacks(callbacks)
-        return self._get(self.run_remote(fn, args, kwargs), "run a function")
+        ``timeout_s``. ``callbacks``: called in the driver with every value a
+        worker passes to ``cring.ray.ray_logger.log`` (Horovod's)."""
+        self._check_running("run")
+        relay = _LogRelay.make(callbacks)
+        try:
+            queue = relay.queue if relay is not None else None
+            return self._get(self.run_remote(fn, args, kwargs, queue), "run a function", relay)
+        finally:
+            if relay is not None:
+                relay.close()
 
     def execute(self, fn: Callable[[Any], Any], callbacks: Optional[list] = None) -> list:
         """``fn(executable)`` on every worker (the object start() built); the
-        results in rank order."""
-        _no_callbacks(callbacks)
+        results in rank order. ``callbacks`` as for run()."""
         self._check_running("execute")
-        return self._get([w.execute.remote(fn) for w in self.workers], "execute a function")
+        relay = _LogRelay.make(callbacks)
+        try:
+            queue = relay.queue if relay is not None else None
+            return self._get(
+                [w.execute.remote(fn, queue) for w in self.workers], "execute a function", relay
+            )
+        finally:
+            if relay is not None:
+                relay.close()
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` on the rank 0 worker only; its result."""
@@ -455,9 +533,36 @@ class RayExecutor:
         self.shutdown()
 
 
-def _no_callbacks(callbacks: Optional[list]) -> None:
-    if callbacks:
-        raise NotImplementedError(
-            "RayExecutor: callbacks (Horovod's Ray log queue) are not supported; workers' "
-            "output reaches the driver through Ray's own log forwarding"
-        )
+class _LogRelay:
+    """Horovod's run(..., callbacks=[...]): a Ray queue that the workers'
+    ray_logger.log() puts into, drained by the driver while it waits for the
+    results; every callback is called with every item, in the driver."""
+
+    def __init__(self, callbacks: list) -> None:
+        from ray.util.queue import Queue
+
+        self.callbacks = callbacks
+        self.queue = Queue(actor_options={"num_cpus": 0})
+
+    @classmethod
+    def make(cls, callbacks: Optional[list]) -> Optional[_LogRelay]:
+        if not callbacks:
+            return None
+        callbacks = list(callbacks)
+        for cb in callbacks:
+            if not callable(cb):
+                raise TypeError(f"callbacks must be callable, got {cb!r}")
+        return cls(callbacks)
+
+    def drain(self) -> None:
+        n = self.queue.qsize()
+        if n:
+            for item in self.queue.get_nowait_batch(n):
+                for cb in self.callbacks:
+                    cb(item)
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self.queue.shutdown()

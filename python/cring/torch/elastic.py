@@ -18,28 +18,174 @@
 
 The decorator, the failure handling and the protocol with
 `cringrun --elastic` live in cring.elastic; this module adds the state of
-torch objects. Must not import anything but torch, numpy and cring.
+torch objects and ElasticSampler (Horovod's, for a DataLoader whose
+partition follows the ranks across resets). Must not import anything but
+torch, numpy and cring.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import random
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+import torch.utils.data
 
 from .. import elastic as _elastic
 from .functions import broadcast_optimizer_state, broadcast_parameters
-from .mpi_ops import broadcast_object, rank
+from .mpi_ops import broadcast_object, is_initialized, rank, size
 
 ElasticError = _elastic.ElasticError
 HostsUpdatedInterrupt = _elastic.HostsUpdatedInterrupt
 State = _elastic.State
 run = _elastic.run
 
-__all__ = ["ElasticError", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "run"]
+__all__ = [
+    "ElasticError",
+    "ElasticSampler",
+    "HostsUpdatedInterrupt",
+    "ObjectState",
+    "State",
+    "TorchState",
+    "run",
+]
 
 _STATE_DICT, _VALUE = "state_dict", "value"
+
+
+class ElasticSampler(torch.utils.data.Sampler):
+    """Horovod's ElasticSampler: a DistributedSampler whose partition follows
+    the current ranks and skips what the job already processed this epoch.
+
+        sampler = ElasticSampler(dataset, shuffle=True, seed=0)
+        loader = DataLoader(dataset, batch_size=B, sampler=sampler)
+        state = TorchState(model, optimizer, train_sampler=sampler, epoch=0)
+
+        @cring.torch.elastic.run
+        def train(state):
+            while state.epoch < epochs:
+                for batch_idx, batch in enumerate(loader):
+                    ...
+                    state.train_sampler.record_batch(batch_idx, B)
+                    state.commit()
+                state.epoch += 1
+                state.train_sampler.set_epoch(state.epoch)
+                state.commit()
+
+    The epoch's order is a permutation of range(len(dataset)) (seeded by
+    seed + epoch when shuffle, else the identity), the same on every rank.
+    Each pass (iter) takes the indices of that order not yet processed,
+    pads them by repeating the first ones to a multiple of size(), and gives
+    rank r every size()-th index from r, as DistributedSampler does.
+
+    - record_batch(batch_idx, batch_size): the batch batch_idx of the current
+      pass has been processed *on every rank*: its indices on all ranks
+      (which every rank can compute) are marked processed.
+    - record_indices(indices): mark these indices processed. At a reset rank
+      0's record wins (as for every other state), so give indices the whole
+      job has processed (e.g. gathered), not only this rank's.
+    - set_epoch(epoch): a new epoch: its order, nothing processed yet. Call it
+      at the end of an epoch, before the commit, not at its start after a
+      reset (that would forget the progress).
+    - state_dict() / load_state_dict(): {"epoch", "processed_indices"}; a
+      Horovod state_dict with "processed_num" (a count of the order's first
+      indices) is accepted too.
+
+    In a TorchState it is committed, restored and synchronised (rank 0's)
+    like the rest of the state, and re-partitioned over the new ranks after
+    every reset: what was processed before the last commit is not seen again
+    in this epoch, what was not is seen once (up to the padding of the last
+    round).
+    """
+
+    def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
+        self.dataset = dataset
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.epoch = 0
+        self.processed_indices: set[int] = set()
+        self.num_replicas = 1
+        self.rank = 0
+        self.remaining_indices: list[int] = []
+        self.num_samples = 0
+        self.total_size = 0
+        self.indices: list[int] = []  # this rank's indices of the current pass
+        self._pass: list[int] = []  # every rank's indices of the current pass, padded
+        self.reset()
+
+    def _order(self) -> list[int]:
+        order = list(range(len(self.dataset)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        return order
+
+    def reset(self) -> None:
+        """Re-partition what is left of the epoch over the current ranks
+        (called by set_epoch, load_state_dict and TorchState after a reset)."""
+        if is_initialized():
+            self.num_replicas, self.rank = size(), rank()
+        processed = self.processed_indices
+        self.remaining_indices = [i for i in self._order() if i not in processed]
+        self.num_samples = math.ceil(len(self.remaining_indices) / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+        padded = list(self.remaining_indices)
+        while padded and len(padded) < self.total_size:
+            padded += padded[: self.total_size - len(padded)]
+        self._pass = padded
+        self.indices = padded[self.rank : self.total_size : self.num_replicas]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+        self.processed_indices = set()
+        self.reset()
+
+    def get_indices(self, batch_idx: int, batch_size: int) -> list[int]:
+        """This rank's indices of batch batch_idx (of batch_size) in the current pass."""
+        start = batch_idx * batch_size
+        return self.indices[start : min(start + batch_size, len(self.indices))]
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        if batch_idx < 0 or batch_size < 1:
+            raise ValueError(
+                f"ElasticSampler.record_batch: batch_idx must be >= 0 and batch_size >= 1, "
+                f"got {batch_idx}, {batch_size}"
+            )
+        start = batch_idx * batch_size
+        end = min(start + batch_size, self.num_samples)
+        n = self.num_replicas
+        # position p of rank r's list is index r + n * p of the pass
+        self.processed_indices.update(
+            self._pass[r + n * p] for p in range(start, end) for r in range(n)
+        )
+
+    def record_indices(self, indices: Iterable[int]) -> None:
+        self.processed_indices.update(int(i) for i in indices)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "processed_indices": set(self.processed_indices)}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.epoch = int(state_dict["epoch"])
+        if "processed_indices" in state_dict:
+            self.processed_indices = {int(i) for i in state_dict["processed_indices"]}
+        elif "processed_num" in state_dict:  # Horovod's later format: a prefix of the order
+            self.processed_indices = set(self._order()[: int(state_dict["processed_num"])])
+        else:
+            raise KeyError(
+                "ElasticSampler.load_state_dict: the state has neither 'processed_indices' "
+                f"nor 'processed_num' (keys: {sorted(state_dict)})"
+            )
+        self.reset()
+
+    def __iter__(self) -> Iterator[int]:
+        self.reset()
+        return iter(list(self.indices))
+
+    def __len__(self) -> int:
+        return self.num_samples
 
 
 class ObjectState(_elastic.ObjectState):
@@ -127,6 +273,11 @@ class TorchState(ObjectState):
                 broadcast_parameters(value.state_dict(), root_rank=0)
             elif isinstance(value, torch.optim.Optimizer):
                 broadcast_optimizer_state(value, root_rank=0)
+            elif isinstance(value, ElasticSampler):
+                # every rank loads it, rank 0 too: loading re-partitions over the new ranks
+                value.load_state_dict(
+                    broadcast_object(value.state_dict(), 0, name=f"cring.elastic.{name}")
+                )
             elif _has_state_dict(value):
                 state = broadcast_object(value.state_dict(), 0, name=f"cring.elastic.{name}")
                 if rank() != 0:
