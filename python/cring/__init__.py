@@ -80,7 +80,7 @@ from ._scatter import (
     reducescatter_async,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "Adasum",

@@ -22,7 +22,8 @@ import os
 import sys
 from typing import Optional
 
-from . import _C, __version__
+from . import _C
+from ._version import __version__
 from ._gpu import cuda_info, nccl_info
 from ._horovod_env import _UNDERSTOOD, HOROVOD_TO_CRING
 

@@ -80,7 +80,7 @@ class _CheckBuildAction(argparse.Action):
 
 
 def _version() -> str:
-    from cring import __version__
+    from cring._version import __version__
 
     return f"{PROG} (cring) {__version__}"
 
