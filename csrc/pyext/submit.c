@@ -2,7 +2,9 @@
  * every collective (on the global engine, or a process set's from
  * process_sets.c), the in-place allreduce fast paths (global set only:
  * allreduce_ for NumPy arrays and torch tensors on the CPU or CUDA,
- * allreduce_async_ for torch CUDA tensors), and the small DLPack utilities
+ * allreduce_async_ for torch CUDA tensors; cring.torch's allreduce_,
+ * allreduce_async_ and allreduce_async resolved into them or into
+ * submit_small.c's allreduce_async), and the small DLPack utilities
  * (tensor_info, copy). Arguments are bound and checked once, here or in the
  * engine's validation (whose statuses errors.c maps); no waiting logic (handles.c). */
 #define PY_SSIZE_T_CLEAN
