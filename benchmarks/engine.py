@@ -184,7 +184,10 @@ def worker(args: argparse.Namespace) -> None:
     assert all(np.allclose(b, expected) for b in bufs), "wrong fused results"
     t_submit = statistics.median(submit_times)
     t_sync = timed(sync_loop, args.repeats, cring.barrier)
+    before = cring.engine_stats()
     t_fused_out = timed(fused_out, args.repeats, cring.barrier)
+    after = cring.engine_stats()
+    collectives_out = (after["collectives"] - before["collectives"] - runs) / runs
     assert all(np.allclose(o, expected) for o in outs), "wrong out-of-place fused results"
     t_sync_out = timed(sync_loop_out, args.repeats, cring.barrier)
     assert all(np.allclose(o, expected) for o in outs), "wrong out-of-place sync results"
@@ -217,7 +220,7 @@ def worker(args: argparse.Namespace) -> None:
 
     rows.append(("fused async, %d x %d B" % (n, args.bytes), t_fused, collectives_per_run))
     rows.append(("sync loop, %d x %d B" % (n, args.bytes), t_sync, None))
-    rows.append(("out: fused async, %d x %d B" % (n, args.bytes), t_fused_out, None))
+    rows.append(("out: fused async, %d x %d B" % (n, args.bytes), t_fused_out, collectives_out))
     rows.append(("out: sync loop, %d x %d B" % (n, args.bytes), t_sync_out, None))
     rows.append(("gloo loop, %d x %d B" % (n, args.bytes), t_gloo, None))
 
