@@ -4,6 +4,9 @@ Two ranks, in one run:
   * 500 tensors of 4 KiB submitted with allreduce_async_ and then
     synchronized (the engine fuses what is ready together),
   * the same 500 tensors as 500 synchronous cring.allreduce_ calls,
+  * the same 500 tensors out of place (issue 29): submitted with
+    allreduce_async (a new tensor each) and synchronized, against 500
+    synchronous cring.allreduce calls,
   * the same 500 tensors as 500 torch.distributed gloo all_reduce calls,
   * a lone synchronous 8-byte allreduce: through the engine (submit + wait),
     as the direct C call (cring_allreduce: agreement + algorithm) and as the
@@ -17,6 +20,8 @@ Prints a table, writes benchmarks/results/engine.csv. Run it as
     CRING_TRANSPORT=tcp python benchmarks/engine.py     (the same over TCP)
 Issue 20's targets: the fused batch >= 1.5x faster than the synchronous loop
 over shared memory and >= 20x over TCP; submission well under 2 us a tensor.
+Issue 29's: out of place, the fused batch >= 1.3x faster than the synchronous
+loop over shared memory and >= 10x over TCP.
 """
 
 from __future__ import annotations
@@ -150,6 +155,22 @@ def worker(args: argparse.Namespace) -> None:
         for i, b in enumerate(bufs):
             cring.allreduce_(b, op=cring.Average, name=f"grad.{i}")
 
+    outs: list = []
+    submit_out_times: list[float] = []
+
+    def fused_out() -> None:
+        t0 = time.perf_counter()
+        handles = [
+            cring.allreduce_async(b, op=cring.Average, name=f"grad.{i}") for i, b in enumerate(bufs)
+        ]
+        submit_out_times.append(time.perf_counter() - t0)
+        outs[:] = [cring.synchronize(h) for h in handles]
+
+    def sync_loop_out() -> None:
+        outs[:] = [
+            cring.allreduce(b, op=cring.Average, name=f"grad.{i}") for i, b in enumerate(bufs)
+        ]
+
     # first, as a user with nothing else going on would see it
     lone_cold = measure_lone(cring, np)
 
@@ -163,6 +184,13 @@ def worker(args: argparse.Namespace) -> None:
     assert all(np.allclose(b, expected) for b in bufs), "wrong fused results"
     t_submit = statistics.median(submit_times)
     t_sync = timed(sync_loop, args.repeats, cring.barrier)
+    before = cring.engine_stats()
+    t_fused_out = timed(fused_out, args.repeats, cring.barrier)
+    after = cring.engine_stats()
+    collectives_out = (after["collectives"] - before["collectives"] - runs) / runs
+    assert all(np.allclose(o, expected) for o in outs), "wrong out-of-place fused results"
+    t_sync_out = timed(sync_loop_out, args.repeats, cring.barrier)
+    assert all(np.allclose(o, expected) for o in outs), "wrong out-of-place sync results"
 
     # again, with the 500 names above in the response cache (before gloo:
     # torch's threads can linger afterwards)
@@ -192,6 +220,8 @@ def worker(args: argparse.Namespace) -> None:
 
     rows.append(("fused async, %d x %d B" % (n, args.bytes), t_fused, collectives_per_run))
     rows.append(("sync loop, %d x %d B" % (n, args.bytes), t_sync, None))
+    rows.append(("out: fused async, %d x %d B" % (n, args.bytes), t_fused_out, collectives_out))
+    rows.append(("out: sync loop, %d x %d B" % (n, args.bytes), t_sync_out, None))
     rows.append(("gloo loop, %d x %d B" % (n, args.bytes), t_gloo, None))
 
     if rank == 0:
@@ -208,6 +238,12 @@ def worker(args: argparse.Namespace) -> None:
         print(
             f"fused vs sync loop: {t_sync / t_fused:.2f}x faster (issue 20: >= {target:g}x "
             f"over {cring.transport()}); submission {t_submit / n * 1e6:.2f} us a tensor\n"
+        )
+        target = 10.0 if cring.transport() == "tcp" else 1.3
+        print(
+            f"out of place, fused vs sync loop: {t_sync_out / t_fused_out:.2f}x faster "
+            f"(issue 29: >= {target:g}x over {cring.transport()}); submission "
+            f"{statistics.median(submit_out_times) / n * 1e6:.2f} us a tensor\n"
         )
         c = json.loads(args.c_lone)
         for tag, lone in (("fresh", lone_cold), ("warm", lone_warm)):

@@ -136,10 +136,19 @@ int cring__pyext_noname(const char *kind, char *out, size_t cap, int consume);
 int cring__pyext_submit_wait_here(module_state *s, cring_engine_t *engine,
                                   const cring_request_t *req, cring__dl_ref_t *views, int *nviews);
 
+/* Is x absent, or the int or float 1 (a scale factor that scales nothing)? */
+int cring__pyext_is_one(PyObject *x);
+
 /* ---- submit_small.c ---------------------------------------------------------- */
 /* broadcast_ and allgather for NumPy arrays (and broadcast_ for CPU torch
- * tensors) bound and run in C; the rest goes to their Python fallbacks. */
+ * tensors) bound and run in C, and allreduce_async (out of place) for NumPy
+ * arrays and CPU torch tensors queued in C; the rest goes to their Python
+ * fallbacks. */
 extern PyMethodDef cring__pyext_small_functions[];
+/* cring.allreduce_async (tensor, op, name, compression, prescale_factor,
+ * postscale_factor, process_set): a cring.Handle, or the fallback's result. */
+PyObject *cring__pyext_allreduce_async(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames);
 extern PyMethodDef cring__pyext_region_functions[]; /* region_bindings.c */
 
 /* ---- process_sets.c ---------------------------------------------------------- */

@@ -2,7 +2,9 @@
  * every collective (on the global engine, or a process set's from
  * process_sets.c), the in-place allreduce fast paths (global set only:
  * allreduce_ for NumPy arrays and torch tensors on the CPU or CUDA,
- * allreduce_async_ for torch CUDA tensors), and the small DLPack utilities
+ * allreduce_async_ for torch CUDA tensors; cring.torch's allreduce_,
+ * allreduce_async_ and allreduce_async resolved into them or into
+ * submit_small.c's allreduce_async), and the small DLPack utilities
  * (tensor_info, copy). Arguments are bound and checked once, here or in the
  * engine's validation (whose statuses errors.c maps); no waiting logic (handles.c). */
 #define PY_SSIZE_T_CLEAN
@@ -171,7 +173,7 @@ static PyObject *py_noname_reset(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static int is_one(PyObject *x) {
+int cring__pyext_is_one(PyObject *x) {
     return !x || (PyFloat_CheckExact(x) && PyFloat_AS_DOUBLE(x) == 1.0) ||
            (PyLong_CheckExact(x) && PyLong_AsLong(x) == 1);
 }
@@ -203,7 +205,7 @@ static int bind_allreduce(PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
         else v[j] = args[nargs + k];
     }
     return fast && v[0] && (!v[2] || v[2] == Py_None || PyUnicode_CheckExact(v[2])) &&
-           (!v[3] || v[3] == Py_None) && is_one(v[4]) && is_one(v[5]);
+           (!v[3] || v[3] == Py_None) && cring__pyext_is_one(v[4]) && cring__pyext_is_one(v[5]);
 }
 
 /* Call the module's Python fallback attribute `attr` with the call's arguments. */
@@ -396,15 +398,16 @@ fail:
 }
 
 /* cring.torch's allreduce_(tensor, average=None, name=None, op=None,
- * prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set)
- * and allreduce_async_: Horovod's arguments resolved here (op None is
- * Average), then cring's own allreduce_/allreduce_async_ above, so a torch
- * CUDA tensor reaches the queue from cring.torch without a Python frame too.
+ * prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set),
+ * allreduce_async_ and allreduce_async (out of place): Horovod's arguments
+ * resolved here (op None is Average), then cring's own allreduce_,
+ * allreduce_async_ or allreduce_async (submit_small.c), so a torch tensor
+ * reaches the queue from cring.torch without a Python frame too.
  * cring's errors are raised as cring.torch raises them (the module's
  * `torch_error_hook`, cring.torch's _internal_error: a replacement or None).
  * A deprecated `average`, another process set or a keyword cring does not
- * know goes to the Python function (`torch_allreduce_fallback` /
- * `torch_allreduce_async_fallback`). */
+ * know goes to the Python function (`torch_allreduce_fallback`,
+ * `torch_allreduce_async_fallback`, `torch_allreduce_async_out_fallback`). */
 static void torch_wrap_error(PyObject *module) {
     static PyObject *hook_name;
     PyObject *type, *value, *tb;
@@ -436,12 +439,17 @@ restore:
     PyErr_Restore(type, value, tb);
 }
 
+enum { TORCH_SYNC_INPLACE, TORCH_ASYNC_INPLACE, TORCH_ASYNC_OUT, TORCH_MODES };
+
 static PyObject *torch_forward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames, int is_async) {
+                               PyObject *kwnames, int mode) {
     static const char *const names[] = {"tensor",          "average",          "name",       "op",
                                         "prescale_factor", "postscale_factor", "process_set"};
     enum { N = 7 };
-    static PyObject *interned[N], *fallback_sync, *fallback_async, *global_name, *one, *average;
+    static const char *const fallbacks[TORCH_MODES] = {"torch_allreduce_fallback",
+                                                       "torch_allreduce_async_fallback",
+                                                       "torch_allreduce_async_out_fallback"};
+    static PyObject *interned[N], *fallback_names[TORCH_MODES], *global_name, *one, *average;
     PyObject *v[N] = {0};
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     int fast = nargs <= N;
@@ -470,29 +478,33 @@ static PyObject *torch_forward(PyObject *module, PyObject *const *args, Py_ssize
         PyErr_Clear();
     }
     if (!fast)
-        return fall_back(module, is_async ? &fallback_async : &fallback_sync,
-                         is_async ? "torch_allreduce_async_fallback" : "torch_allreduce_fallback",
-                         args, nargs, kwnames);
+        return fall_back(module, &fallback_names[mode], fallbacks[mode], args, nargs, kwnames);
     PyObject *forward[6] = {v[0],
                             v[3] && v[3] != Py_None ? v[3] : average,
                             v[2] ? v[2] : Py_None,
                             Py_None,
                             v[4] ? v[4] : one,
                             v[5] ? v[5] : one};
-    PyObject *res = is_async ? py_allreduce_async_(module, forward, 6, NULL)
-                             : py_allreduce_(module, forward, 6, NULL);
+    PyObject *res = mode == TORCH_ASYNC_OUT ? cring__pyext_allreduce_async(module, forward, 6, NULL)
+                    : mode == TORCH_ASYNC_INPLACE ? py_allreduce_async_(module, forward, 6, NULL)
+                                                  : py_allreduce_(module, forward, 6, NULL);
     if (!res) torch_wrap_error(module);
     return res;
 }
 
 static PyObject *py_torch_allreduce_(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames) {
-    return torch_forward(module, args, nargs, kwnames, 0);
+    return torch_forward(module, args, nargs, kwnames, TORCH_SYNC_INPLACE);
 }
 
 static PyObject *py_torch_allreduce_async_(PyObject *module, PyObject *const *args,
                                            Py_ssize_t nargs, PyObject *kwnames) {
-    return torch_forward(module, args, nargs, kwnames, 1);
+    return torch_forward(module, args, nargs, kwnames, TORCH_ASYNC_INPLACE);
+}
+
+static PyObject *py_torch_allreduce_async(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                          PyObject *kwnames) {
+    return torch_forward(module, args, nargs, kwnames, TORCH_ASYNC_OUT);
 }
 
 /* A CUDA call's tensors share one device: the first sets device->id, the
@@ -766,6 +778,9 @@ PyMethodDef cring__pyext_submit_functions[] = {
     {"torch_allreduce_async_", (PyCFunction)(void (*)(void))py_torch_allreduce_async_,
      METH_FASTCALL | METH_KEYWORDS,
      "cring.torch.allreduce_async_ (Horovod's arguments) forwarded to allreduce_async_ in C"},
+    {"torch_allreduce_async", (PyCFunction)(void (*)(void))py_torch_allreduce_async,
+     METH_FASTCALL | METH_KEYWORDS,
+     "cring.torch.allreduce_async (Horovod's arguments) forwarded to allreduce_async in C"},
     {"submit", py_submit, METH_VARARGS,
      "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
      "compression, caller_waits[, splits[, stream[, process_set]]]) -> Handle"},

@@ -1,7 +1,10 @@
 /* submit_small.c: the C fast paths of cring.broadcast_ (NumPy arrays and CPU
  * torch tensors) and cring.allgather (NumPy arrays): arguments bound without
  * a Python frame, the request submitted and waited on here; a small one
- * rides the engine's negotiation round. Everything else goes to the Python
+ * rides the engine's negotiation round. And cring.allreduce_async, the
+ * out-of-place form (NumPy arrays and CPU torch tensors): the output
+ * allocated and the request queued here, the engine reading the input and
+ * writing the output directly. Everything else goes to the Python
  * implementation the module's *_fallback attributes hold. No waiting logic
  * (handles.c) and no argument checks of its own beyond choosing the path. */
 #define PY_SSIZE_T_CLEAN
@@ -242,6 +245,126 @@ static PyObject *py_allgather(PyObject *module, PyObject *const *args, Py_ssize_
     return fall_back(module, &fallback_name, "allgather_fallback", args, nargs, kwnames);
 }
 
+/* A new uninitialised tensor like x (a NumPy array or a torch tensor on the
+ * host), through numpy.empty_like / torch.empty_like (C functions: no Python
+ * frame), bound as a writable view in *out of x's dtype and size. 1 when
+ * made; 0, nothing set, when it cannot be (the Python path takes the call);
+ * -1 with the error set (MemoryError, ...). */
+static int empty_like(PyObject *x, int torch, const char *name, const cring__dl_ref_t *in,
+                      PyObject **made, cring__dl_ref_t *out) {
+    static PyObject *np_empty_like, *torch_empty_like;
+    PyObject **fn = torch ? &torch_empty_like : &np_empty_like;
+    if (!*fn) {
+        PyObject *mod_name = PyUnicode_FromString(torch ? "torch" : "numpy");
+        PyObject *mod = mod_name ? PyImport_GetModule(mod_name) : NULL; /* never imported here */
+        Py_XDECREF(mod_name);
+        *fn = mod ? PyObject_GetAttrString(mod, "empty_like") : NULL;
+        Py_XDECREF(mod);
+        if (!*fn) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    *made = PyObject_CallOneArg(*fn, x);
+    if (!*made) return -1;
+    int taken = cring__dl_acquire_fast(*made, name, 1, 0, out);
+    if (taken == 1 && (out->dtype != in->dtype || out->numel != in->numel)) {
+        cring__dl_release(out);
+        taken = 0;
+    }
+    if (taken != 1) {
+        PyErr_Clear();
+        Py_CLEAR(*made);
+        return 0;
+    }
+    return 1;
+}
+
+/* allreduce_async(tensor, op=Average, name=None, compression=None,
+ * prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+ * cring.allreduce_async itself. A contiguous NumPy array or CPU torch
+ * tensor on the global set, without compression or scaling, is queued here:
+ * the output made by empty_like, one request whose tensor is sent from the
+ * input and received into the output (the engine's fused paths read and
+ * write each tensor directly: no staging copy beyond the in-place form's),
+ * and a cring.Handle whose synchronize() returns the output. Both views stay
+ * with the handle until the engine is done: the input must not change
+ * before synchronize(), as with Horovod. Everything else (CUDA tensors,
+ * other libraries' tensors, strided ones, compression, scaling, process
+ * sets) goes to the module's
+ * `allreduce_async_out_fallback`. */
+PyObject *cring__pyext_allreduce_async(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames) {
+    static const char *const names[] = {
+        "tensor",           "op",         "name", "compression", "prescale_factor",
+        "postscale_factor", "process_set"};
+    static PyObject *interned[7], *fallback_name;
+    module_state *s = cring__pyext_state(module);
+    PyObject *v[7] = {0};
+    int fast = bind(args, nargs, kwnames, names, interned, 7, v);
+    if (fast < 0) return NULL;
+    int torch = 0;
+    fast = fast && v[0] && s->engine && name_ok(v[2]) && (!v[3] || v[3] == Py_None) &&
+           cring__pyext_is_one(v[4]) && cring__pyext_is_one(v[5]) && (!v[6] || v[6] == Py_None) &&
+           (cring__dl_is_ndarray(v[0]) || (torch = cring__dl_is_torch(v[0])));
+    if (!fast) goto fall;
+    int op = cring__pyext_parse_op(v[1]);
+    if (op < 0) return NULL;
+    char generated[64];
+    int unnamed;
+    const char *name = call_name(v[2], "allreduce", generated, sizeof generated, &unnamed);
+    if (!name) return NULL;
+    cring__dl_ref_t *refs = PyMem_Calloc(2, sizeof *refs);
+    if (!refs) return PyErr_NoMemory();
+    int taken = cring__dl_acquire_fast(v[0], name, 0, 0, &refs[0]);
+    if (taken != 1) { /* a device tensor, or one the Python path copies or words the error of */
+        PyErr_Clear();
+        PyMem_Free(refs);
+        goto fall;
+    }
+    PyObject *result = NULL;
+    taken = empty_like(v[0], torch, name, &refs[0], &result, &refs[1]);
+    if (taken != 1) {
+        cring__dl_release(&refs[0]);
+        PyMem_Free(refs);
+        if (taken < 0) return NULL;
+        goto fall;
+    }
+    if (unnamed) cring__pyext_noname("allreduce", generated, sizeof generated, 1);
+    int64_t one = 1;
+    cring_tensor_t t = {.send = refs[0].data,
+                        .recv = refs[1].data,
+                        .dtype = refs[0].dtype,
+                        .ndim = refs[0].t->ndim,
+                        .shape = refs[0].t->ndim ? refs[0].t->shape : &one};
+    cring_request_t req = {.name = name,
+                           .collective = CRING_COLL_ALLREDUCE,
+                           .op = (cring_op_t)op,
+                           .prescale = 1.0,
+                           .postscale = 1.0,
+                           .compression = CRING_DTYPE_COUNT,
+                           .ntensors = 1,
+                           .tensors = &t,
+                           .flags = unnamed ? CRING_REQUEST_SEQUENCED : 0};
+    if (s->dropped) cring__pyext_sweep(s, 0);
+    cring_handle_t *handle;
+    cring_status_t st = cring_engine_submit(s->engine, &req, &handle);
+    if (st != CRING_OK) {
+        cring__dl_release(&refs[0]);
+        cring__dl_release(&refs[1]);
+        PyMem_Free(refs);
+        Py_DECREF(result);
+        return cring__pyext_raise_submit(s, st, CRING_COLL_ALLREDUCE, name);
+    }
+    PyObject *h = cring__pyext_handle_new(s, handle, refs, 2, CRING_COLL_ALLREDUCE, name);
+    PyObject *w = h ? cring__pyext_wrap_handle(module, h, Py_None, result, Py_False) : NULL;
+    Py_XDECREF(h); /* the wrapper holds it; without one, dropping it never waits */
+    Py_DECREF(result);
+    return w;
+fall:
+    return fall_back(module, &fallback_name, "allreduce_async_out_fallback", args, nargs, kwnames);
+}
+
 PyMethodDef cring__pyext_small_functions[] = {
     {"broadcast_", (PyCFunction)(void (*)(void))py_broadcast_, METH_FASTCALL | METH_KEYWORDS,
      "broadcast_($module, /, tensor, root_rank, name=None)\n--\n\n"
@@ -251,4 +374,9 @@ PyMethodDef cring__pyext_small_functions[] = {
      "Concatenate every rank's tensor along the first dimension (which may\n"
      "differ between ranks); trailing dimensions and dtype must match. A 0-d\n"
      "tensor gathers as one row."},
+    {"allreduce_async", (PyCFunction)(void (*)(void))cring__pyext_allreduce_async,
+     METH_FASTCALL | METH_KEYWORDS,
+     "allreduce_async($module, /, tensor, op=0, name=None, compression=None,\n"
+     "                prescale_factor=1.0, postscale_factor=1.0, process_set=None)\n--\n\n"
+     "Start an allreduce into a new tensor; synchronize() returns it."},
     {NULL, NULL, 0, NULL}};

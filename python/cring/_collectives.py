@@ -205,7 +205,7 @@ def _allreduce_async(
     )
 
 
-def allreduce_async(
+def _allreduce_async_out_general(
     tensor: Any,
     op: int = Average,
     name: Optional[str] = None,
@@ -214,7 +214,9 @@ def allreduce_async(
     postscale_factor: float = 1.0,
     process_set: Any = None,
 ) -> Handle:
-    """Start an allreduce into a new tensor; synchronize() returns it."""
+    """allreduce_async for what _C.allreduce_async does not do itself
+    (CUDA and other libraries' tensors, strided ones, compression, scaling,
+    process sets)."""
     ps = _ps_id(process_set)
     return _allreduce_async(
         ps,
@@ -228,6 +230,17 @@ def allreduce_async(
         False,
         False,
     )
+
+
+# cring.allreduce_async(tensor, op=Average, name=None, compression=None,
+# prescale_factor=1.0, postscale_factor=1.0, process_set=None): start an
+# allreduce into a new tensor; synchronize() returns it. A contiguous NumPy
+# array or CPU torch tensor on the global set, without compression or
+# scaling, is queued by _C.allreduce_async without a Python frame (the output
+# made by empty_like in C, the engine reading the input and writing the
+# output directly); the rest comes back to _allreduce_async_out_general.
+_C.allreduce_async_out_fallback = _allreduce_async_out_general
+allreduce_async = _C.allreduce_async
 
 
 def _allreduce_async_inplace_general(

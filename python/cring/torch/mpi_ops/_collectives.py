@@ -124,7 +124,7 @@ def allreduce(
     return python_compressor.decompress(reduced, ctx)
 
 
-def allreduce_async(
+def _allreduce_async(
     tensor: torch.Tensor,
     average: Optional[bool] = None,
     name: Optional[str] = None,
@@ -201,16 +201,21 @@ def _from_c(c_function: Any, python_function: Any, name: str) -> Any:
     return wrapper
 
 
-# allreduce_ and allreduce_async_ resolve Horovod's arguments in C and go on
+# allreduce_, allreduce_async_ and allreduce_async resolve Horovod's arguments in C and go on
 # to cring.allreduce_ / allreduce_async_ there, so a named torch CUDA tensor
 # reaches the engine's queue without a Python frame; what C does not resolve
 # (average=, another process set) comes back to the functions above.
 _C.torch_allreduce_fallback = _allreduce_inplace
 _C.torch_allreduce_async_fallback = _allreduce_async_inplace
+_C.torch_allreduce_async_out_fallback = _allreduce_async
 _C.torch_error_hook = _internal_error
 _C.torch_global_process_set = global_process_set
 allreduce_ = _from_c(_C.torch_allreduce_, _allreduce_inplace, "allreduce_")
 allreduce_async_ = _from_c(_C.torch_allreduce_async_, _allreduce_async_inplace, "allreduce_async_")
+# allreduce_async (out of place) likewise goes on to cring.allreduce_async in C,
+# which makes the output of a CPU tensor there (a CUDA tensor comes back to
+# _allreduce_async through cring's Python route).
+allreduce_async = _from_c(_C.torch_allreduce_async, _allreduce_async, "allreduce_async")
 
 
 def grouped_allreduce(
