@@ -130,6 +130,19 @@ const void *cring_handle_output(const cring_handle_t *h, int index, size_t *byte
     return h->outputs[index];
 }
 
+void *cring_handle_take_output(cring_handle_t *h, int index, size_t *bytes_out,
+                               cring_output_free_fn *free_out, void **ctx_out) {
+    if (!atomic_load(&h->done) || !h->outputs || !h->free_output || index < 0 ||
+        index >= h->ntensors || !h->outputs[index])
+        return NULL;
+    void *p = h->outputs[index];
+    h->outputs[index] = NULL; /* the handle's release no longer frees it */
+    *bytes_out = h->output_bytes[index];
+    *free_out = h->free_output;
+    *ctx_out = h->free_ctx;
+    return p;
+}
+
 void cring_handle_free(cring_handle_t *h) {
     if (h) cring__handle_release(h);
 }
