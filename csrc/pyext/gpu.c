@@ -151,6 +151,20 @@ static PyObject *Gpu_output_capsule(GpuState *self, PyObject *args) {
     return cap;
 }
 
+/* output_pointer(handle, index) -> the address of result `index` of a
+ * completed CUDA allgather or alltoall (the room its caller lent, when the
+ * result went there), or None. */
+static PyObject *Gpu_output_pointer(GpuState *self, PyObject *args) {
+    PyObject *hobj;
+    int index;
+    if (!PyArg_ParseTuple(args, "O!i", self->s->HandleType, &hobj, &index)) return NULL;
+    HandleObject *h = (HandleObject *)hobj;
+    const void *data = NULL;
+    if (h->handle && cring_handle_done(h->handle) && index >= 0)
+        data = cring_handle_output(h->handle, index, NULL, NULL);
+    return data ? PyLong_FromVoidPtr((void *)data) : Py_NewRef(Py_None);
+}
+
 /* ---- the consumer's stream ------------------------------------------------------------ */
 /* cring._gpu.use_stream(): this thread's stream, read by the C fast paths too. */
 static _Thread_local int thread_stream_set;
@@ -500,6 +514,8 @@ static PyMethodDef Gpu_methods[] = {
     {"output_capsule", (PyCFunction)Gpu_output_capsule, METH_VARARGS,
      "output_capsule(handle, index, device, shape, dtype) -> DLPack capsule (kDLCUDA) of a "
      "CUDA allgather's result, which owns its device memory (freed by its deleter)"},
+    {"output_pointer", (PyCFunction)Gpu_output_pointer, METH_VARARGS,
+     "output_pointer(handle, index) -> address of a completed CUDA allgather's result, or None"},
     {"pinned", (PyCFunction)Gpu_pinned, METH_VARARGS, "pinned(shape, dtype) -> PinnedBuffer"},
     {"stage_in", (PyCFunction)Gpu_stage_in, METH_VARARGS,
      "stage_in(tensor, dlpack_stream, cuda_stream, name) -> PinnedBuffer"},
