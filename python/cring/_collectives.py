@@ -548,7 +548,7 @@ def _allgather_async(
 ) -> Handle:
     _require_init()
     p = _ps_size_rank(ps)[0]
-    submit, info, like = _submit, _info, result_like
+    submit, info = _submit, _info
     rooms: list = [None] * len(tensors)
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     cuda = _gpu.any_cuda(tensors)
@@ -575,7 +575,7 @@ def _allgather_async(
             if cuda:
                 outs.append(_gpu.allgather_result(x, h, i, shape_i, dtype_name, rooms[i]))
             else:
-                outs.append(like(x, h, i, shape_i, dtype_name))
+                outs.append(result_like(x, h, i, shape_i, dtype_name))
         return outs if grouped else outs[0]
 
     return submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits, process_set=ps)
