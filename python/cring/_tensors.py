@@ -38,15 +38,21 @@ def dlpack_source(x: Any) -> Any:
 def producer_namespace(x: Any, function: str) -> Any:
     """The namespace that makes tensors of x's kind and has `function`
     (empty, from_dlpack): x's Array-API namespace, else the top-level module
-    of x's type (CuPy has cupy.empty and cupy.from_dlpack, and no
-    __array_namespace__ on its arrays); None when neither has it."""
+    of x's type when it is a tensor library, that is, has from_dlpack (CuPy
+    has cupy.empty and cupy.from_dlpack, and no __array_namespace__ on its
+    arrays); None when neither has it."""
     namespace = getattr(x, "__array_namespace__", None)
     if namespace is not None:
         xp = namespace()
         if hasattr(xp, function):
             return xp
     module = sys.modules.get(type(x).__module__.partition(".")[0])
-    if module is not None and module is not np and hasattr(module, function):
+    if (
+        module is not None
+        and module is not np
+        and hasattr(module, "from_dlpack")
+        and hasattr(module, function)
+    ):
         return module
     return None
 
