@@ -15,6 +15,11 @@ torch.cuda.synchronize():
     cring.allreduce_, cring.torch.allreduce_ and cring.allreduce_async_ +
     synchronize against torch.distributed.all_reduce (NCCL); the goal is
     <= 1.0x torch's time (stretch 0.5x);
+  * allgather per call (issue 26), world size 1, 4 KiB .. 64 MiB: a loop of
+    cring.allgather of a torch CUDA tensor (its result from torch's caching
+    allocator, lent to the engine) against torch.distributed's
+    all_gather_into_tensor into a torch.empty made each call (the same work:
+    a new result per call); the goal is <= 1.0x torch's time;
   * training steps (issue 16), world size 1, bf16 autocast, batch 64:
     ResNet-50 and ViT-B/16 (torchvision's, or comparable models written
     here when torchvision is missing) with no communication, DDP (NCCL),
@@ -27,12 +32,14 @@ Bandwidth is algorithm bandwidth (bytes per rank / time). Prints tables and
 writes benchmarks/results/gpu.csv (and gpu_steps.csv). Run it as
     python benchmarks/gpu.py               (it starts its ranks itself)
     python benchmarks/gpu.py --only steps  (just the per-call and step parts)
+    python benchmarks/gpu.py --only allgather  (just the allgather per-call table)
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import socket
@@ -45,6 +52,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
 HOST_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+ALLGATHER_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 
 
 def free_port() -> int:
@@ -199,6 +207,70 @@ def per_call(torch, calls: int = 2000) -> list:
         ["torch.distributed.all_reduce", loop(lambda: dist.all_reduce(x))],
     ]
     return rows
+
+
+def allgather_calls(nbytes: int) -> int:
+    """Calls per timed loop: many for small messages, a few for 64 MiB."""
+    return max(20, min(2000, (256 << 20) // max(nbytes, 1)))
+
+
+def allgather_per_call(torch, sizes: list = ALLGATHER_SIZES) -> list:
+    """Rows (who, bytes, seconds per call) of an allgather at world size 1:
+    cring.allgather against all_gather_into_tensor into a new torch.empty,
+    each a loop + one device sync, best of 5."""
+    import torch.distributed as dist
+
+    import cring
+
+    def loop(fn, calls: int) -> float:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / calls)
+        return best
+
+    def cring_call(x) -> None:
+        cring.allgather(x, name="ag")
+
+    def torch_call(x) -> None:
+        out = torch.empty(dist.get_world_size() * x.numel(), device="cuda")
+        dist.all_gather_into_tensor(out, x)
+
+    rows = []
+    for nbytes in sizes:
+        x = torch.ones(nbytes // 4, device="cuda")
+        calls = allgather_calls(nbytes)
+        rows.append(["cring.allgather", nbytes, loop(functools.partial(cring_call, x), calls)])
+        rows.append(
+            [
+                "torch.distributed.all_gather_into_tensor",
+                nbytes,
+                loop(functools.partial(torch_call, x), calls),
+            ]
+        )
+    return rows
+
+
+def allgather_report(rows: list) -> list:
+    """Print the allgather table; returns (bytes, cring s, torch s, ratio)."""
+    by = {(who.startswith("cring"), n): t for who, n, t in rows}
+    table = []
+    print(f"\n{'allgather per call, world size 1':34s} {'cring':>11s} {'torch':>11s} {'ratio':>7s}")
+    for n in sorted({n for _, n, _ in rows}):
+        mine, theirs = by.get((True, n)), by.get((False, n))
+        if mine is None or theirs is None:
+            continue
+        label = f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+        table.append((n, mine, theirs, mine / theirs))
+        print(f"{label:34s} {mine * 1e6:8.1f} us {theirs * 1e6:8.1f} us {mine / theirs:6.2f}x")
+    print("(ratio = cring / torch; goal <= 1.0x)")
+    return table
 
 
 def models(torch):
@@ -357,7 +429,7 @@ def steps(torch, n_steps: int = 30, batch: int = 64) -> list:
     return rows
 
 
-def issue16(torch) -> None:
+def issue16(torch, only: str = "") -> None:
     import torch.distributed as dist
 
     import cring
@@ -372,6 +444,17 @@ def issue16(torch) -> None:
         world_size=1,
         device_id=torch.device("cuda", 0),
     )
+    gathers = allgather_per_call(torch)
+    allgather_report(gathers)
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / "gpu_allgather.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["who", "bytes", "seconds"])
+        w.writerows(gathers)
+    if only == "allgather":
+        dist.destroy_process_group()
+        cring.shutdown()
+        return
     calls = per_call(torch)
     ref = calls[-1][1]
     print(f"\n{'per call, 4 KiB, world size 1':40s} {'time':>10s} {'vs torch':>9s}")
@@ -463,8 +546,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument(
         "--only",
-        choices=("sizes", "steps"),
-        help="only the message-size tables, or only the issue-16 parts",
+        choices=("sizes", "steps", "allgather"),
+        help="only the message-size tables, only the per-call and step parts, or only "
+        "the allgather per-call table",
     )
     args = parser.parse_args()
     if args.worker:
@@ -485,8 +569,8 @@ def main() -> int:
         f"{torch.__version__} (CUDA {torch.version.cuda})"
     )
     if args.only != "sizes":
-        issue16(torch)
-    if args.only == "steps":
+        issue16(torch, args.only or "")
+    if args.only in ("steps", "allgather"):
         return 0
     rows = launch("nccl", 1, args.repeats, tmp / "nccl1.json")
     rows += launch("host", 2, args.repeats, tmp / "host2.json")

@@ -89,6 +89,9 @@ struct cring_handle {
      * spare buffers); a backend whose outputs are device memory sets both. */
     void (*free_output)(void *ctx, void *ptr, size_t bytes);
     void *free_ctx;
+    /* NULL, or per output 1 when it is memory the caller lent with the
+     * request (never freed here; exec_cuda.c's output_memory) */
+    unsigned char *output_lent;
     cring_device_t output_device; /* CPU unless a backend set it */
     /* CUDA: the event after the request's work on the backend's stream (a
      * reference the handle holds), and how to drop it. */

@@ -387,6 +387,42 @@ static void free_device_output(void *ctx, void *ptr, size_t bytes) {
     cring__gpu_device_free(ctx, ptr);
 }
 
+/* The device memory of result i of r (allgather, alltoall), `bytes` long:
+ * sets r->handle->outputs[i] and output_bytes[i]. The binding may lend room
+ * with the request (tensor recv: size x the input's bytes for an allgather,
+ * the input's bytes for an alltoall), allocated by the framework (torch's
+ * caching allocator) on the producer's stream before the event that cring's
+ * stream waits on, so no older work of that stream still uses it; a result
+ * that fits goes there and the handle never frees it (output_lent). Any
+ * other result is cring's own device memory (cudaMalloc), freed with the
+ * handle or by whoever takes it (cring_handle_take_output: a DLPack
+ * export's deleter). The handle's output arrays must exist. */
+static cring_status_t output_memory(cring_engine_t *e, const lane_t *L, req_t *r, int i,
+                                    size_t bytes) {
+    cring_handle_t *h = r->handle;
+    const tensor_spec_t *t = &r->t[i];
+    h->free_output = free_device_output;
+    h->free_ctx = L->g;
+    h->output_device = r->device;
+    if (!h->output_lent && !(h->output_lent = calloc((size_t)r->ntensors, 1)))
+        return fail(e, CRING_ERR_NO_MEMORY, "out of memory");
+    size_t room = t->recv ? t->bytes * (r->coll == CRING_COLL_ALLGATHER ? (size_t)e->size : 1) : 0;
+    h->output_bytes[i] = bytes;
+    if (t->recv && bytes <= room) {
+        h->outputs[i] = t->recv;
+        h->output_lent[i] = 1;
+        return CRING_OK;
+    }
+    cring__errmsg_t err = {{0}};
+    cring_status_t st = cring__gpu_device_alloc(L->g, L->device, bytes, &h->outputs[i], &err);
+    if (st != CRING_OK) {
+        h->output_bytes[i] = 0;
+        return fail(e, st, "'%s': the result of tensor %d (%zu bytes): %s", r->name, i, bytes,
+                    err.text);
+    }
+    return CRING_OK;
+}
+
 /* One request's grouped call on the lane, after its producer, then its completion. */
 static cring_status_t run_one(cring_engine_t *e, const lane_t *L, req_t *r, cring__gpu_coll_t *c) {
     double t0 = cring__engine_tl_now(e);
@@ -396,19 +432,14 @@ static cring_status_t run_one(cring_engine_t *e, const lane_t *L, req_t *r, crin
     return record_done(e, L, &r, 1);
 }
 
-/* Allgather: results in device memory the handle owns (freed through
- * free_output); each rank's part as negotiated (first_dims). */
+/* Allgather: results in the room the binding lent or in device memory the
+ * handle owns (output_memory); each rank's part as negotiated (first_dims). */
 static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *first_dims) {
     cring_handle_t *h = r->handle;
     lane_t L;
     CRING_CHECK(open_lane(e, r, &L));
     CRING_CHECK(wait_producers(e, &L, &r, 1));
-    cring__gpu_t *g = L.g;
-    int device = L.device;
     const size_t P = (size_t)e->size, nt = (size_t)r->ntensors;
-    h->free_output = free_device_output;
-    h->free_ctx = g;
-    h->output_device = r->device;
     h->outputs = calloc(nt, sizeof *h->outputs);
     h->output_bytes = calloc(nt, sizeof *h->output_bytes);
     h->first_dims = malloc(sizeof(int64_t) * nt * P);
@@ -428,14 +459,8 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
             total += rc[q];
         }
         rc[e->rank] = t->count; /* a 0-d tensor gathers as one row */
-        cring__errmsg_t err = {{0}};
-        size_t bytes = total * cring_dtype_size(t->dtype);
-        st = cring__gpu_device_alloc(g, device, bytes, &h->outputs[i], &err);
-        if (st != CRING_OK) {
-            fail(e, st, "'%s': the allgather result: %s", r->name, err.text);
+        if ((st = output_memory(e, &L, r, (int)i, total * cring_dtype_size(t->dtype))) != CRING_OK)
             break;
-        }
-        h->output_bytes[i] = bytes;
         ts[i] = (cring__gpu_tensor_t){.send = t->send,
                                       .recv = h->outputs[i],
                                       .dtype = t->dtype,

@@ -68,6 +68,7 @@ void cring__handle_release(cring_handle_t *h) {
     cring_engine_t *e = h->engine;
     for (int i = 0; h->outputs && i < h->ntensors; i++) {
         size_t bytes = h->output_bytes ? h->output_bytes[i] : 0;
+        if (h->output_lent && h->output_lent[i]) continue; /* the caller's */
         if (h->free_output) {
             if (h->outputs[i]) h->free_output(h->free_ctx, h->outputs[i], bytes);
         } else {
@@ -77,6 +78,7 @@ void cring__handle_release(cring_handle_t *h) {
     if (h->device_event) h->device_event_put(h->device_event);
     free(h->outputs);
     free(h->output_bytes);
+    free(h->output_lent);
     free(h->first_dims);
     free(h->error);
     /* keep one for the next submission: a synchronous loop then allocates
@@ -129,6 +131,19 @@ const void *cring_handle_output(const cring_handle_t *h, int index, size_t *byte
     if (bytes_out) *bytes_out = h->output_bytes[index];
     if (first_dims_out) *first_dims_out = h->first_dims + (size_t)index * (size_t)h->size;
     return h->outputs[index];
+}
+
+void *cring_handle_take_output(cring_handle_t *h, int index, size_t *bytes_out,
+                               cring_output_free_fn *free_out, void **ctx_out) {
+    if (!atomic_load(&h->done) || !h->outputs || !h->free_output || index < 0 ||
+        index >= h->ntensors || !h->outputs[index] || (h->output_lent && h->output_lent[index]))
+        return NULL;
+    void *p = h->outputs[index];
+    h->outputs[index] = NULL; /* the handle's release no longer frees it */
+    *bytes_out = h->output_bytes[index];
+    *free_out = h->free_output;
+    *ctx_out = h->free_ctx;
+    return p;
 }
 
 void cring_handle_free(cring_handle_t *h) {

@@ -1,7 +1,7 @@
 /* gpu.c: cring._C.gpu, the Python face of the GPU layer (csrc/gpu) beside the
  * one collective path: loading NCCL and the CUDA runtime into the process's
  * GPU context (which the engine's CUDA backend runs on), the layer's counters,
- * DLPack capsules of CUDA allgather results (device memory a handle owns),
+ * DLPack capsules of CUDA allgather results (owning their device memory),
  * pinned host buffers for the host-staged path, and the consumer's side of
  * a CUDA request: which stream the caller is on (use_stream, torch's current
  * stream) and ordering it after a completed request. CUDA collectives
@@ -34,16 +34,28 @@ typedef struct {
 } PinnedObject;
 
 /* ---- DLPack exports (pinned buffers, device results) ----------------------------- */
+/* An export keeps its memory valid in one of two ways: a reference to the
+ * Python object that owns it (pinned buffers), or owning the memory itself
+ * (device results taken out of their handle), freed by the deleter, which
+ * then needs no GIL: a consumer may release it from any thread. */
 typedef struct {
-    cring_dl_managed_t managed;
+    cring_dl_managed_t managed; /* first: the deleter gets its address */
+    cring_output_free_fn free_memory;
+    void *free_ctx;
+    void *memory;
+    size_t bytes;
     int64_t shape[]; /* ndim entries */
 } export_t;
 
 static void export_deleter(cring_dl_managed_t *m) {
-    PyGILState_STATE gil = PyGILState_Ensure();
-    Py_XDECREF((PyObject *)m->manager_ctx);
-    PyMem_RawFree(m);
-    PyGILState_Release(gil);
+    export_t *e = (export_t *)m;
+    if (e->free_memory) e->free_memory(e->free_ctx, e->memory, e->bytes);
+    if (m->manager_ctx) {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        Py_DECREF((PyObject *)m->manager_ctx);
+        PyGILState_Release(gil);
+    }
+    PyMem_RawFree(e);
 }
 
 static void export_capsule_destructor(PyObject *cap) {
@@ -54,9 +66,13 @@ static void export_capsule_destructor(PyObject *cap) {
 }
 
 /* A "dltensor" capsule of contiguous memory at data, kept valid by a
- * reference to owner until the consumer's deleter runs. */
-static PyObject *export_capsule(void *data, int device_type, int device_id, int ndim,
-                                const int64_t *shape, cring_dtype_t dtype, PyObject *owner) {
+ * reference to owner (when not NULL) until the consumer's deleter runs; the
+ * deleter also frees data with free_memory (when not NULL). On failure
+ * nothing is freed (the caller still owns data). */
+static PyObject *export_capsule_owning(void *data, size_t bytes, int device_type, int device_id,
+                                       int ndim, const int64_t *shape, cring_dtype_t dtype,
+                                       PyObject *owner, cring_output_free_fn free_memory,
+                                       void *free_ctx) {
     export_t *e = PyMem_RawCalloc(1, sizeof *e + (size_t)(ndim + 1) * sizeof(int64_t));
     if (!e) return PyErr_NoMemory();
     memcpy(e->shape, shape, (size_t)ndim * sizeof(int64_t));
@@ -70,21 +86,34 @@ static PyObject *export_capsule(void *data, int device_type, int device_id, int 
     t->shape = e->shape;
     t->strides = NULL;
     t->byte_offset = 0;
-    e->managed.manager_ctx = Py_NewRef(owner);
+    e->managed.manager_ctx = owner ? Py_NewRef(owner) : NULL;
     e->managed.deleter = export_deleter;
     PyObject *cap = PyCapsule_New(&e->managed, "dltensor", export_capsule_destructor);
     if (!cap) {
-        Py_DECREF(owner);
+        Py_XDECREF(owner);
         PyMem_RawFree(e);
+        return NULL;
     }
+    e->free_memory = free_memory; /* only now: the capsule owns it */
+    e->free_ctx = free_ctx;
+    e->memory = data;
+    e->bytes = bytes;
     return cap;
+}
+
+static PyObject *export_capsule(void *data, int device_type, int device_id, int ndim,
+                                const int64_t *shape, cring_dtype_t dtype, PyObject *owner) {
+    return export_capsule_owning(data, 0, device_type, device_id, ndim, shape, dtype, owner, NULL,
+                                 NULL);
 }
 
 static int parse_shape(PyObject *seq, int64_t **shape_out, int *ndim_out);
 
 /* output_capsule(handle, index, device, shape, dtype) -> a DLPack capsule
- * (kDLCUDA on `device`) of result `index` of a completed CUDA allgather: the
- * device memory the handle owns, which the capsule keeps alive. */
+ * (kDLCUDA on `device`) of result `index` of a completed CUDA allgather or
+ * alltoall. The device memory moves out of the handle into the export: the
+ * consumer's deleter frees it (however long the handle lives), and a second
+ * call for the same result raises. */
 static PyObject *Gpu_output_capsule(GpuState *self, PyObject *args) {
     PyObject *hobj, *shape_obj;
     int index, device;
@@ -100,16 +129,40 @@ static PyObject *Gpu_output_capsule(GpuState *self, PyObject *args) {
     if (parse_shape(shape_obj, &shape, &ndim) < 0) return NULL;
     size_t numel = 1, bytes = 0;
     for (int i = 0; i < ndim; i++) numel *= (size_t)shape[i];
-    void *data = NULL;
+    const void *data = NULL;
     if (h->handle && cring_handle_done(h->handle) && index >= 0)
-        data = (void *)cring_handle_output(h->handle, index, &bytes, NULL);
+        data = cring_handle_output(h->handle, index, &bytes, NULL);
     PyObject *cap = NULL;
-    if (!data || bytes != numel * cring_dtype_size(dtype))
-        PyErr_Format(PyExc_ValueError, "tensor '%s': no device result %d of %zu bytes (it has %zu)",
+    cring_output_free_fn free_memory = NULL;
+    void *free_ctx = NULL, *owned = NULL;
+    if (data && bytes == numel * cring_dtype_size(dtype))
+        owned = cring_handle_take_output(h->handle, index, &bytes, &free_memory, &free_ctx);
+    if (!owned)
+        PyErr_Format(PyExc_ValueError,
+                     "tensor '%s': no device result %d of %zu bytes (it has %zu, or it was "
+                     "handed out already)",
                      h->name ? h->name : "?", index, numel * cring_dtype_size(dtype), bytes);
-    else cap = export_capsule(data, CRING_DL_CUDA, device, ndim, shape, dtype, hobj);
+    else {
+        cap = export_capsule_owning(owned, bytes, CRING_DL_CUDA, device, ndim, shape, dtype, NULL,
+                                    free_memory, free_ctx);
+        if (!cap) free_memory(free_ctx, owned, bytes);
+    }
     PyMem_Free(shape);
     return cap;
+}
+
+/* output_pointer(handle, index) -> the address of result `index` of a
+ * completed CUDA allgather or alltoall (the room its caller lent, when the
+ * result went there), or None. */
+static PyObject *Gpu_output_pointer(GpuState *self, PyObject *args) {
+    PyObject *hobj;
+    int index;
+    if (!PyArg_ParseTuple(args, "O!i", self->s->HandleType, &hobj, &index)) return NULL;
+    HandleObject *h = (HandleObject *)hobj;
+    const void *data = NULL;
+    if (h->handle && cring_handle_done(h->handle) && index >= 0)
+        data = cring_handle_output(h->handle, index, NULL, NULL);
+    return data ? PyLong_FromVoidPtr((void *)data) : Py_NewRef(Py_None);
 }
 
 /* ---- the consumer's stream ------------------------------------------------------------ */
@@ -460,7 +513,9 @@ static PyMethodDef Gpu_methods[] = {
     {"device_count", (PyCFunction)Gpu_device_count, METH_NOARGS, "(count, reason when 0)"},
     {"output_capsule", (PyCFunction)Gpu_output_capsule, METH_VARARGS,
      "output_capsule(handle, index, device, shape, dtype) -> DLPack capsule (kDLCUDA) of a "
-     "CUDA allgather's result, keeping the handle alive"},
+     "CUDA allgather's result, which owns its device memory (freed by its deleter)"},
+    {"output_pointer", (PyCFunction)Gpu_output_pointer, METH_VARARGS,
+     "output_pointer(handle, index) -> address of a completed CUDA allgather's result, or None"},
     {"pinned", (PyCFunction)Gpu_pinned, METH_VARARGS, "pinned(shape, dtype) -> PinnedBuffer"},
     {"stage_in", (PyCFunction)Gpu_stage_in, METH_VARARGS,
      "stage_in(tensor, dlpack_stream, cuda_stream, name) -> PinnedBuffer"},

@@ -525,7 +525,8 @@ static int cuda_device(const cring__dl_ref_t *ref, Py_ssize_t index, cring_devic
  *        caller_waits[, splits[, stream[, process_set]]]) -> Handle, or None once done when
  *        caller_waits is 2
  * tensors: list of (send, recv) pairs; recv None for allgather and alltoall
- * (splits: None or one row count per rank), recv is send
+ * (splits: None or one row count per rank; a CUDA allgather may lend room of
+ * size x send's elements, cring.h), recv is send
  * for in-place operations. op: as for allreduce_ (ignored unless the
  * collective reduces). caller_waits: 0 async, 1 the caller will wait on
  * the handle, 2 wait here (a synchronous call that needs no output copy; it
@@ -634,14 +635,27 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
             if (cring__dl_acquire(recv_obj, dl_stream, name, 1, kind, out) < 0) goto done;
             nrefs++;
             if (kind == CRING__DL_CUDA && cuda_device(out, 1, &device, name) < 0) goto done;
-            if (coll != CRING_COLL_REDUCESCATTER && same_layout(in, out, name) < 0) goto done;
+            if (coll == CRING_COLL_ALLGATHER) { /* room lent for the result (CUDA) */
+                if (out->dtype != in->dtype || out->numel != (size_t)size * in->numel) {
+                    PyErr_Format(PyExc_ValueError,
+                                 "tensor '%s': room for the allgather has %zu elements of %s, "
+                                 "not %d x %zu of %s",
+                                 name, out->numel, cring_dtype_name(out->dtype), size, in->numel,
+                                 cring_dtype_name(in->dtype));
+                    goto done;
+                }
+            } else if (coll != CRING_COLL_REDUCESCATTER && same_layout(in, out, name) < 0)
+                goto done;
             if (coll == CRING_COLL_REDUCESCATTER && out->dtype != in->dtype) {
                 PyErr_Format(PyExc_ValueError, "tensor '%s': output dtype differs", name);
                 goto done;
             }
         }
         ts[i].send = in->data;
-        ts[i].recv = out->data;
+        /* allgather and alltoall: recv is room lent for the result, or none */
+        ts[i].recv = out == in && (coll == CRING_COLL_ALLGATHER || coll == CRING_COLL_ALLTOALL)
+                         ? NULL
+                         : out->data;
         ts[i].dtype = in->dtype;
         ts[i].ndim = in->t->ndim;
         ts[i].shape = in->t->shape;

@@ -131,16 +131,31 @@ EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t bytes, int kind, v
 }
 
 /* Device memory is host memory here, filled with 0xA5 so a result that was
- * never written shows. */
+ * never written shows. cudaFree overwrites the block with 0xDB before it
+ * releases it, so a result read after its memory was freed shows too (a
+ * header before the block remembers its size). */
+#define FAKE_HEADER 256 /* keeps the block 256-byte aligned */
+#define FAKE_FREED 0xDB
 EXPORT int cudaMalloc(void **ptr, size_t bytes) {
-    *ptr = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    if (*ptr) memset(*ptr, 0xA5, bytes);
+    unsigned char *base = aligned_alloc(256, FAKE_HEADER + (bytes + 255) / 256 * 256);
+    *ptr = NULL;
+    if (base) {
+        memcpy(base, &bytes, sizeof bytes);
+        *ptr = base + FAKE_HEADER;
+        memset(*ptr, 0xA5, bytes);
+    }
     log_line("malloc device=%d bytes=%zu", current_device, bytes);
     return *ptr ? SUCCESS : ERROR_MEMORY_ALLOCATION;
 }
 
 EXPORT int cudaFree(void *ptr) {
-    free(ptr);
+    if (ptr) {
+        unsigned char *base = (unsigned char *)ptr - FAKE_HEADER;
+        size_t bytes;
+        memcpy(&bytes, base, sizeof bytes);
+        memset(ptr, FAKE_FREED, bytes);
+        free(base);
+    }
     log_line("free");
     return SUCCESS;
 }

@@ -561,23 +561,34 @@ def _allgather_async(
 ) -> Handle:
     _require_init()
     p = _ps_size_rank(ps)[0]
-    submit, info, like = _submit, _info, result_like
+    submit, info = _submit, _info
+    rooms: list = [None] * len(tensors)
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
-    if _gpu.any_cuda(tensors):
+    cuda = _gpu.any_cuda(tensors)
+    if cuda:
         if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
             return _gpu.host_allgather(
                 _submit, list(tensors), name, grouped, p, caller_waits=caller_waits, process_set=ps
             )
         submit = functools.partial(_cuda_submit, _gpu.nccl_stream(tensors, name))
-        info, like = _gpu.info, _gpu.result_like
+        info = _gpu.info
     infos = [info(x, name) for x in tensors]
-    pairs = [(dlpack_source(x), None) for x in tensors]
+    if cuda:  # results in room from the framework's allocator where it has one
+        rooms = _gpu.allgather_rooms(tensors, infos, p)
+    pairs = [
+        (dlpack_source(x), None if room is None else dlpack_source(room))
+        for x, room in zip(tensors, rooms)
+    ]
 
     def finish(h: Any) -> Any:
         outs = []
         for i, (x, (shape, dtype_name)) in enumerate(zip(tensors, infos)):
             dims = _C.first_dims(h, i, p)
-            outs.append(like(x, h, i, (sum(dims),) + tuple(shape[1:]), dtype_name))
+            shape_i = (sum(dims),) + tuple(shape[1:])
+            if cuda:
+                outs.append(_gpu.allgather_result(x, h, i, shape_i, dtype_name, rooms[i]))
+            else:
+                outs.append(result_like(x, h, i, shape_i, dtype_name))
         return outs if grouped else outs[0]
 
     return submit(_C.ALLGATHER, name, pairs, finish, caller_waits=caller_waits, process_set=ps)

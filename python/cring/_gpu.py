@@ -41,7 +41,7 @@ import numpy as np
 
 from . import _C
 from ._core import CRingError
-from ._tensors import dlpack_source, empty_like
+from ._tensors import dlpack_source, empty_like, producer_namespace
 
 _gpu = _C.gpu
 _DL_CUDA, _DL_CUDA_MANAGED = 2, 13
@@ -198,13 +198,20 @@ def any_cuda(xs: Sequence[Any]) -> bool:
     return False
 
 
+class MixedDevicesError(CRingError, ValueError):
+    """One call mixes CUDA and other tensors. A CRingError (so a
+    RuntimeError, which Horovod's users catch) and a ValueError (what cring
+    raised before)."""
+
+
 def host_staged(tensors: Sequence[Any], name: str) -> bool:
     """For a call with CUDA tensors: True when CRING_GPU_OPERATIONS=host (the
     host adapters below run it), False for the NCCL path. Raises ValueError for
-    a call that mixes CUDA and other tensors, or a bad CRING_GPU_OPERATIONS."""
+    a call that mixes CUDA and other tensors (MixedDevicesError, also a
+    RuntimeError), or a bad CRING_GPU_OPERATIONS."""
     cpu = [i for i, x in enumerate(tensors) if not is_cuda(x)]
     if cpu:
-        raise ValueError(
+        raise MixedDevicesError(
             f"tensor '{name}': every tensor of one call must be on the same device, "
             f"but tensor(s) {cpu} of {len(tensors)} are not CUDA tensors"
         )
@@ -301,8 +308,8 @@ def device_guard(x: Any) -> Any:
 
 
 class _DeviceResult:
-    """A CUDA allgather's result (device memory its handle owns) offered
-    through DLPack, for torch.from_dlpack or an Array-API from_dlpack."""
+    """A CUDA allgather's result (a capsule owning its device memory)
+    offered through DLPack, for a library's from_dlpack."""
 
     __slots__ = ("_capsule", "_device")
 
@@ -328,24 +335,60 @@ class _DeviceResult:
 
 def result_like(x: Any, handle: Any, index: int, shape: Sequence[int], dtype_name: str) -> Any:
     """Result `index` of a completed CUDA allgather as a tensor of x's kind,
-    viewing the device memory the handle owns (it stays alive as long as the
-    result does): torch through torch.from_dlpack, other producers through
-    their Array-API namespace's from_dlpack."""
+    without a copy: the device memory moves from the handle into a DLPack
+    export that owns it (the consumer's deleter frees it once the last view
+    is gone). torch through torch.from_dlpack, other producers through
+    their Array-API namespace's from_dlpack, or their module's (CuPy)."""
     shape = tuple(int(d) for d in shape)
     device = _device_index(x)
     if not all(shape):
         return empty_like(x, shape, dtype_name)
-    capsule = _gpu.output_capsule(handle, index, device, shape, dtype_name)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        return torch.from_dlpack(capsule)
-    namespace = getattr(x, "__array_namespace__", None)
-    if namespace is None or not hasattr(namespace(), "from_dlpack"):
+        return torch.from_dlpack(_gpu.output_capsule(handle, index, device, shape, dtype_name))
+    xp = producer_namespace(x, "from_dlpack")
+    if xp is None:
         raise TypeError(
-            f"cannot make a CUDA result of kind {type(x).__name__}: it has no "
-            "Array-API namespace with from_dlpack"
+            f"cannot make a CUDA result of kind {type(x).__name__}: neither an "
+            "Array-API namespace nor its module has from_dlpack"
         )
-    return namespace().from_dlpack(_DeviceResult(capsule, device))
+    capsule = _gpu.output_capsule(handle, index, device, shape, dtype_name)
+    return xp.from_dlpack(_DeviceResult(capsule, device))
+
+
+def allgather_rooms(tensors: Sequence[Any], infos: Sequence[tuple], size: int) -> list:
+    """Room for each CUDA allgather result from the framework's allocator,
+    lent to the engine with the request (docs/gpu.md, "Results"): for a torch
+    tensor, torch.empty of size x its rows on its device, so torch's caching
+    allocator serves it on the current stream, the one the submission orders
+    cring's stream after; a result whose ranks' parts are no larger than this
+    rank's goes there. None (the engine's own memory) for other producers,
+    empty tensors, and a use_stream() stream other than torch's."""
+    torch = sys.modules.get("torch")
+    rooms: list = []
+    for x, (shape, _dtype) in zip(tensors, infos):
+        room = None
+        if (
+            torch is not None
+            and isinstance(x, torch.Tensor)
+            and x.numel() > 0
+            and _gpu.thread_stream() is None
+        ):
+            rows = int(shape[0]) if shape else 1
+            room = torch.empty((size * rows,) + tuple(shape[1:]), dtype=x.dtype, device=x.device)
+        rooms.append(room)
+    return rooms
+
+
+def allgather_result(
+    x: Any, handle: Any, index: int, shape: Sequence[int], dtype_name: str, room: Any
+) -> Any:
+    """Result `index` of a completed CUDA allgather: the lent room (its first
+    shape[0] rows) when the engine put it there, else result_like's."""
+    if room is not None and _gpu.output_pointer(handle, index) == room.data_ptr():
+        rows = int(shape[0])
+        return room if room.shape[0] == rows else room[:rows]
+    return result_like(x, handle, index, shape, dtype_name)
 
 
 def wire_dtype(tensors: Sequence[Any], wire: Optional[str]) -> Optional[Any]:

@@ -1,5 +1,6 @@
 """Tensor helpers: make new outputs of the caller's kind (NumPy in, NumPy out;
-torch in, torch out; any Array-API library through its namespace) without
+torch in, torch out; any Array-API library through its namespace, and
+libraries such as CuPy through their module's empty/from_dlpack) without
 importing any framework that the caller did not already use."""
 
 from __future__ import annotations
@@ -34,6 +35,28 @@ def dlpack_source(x: Any) -> Any:
     return x
 
 
+def producer_namespace(x: Any, function: str) -> Any:
+    """The namespace that makes tensors of x's kind and has `function`
+    (empty, from_dlpack): x's Array-API namespace, else the top-level module
+    of x's type when it is a tensor library, that is, has from_dlpack (CuPy
+    has cupy.empty and cupy.from_dlpack, and no __array_namespace__ on its
+    arrays); None when neither has it."""
+    namespace = getattr(x, "__array_namespace__", None)
+    if namespace is not None:
+        xp = namespace()
+        if hasattr(xp, function):
+            return xp
+    module = sys.modules.get(type(x).__module__.partition(".")[0])
+    if (
+        module is not None
+        and module is not np
+        and hasattr(module, "from_dlpack")
+        and hasattr(module, function)
+    ):
+        return module
+    return None
+
+
 def _is_torch(x: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
@@ -62,12 +85,15 @@ def empty_like(x: Any, shape: Sequence[int], dtype_name: str) -> Any:
     if _is_torch(x):
         torch = sys.modules["torch"]
         return torch.empty(shape, dtype=x.dtype, device=x.device)
-    namespace = getattr(x, "__array_namespace__", None)
-    if namespace is not None:
-        xp = namespace()
+    xp = producer_namespace(x, "empty")
+    if xp is not None:
         try:
             return xp.empty(shape, dtype=x.dtype, device=getattr(x, "device", None))
-        except TypeError:
+        except TypeError:  # no device= (CuPy's module): allocate on x's device
+            device = getattr(x, "device", None)
+            if hasattr(device, "__enter__") and hasattr(device, "__exit__"):
+                with device:
+                    return xp.empty(shape, dtype=x.dtype)
             return xp.empty(shape, dtype=x.dtype)
     if dtype_name not in _NUMPY_DTYPES:
         raise TypeError(f"cannot make a NumPy output of dtype {dtype_name} for {type(x).__name__}")

@@ -11,6 +11,7 @@ real GPU.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -53,6 +54,11 @@ _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
+_capsule_set_name = ctypes.pythonapi.PyCapsule_SetName
+_capsule_set_name.restype = ctypes.c_int
+_capsule_set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
 _CODES = {"i": 0, "u": 1, "f": 2, "b": 6}
 _KINDS = {0: "i", 1: "u", 2: "f"}
 
@@ -67,21 +73,51 @@ class _Namespace:
 
     @staticmethod
     def from_dlpack(x: Any) -> FakeCudaTensor:
-        device_type, device = x.__dlpack_device__()
-        assert device_type == KDL_CUDA, device_type
-        capsule = x.__dlpack__()
-        t = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor")).dl_tensor
-        shape = tuple(t.shape[i] for i in range(t.ndim))
-        dtype = (
-            np.dtype(np.bool_)
-            if t.dtype.code == 6
-            else np.dtype(f"{_KINDS[t.dtype.code]}{t.dtype.bits // 8}")
-        )
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        memory = (ctypes.c_char * nbytes).from_address(t.data + t.byte_offset)
-        out = FakeCudaTensor(np.frombuffer(memory, dtype=dtype).reshape(shape), device=device)
-        out._exports.append(capsule)  # its deleter (at collection) releases the memory's owner
-        return out
+        return consume(x, FakeCudaTensor)
+
+
+def consume(x: Any, kind: Any) -> Any:
+    """What a DLPack consumer does with x's export: take the capsule (renamed
+    "used_dltensor", so only the consumer calls the deleter), view the memory
+    without a copy, and call the producer's deleter once the last view of it
+    is gone, as CuPy and torch do; the views, not the returned object, keep
+    the memory alive. Returns kind(array, device=...)."""
+    device_type, device = x.__dlpack_device__()
+    assert device_type == KDL_CUDA, device_type
+    capsule = x.__dlpack__()
+    address = _capsule_pointer(capsule, b"dltensor")
+    if _capsule_set_name(capsule, b"used_dltensor") != 0:
+        raise RuntimeError("cannot rename the DLPack capsule")
+    t = _DLManagedTensor.from_address(address).dl_tensor
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    dtype = (
+        np.dtype(np.bool_)
+        if t.dtype.code == 6
+        else np.dtype(f"{_KINDS[t.dtype.code]}{t.dtype.bits // 8}")
+    )
+    owner = _Export(address, t.data + t.byte_offset, shape, dtype)
+    return kind(np.asarray(owner), device=device)
+
+
+class _Export:
+    """The consumer's hold on one DLPack export: its memory through the
+    array interface (every NumPy view has this object as its base), and the
+    producer's deleter called when the last view goes."""
+
+    def __init__(self, managed: int, data: int, shape: tuple, dtype: np.dtype):
+        self.__array_interface__ = {
+            "shape": shape,
+            "typestr": dtype.str,
+            "data": (data, False),
+            "version": 3,
+        }
+        weakref.finalize(self, _delete, managed)
+
+
+def _delete(managed: int) -> None:
+    deleter = _DLManagedTensor.from_address(managed).deleter
+    if deleter:
+        _DELETER(deleter)(managed)
 
 
 class FakeCudaTensor:

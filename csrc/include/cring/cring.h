@@ -262,9 +262,13 @@ typedef enum cring_collective {
  * Thread-safe. */
 CRING_API const char *cring_collective_name(cring_collective_t collective);
 
-/* One tensor of a request. For ALLGATHER and ALLTOALL, recv is ignored: the
- * engine allocates the result (see cring_handle_output). For REDUCESCATTER,
- * recv holds this rank's rows (shape[0] split as n/P, +1 for ranks < n%P). */
+/* One tensor of a request. For ALLGATHER and ALLTOALL the engine places the
+ * result (see cring_handle_output): on the CPU recv is ignored; for CUDA
+ * tensors recv may be NULL or lend room of size x send's bytes (ALLGATHER)
+ * or send's bytes (ALLTOALL), which a result that fits uses (the caller
+ * keeps owning it; cring_handle_output then returns recv), while a larger
+ * one gets device memory of the engine's. For REDUCESCATTER, recv holds this
+ * rank's rows (shape[0] split as n/P, +1 for ranks < n%P). */
 typedef struct cring_tensor {
     const void *send;
     void *recv; /* may equal send (in place) */
@@ -386,6 +390,18 @@ CRING_API const char *cring_handle_error(const cring_handle_t *handle);
  * received from it (first_dims[size]). */
 CRING_API const void *cring_handle_output(const cring_handle_t *handle, int index,
                                           size_t *bytes_out, const int64_t **first_dims_out);
+/* How a result taken out of its handle is freed: free(ctx, ptr, bytes). */
+typedef void (*cring_output_free_fn)(void *ctx, void *ptr, size_t bytes);
+/* After an ALLGATHER or ALLTOALL of device tensors completes: move result
+ * `index` (engine-allocated, not lent) out of the handle, so the caller owns
+ * the memory (a DLPack export's deleter, for one) and frees it with
+ * *free_out(*ctx_out, ptr, *bytes_out) whenever it likes, before or after
+ * cring_handle_free or the engine's stop. NULL (nothing moved) for host
+ * results, results in room the caller lent, a result already taken, a handle
+ * not complete, or a zero-byte result. Not thread-safe against another
+ * take of the same handle. */
+CRING_API void *cring_handle_take_output(cring_handle_t *handle, int index, size_t *bytes_out,
+                                         cring_output_free_fn *free_out, void **ctx_out);
 /* After a JOIN completes: the last rank to join. -1 otherwise. */
 CRING_API int64_t cring_handle_value(const cring_handle_t *handle);
 /* A completed CUDA request: the GPU layer's ordering event (a

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import cring
+from cring import _gpu
 from cring import elastic as _elastic
 
 # ---- reduction ops (Horovod's numbering; cring uses the same values) -----------------------------
@@ -46,7 +47,14 @@ class TimeoutInternalError(HorovodInternalError, cring.TimeoutError):
 HostsUpdatedInterrupt = _elastic.HostsUpdatedInterrupt
 
 
-_PASS_THROUGH = (cring.MismatchError, cring.NotInitializedError, HorovodInternalError)
+# ValueError: cring errors that are also argument errors (one call mixing CUDA
+# and CPU tensors), raised unchanged like any bad argument.
+_PASS_THROUGH = (
+    cring.MismatchError,
+    cring.NotInitializedError,
+    HorovodInternalError,
+    ValueError,
+)
 
 
 def _internal_error(error: BaseException) -> Optional[BaseException]:
@@ -159,8 +167,10 @@ def stop_timeline() -> None:
     cring.stop_timeline()
 
 
-# What this build has, answered truthfully: cring talks over its own shared
-# memory and TCP transports, with no MPI, Gloo, NCCL, DDL, oneCCL, CUDA or ROCm.
+# What this build has, answered truthfully and with Horovod's return types:
+# cring talks over its own shared memory and TCP transports, with no MPI,
+# Gloo, DDL, oneCCL or ROCm; NCCL and the CUDA runtime are loaded at run time,
+# so for those two "built" means "usable here".
 def mpi_built() -> bool:
     return False
 
@@ -170,6 +180,8 @@ def mpi_enabled() -> bool:
 
 
 def mpi_threads_supported() -> bool:
+    """False. (Horovod's raises ValueError when MPI is not enabled; cring,
+    which never enables MPI, answers instead: docs/horovod_migration.md.)"""
     return False
 
 
@@ -181,9 +193,13 @@ def gloo_enabled() -> bool:
     return False
 
 
-def nccl_built() -> bool:
-    """True when NCCL can be loaded at run time (cring never links it)."""
-    return cring.nccl_available()
+def nccl_built() -> int:
+    """As Horovod's: the version code of the NCCL cring loads at run time
+    (ncclGetVersion's, e.g. 22809 for 2.28.9), or 0 when none can be loaded
+    (cring never links it)."""
+    if not cring.nccl_available():
+        return 0
+    return int(_gpu.nccl_info().get("version_code") or 0)
 
 
 def ddl_built() -> bool:
@@ -196,7 +212,7 @@ def ccl_built() -> bool:
 
 def cuda_built() -> bool:
     """True when the CUDA runtime loads and a device is usable."""
-    return cring.cuda_available()
+    return bool(cring.cuda_available())
 
 
 def rocm_built() -> bool:

@@ -1,0 +1,193 @@
+"""Out-of-place results of CUDA tensors own their memory (issue 26, item 4),
+on CPU against the test doubles, whose cudaFree overwrites freed memory with
+0xDB so a result read after its memory went shows it:
+
+- at 2 and 3 ranks (tests/gpu/results_worker.py), 40 results of fake CUDA
+  tensors (allgather even and uneven, reducescatter, out-of-place allreduce
+  and broadcast, seven dtypes) keep only their NumPy views while 40 later
+  collectives and allocations run, and every one is exact at the end; the
+  allgather results' device memory is freed when the last view goes (one
+  cudaFree each), not before;
+- a CuPy-like producer (module-level empty/from_dlpack, no Array-API
+  namespace) gets results of its own kind, exact;
+- a device result is handed out once: its memory moves from the handle into
+  the DLPack export, whose deleter frees it, whatever the handle does.
+Every process has a hard timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import test_gpu_loader as loader
+
+fakes = loader.fakes  # the fixture that builds the test doubles
+TIMEOUT_S = 120
+
+
+def run_results(np_: int, env: dict, outdir) -> list:
+    cmd = [
+        sys.executable,
+        "-m",
+        "cring.run",
+        "-np",
+        str(np_),
+        sys.executable,
+        str(loader.GPU_TESTS / "results_worker.py"),
+        str(outdir),
+    ]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"results_worker.py on {np_} ranks hung\n{e.stdout}\n{e.stderr}")
+    if proc.returncode != 0:
+        pytest.fail(
+            f"results_worker.py on {np_} ranks exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+        )
+    return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(np_)]
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_results_stay_exact_while_later_work_runs(fakes, tmp_path, np_):
+    env = loader.clean_env(
+        CRING_NCCL_LIBRARY=fakes["nccl"],
+        CRING_CUDART_LIBRARY=fakes["cudart"],
+        CRING_FAKE_CUDA_LOG=str(tmp_path / "cuda.log"),
+    )
+    for res in run_results(np_, env, tmp_path):
+        assert res["size"] == np_ and res["checked"] == 40
+        assert res["bad"] == [], res["bad"]
+        # 16 of the 40 are allgathers (engine-allocated device memory): each
+        # freed once, when its last view went, and not earlier
+        assert res["frees_released"] == 16
+        assert set(res["cupy_kinds"]) == {"allgather", "allreduce", "broadcast", "reducescatter"}
+        assert set(res["cupy_kinds"].values()) == {"fake_cupy"}, res["cupy_kinds"]
+        assert res["stats"]["staged_bytes"] == 0  # all through the NCCL path
+
+
+def test_a_device_result_is_handed_out_once(fakes):
+    code = """
+        import gc, json, numpy as np
+        import cring
+        from cring import _C, _gpu
+        from fake_cuda import FakeCudaTensor as F, consume
+        cring.init()
+        x = F(np.arange(6, dtype=np.float32))
+        h = cring.allgather_async(x, name="once")
+        res = cring.synchronize(h)
+        inner = h._h
+        try:
+            _C.gpu.output_capsule(inner, 0, 0, [6], "float32")
+            again = "no error"
+        except ValueError as e:
+            again = str(e)
+        view = res.array
+        del res, h, inner, x
+        gc.collect()
+        junk = [cring.allgather(F(np.full(6, 7, np.float32)), name=f"j{k}").array.copy()
+                for k in range(5)]
+        print(json.dumps({"again": again, "view": view.tolist()}))
+        cring.shutdown()
+    """
+    env = loader.clean_env(CRING_NCCL_LIBRARY=fakes["nccl"], CRING_CUDART_LIBRARY=fakes["cudart"])
+    out = loader.result(loader.run_py(code, env))
+    assert "handed out already" in out["again"]
+    assert out["view"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # the handle is gone, the view is not
+
+
+TORCH_ROOMS = """
+import json, sys, types
+import numpy as np
+import torch, cring
+from cring import _gpu
+from fake_cuda import FakeCudaTensor as F, consume
+
+# torch without CUDA, dressed as a CUDA build (as test_gpu_engine's fast-path
+# test does): tensors say is_cuda and export their CPU memory as kDLCUDA, the
+# current stream is 0x4242, and from_dlpack takes the engine's device memory
+keep = []
+
+
+def export(t, *, stream=None, **kw):
+    f = F(t.numpy())
+    keep.append(f)
+    return f.__dlpack__()
+
+
+class _Capsule:
+    def __init__(self, capsule):
+        self.capsule = capsule
+
+    def __dlpack__(self, **kw):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+torch.Tensor.is_cuda = property(lambda self: True)
+torch.Tensor.__dlpack__ = export
+torch.Tensor.__dlpack_device__ = lambda self: (2, 0)
+torch._C._to_dlpack_versioned = export
+torch._C._cuda_getCurrentRawStream = lambda index: 0x4242
+torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(cuda_stream=0x4242)
+torch.cuda.current_device = lambda: None
+torch.from_dlpack = lambda c: torch.from_numpy(consume(_Capsule(c), lambda a, device: a))
+
+cring.init()
+r, p = cring.rank(), cring.size()
+allocs = lambda: _gpu.stats()["device_allocs"]
+out = {}
+kept = []
+for k in range(10):
+    x = torch.arange(6, dtype=torch.float64).reshape(3, 2) + 100 * r + k
+    before = allocs()
+    y = cring.allgather(x, name=f"even{k}")
+    out.setdefault("even_allocs", []).append(allocs() - before)
+    kept.append((y, torch.cat([torch.arange(6, dtype=torch.float64).reshape(3, 2) + 100 * q + k
+                               for q in range(p)])))
+    cring.allgather(torch.ones(5, dtype=torch.int32) * k, name=f"later{k}")
+before = allocs()
+u = cring.allgather(torch.full((r + 1, 2), r, dtype=torch.int64), name="uneven")
+out["uneven_allocs"] = allocs() - before
+out["uneven_ok"] = u.tolist() == [[q, q] for q in range(p) for _ in range(q + 1)]
+g = cring.grouped_allgather([torch.full((2,), r, dtype=torch.int8),
+                             torch.tensor(float(r))], name="group")
+out["group"] = [g[0].tolist(), g[1].tolist()]
+out["kinds"] = sorted({type(y).__name__ for y, _ in kept})
+out["bad"] = [i for i, (y, e) in enumerate(kept) if not torch.equal(y, e)]
+out["rank"], out["size"] = r, p
+print(json.dumps(out))
+cring.shutdown()
+"""
+
+
+def test_torch_results_come_from_torchs_allocator(fakes, tmp_path):
+    """Through stand-ins for torch's CUDA functions: a torch CUDA allgather
+    lends the engine room from torch.empty (torch's caching allocator on a
+    GPU), so results whose ranks' parts are no larger than this rank's cost
+    no cudaMalloc; a larger uneven result falls back to the engine's memory
+    handed over through from_dlpack. Exact, at 2 ranks."""
+    pytest.importorskip("torch")
+    script = tmp_path / "torch_rooms.py"
+    script.write_text(TORCH_ROOMS)
+    env = loader.clean_env(CRING_NCCL_LIBRARY=fakes["nccl"], CRING_CUDART_LIBRARY=fakes["cudart"])
+    cmd = [sys.executable, "-m", "cring.run", "-np", "2", sys.executable, str(script)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    outs = sorted(
+        (json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if "{" in line),
+        key=lambda o: o["rank"],
+    )
+    assert [o["rank"] for o in outs] == [0, 1]
+    for o in outs:
+        assert o["bad"] == [] and o["kinds"] == ["Tensor"]
+        assert o["even_allocs"] == [0] * 10  # every even result in torch's memory
+        assert o["uneven_ok"]
+        assert o["group"] == [[0, 0, 1, 1], [0.0, 1.0]]
+    # rank 0 lent room for 2 rows of 3: the engine's memory; rank 1 lent 4
+    assert [o["uneven_allocs"] for o in outs] == [1, 0]
