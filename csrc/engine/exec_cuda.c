@@ -403,7 +403,7 @@ static void free_device_output(void *ctx, void *ptr, size_t bytes) {
 
 /* Result i of r (an allgather's or an alltoall's) in device memory of the
  * lane's device that the handle owns (freed through free_output): sets
- * r->handle->outputs[i] and output_bytes[i]; bytes 0 gives NULL. */
+ * r->handle->outputs[i] and output_bytes[i]. */
 static cring_status_t output_memory(cring_engine_t *e, const lane_t *L, req_t *r, int i,
                                     size_t bytes) {
     cring_handle_t *h = r->handle;
@@ -411,7 +411,9 @@ static cring_status_t output_memory(cring_engine_t *e, const lane_t *L, req_t *r
     h->free_output = free_device_output;
     h->free_ctx = L->g;
     h->output_device = r->device;
-    cring_status_t st = cring__gpu_device_alloc(L->g, L->device, bytes, &h->outputs[i], &err);
+    /* an empty result still gets memory: a handle's result is never NULL */
+    cring_status_t st =
+        cring__gpu_device_alloc(L->g, L->device, bytes ? bytes : 1, &h->outputs[i], &err);
     if (st != CRING_OK)
         return fail(e, st, "'%s': the %s result: %s", r->name, cring_collective_name(r->coll),
                     err.text);
