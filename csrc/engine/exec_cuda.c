@@ -517,61 +517,81 @@ done:
     return st;
 }
 
-/* Alltoall: the ranks share their splits (rows to each rank) over the
- * engine's communicator, so each knows what it receives from whom; then one
- * NCCL group of a send and a receive per peer into device memory the handle
- * owns (output_memory). The received rows per rank become first_dims, as on
- * the CPU. */
-static cring_status_t run_alltoall(cring_engine_t *e, req_t *r) {
-    cring_handle_t *h = r->handle;
+/* Alltoall of a batch (several ready alltoalls of one device, grouped by
+ * execute.c): one allgather over the engine's communicator shares every
+ * request's splits (rows to each rank), so each rank knows what it receives
+ * from whom; then one NCCL group with a send and a receive per peer and
+ * request, each into device memory its handle owns (output_memory). The
+ * received rows per rank become first_dims, as on the CPU. */
+static cring_status_t run_alltoall(cring_engine_t *e, req_t **batch, int n) {
     lane_t L;
-    CRING_CHECK(open_lane(e, r, &L));
-    CRING_CHECK(wait_producers(e, &L, &r, 1));
-    const size_t P = (size_t)e->size;
-    tensor_spec_t *t = &r->t[0];
-    h->outputs = calloc(1, sizeof *h->outputs);
-    h->output_bytes = calloc(1, sizeof *h->output_bytes);
-    h->first_dims = malloc(sizeof(int64_t) * P);
-    int64_t *rows = malloc(sizeof *rows * P * P);
-    size_t *counts = malloc(sizeof *counts * 3 * P); /* byte sizes, sent, received */
+    CRING_CHECK(open_lane(e, batch[0], &L));
+    CRING_CHECK(wait_producers(e, &L, batch, n));
+    const size_t P = (size_t)e->size, N = (size_t)n, me = (size_t)e->rank;
+    int64_t *mine = malloc(sizeof *mine * N * P), *rows = malloc(sizeof *rows * N * P * P);
+    size_t *counts = malloc(sizeof *counts * (P + 2 * N * P)); /* byte sizes; sent, received */
+    cring__gpu_tensor_t *ts = calloc(N, sizeof *ts);
     cring_status_t st = CRING_OK;
-    if (!h->outputs || !h->output_bytes || !h->first_dims || !rows || !counts) {
+    if (!mine || !rows || !counts || !ts) {
         st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
         goto done;
     }
-    for (size_t q = 0; q < P; q++) counts[q] = P * sizeof *rows;
-    st = cring__comm_allgatherv(e->comm, r->splits, P * sizeof *rows, rows, counts);
+    for (size_t b = 0; b < N; b++) memcpy(mine + b * P, batch[b]->splits, sizeof *mine * P);
+    for (size_t q = 0; q < P; q++) counts[q] = N * P * sizeof *rows;
+    st = cring__comm_allgatherv(e->comm, mine, N * P * sizeof *rows, rows, counts);
     if (st != CRING_OK) {
-        fail(e, st, "'%s': sharing the splits: %s", r->name, cring__comm_error(e->comm));
+        fail(e, st, "'%s': sharing the splits: %s", batch[0]->name, cring__comm_error(e->comm));
         goto done;
     }
-    size_t *sent = counts + P, *received = counts + 2 * P, total = 0;
-    for (size_t q = 0; q < P; q++) {
-        int64_t out = rows[(size_t)e->rank * P + q], in = rows[q * P + (size_t)e->rank];
-        if (out < 0 || in < 0) {
-            st = fail(e, CRING_ERR_PROTOCOL, "'%s': a negative split from a peer", r->name);
-            goto done;
+    for (size_t b = 0; b < N && st == CRING_OK; b++) {
+        req_t *r = batch[b];
+        cring_handle_t *h = r->handle;
+        tensor_spec_t *t = &r->t[0];
+        size_t *sent = counts + P + 2 * b * P, *received = sent + P, total = 0;
+        h->outputs = calloc(1, sizeof *h->outputs);
+        h->output_bytes = calloc(1, sizeof *h->output_bytes);
+        h->first_dims = malloc(sizeof(int64_t) * P);
+        if (!h->outputs || !h->output_bytes || !h->first_dims) {
+            st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
+            break;
         }
-        sent[q] = (size_t)out * t->row_elems;
-        received[q] = (size_t)in * t->row_elems;
-        h->first_dims[q] = in;
-        total += received[q];
+        for (size_t q = 0; q < P; q++) {
+            /* rows[q's block][request b][destination] */
+            int64_t out = rows[me * N * P + b * P + q], in = rows[q * N * P + b * P + me];
+            if (out < 0 || in < 0) {
+                st = fail(e, CRING_ERR_PROTOCOL, "'%s': a negative split from a peer", r->name);
+                break;
+            }
+            sent[q] = (size_t)out * t->row_elems;
+            received[q] = (size_t)in * t->row_elems;
+            h->first_dims[q] = in;
+            total += received[q];
+        }
+        if (st == CRING_OK) st = output_memory(e, &L, r, 0, total * cring_dtype_size(t->dtype));
+        if (st == CRING_OK)
+            ts[b] = (cring__gpu_tensor_t){.send = t->send,
+                                          .recv = h->outputs[0],
+                                          .dtype = t->dtype,
+                                          .count = t->count,
+                                          .rank_counts = sent,
+                                          .recv_counts = received,
+                                          .stream = L.stream};
     }
-    st = output_memory(e, &L, r, 0, total * cring_dtype_size(t->dtype));
     if (st != CRING_OK) goto done;
-    cring__gpu_tensor_t ts = {.send = t->send,
-                              .recv = h->outputs[0],
-                              .dtype = t->dtype,
-                              .count = t->count,
-                              .rank_counts = sent,
-                              .recv_counts = received,
-                              .stream = L.stream};
     cring__gpu_coll_t c = {
-        .collective = CRING_COLL_ALLTOALL, .scale = 1.0, .ntensors = 1, .tensors = &ts};
-    st = run_one(e, &L, r, &c);
+        .collective = CRING_COLL_ALLTOALL, .scale = 1.0, .ntensors = n, .tensors = ts};
+    double t0 = cring__engine_tl_now(e);
+    st = call(e, &L, &c);
+    if (st != CRING_OK) goto done;
+    if (n > 1) cring__engine_stats_add(&e->stats.fused_tensors, (uint64_t)n);
+    spans(e, batch, n, phase_name(CRING_COLL_ALLTOALL), t0, cring__engine_tl_now(e), &L,
+          n > 1 ? n : 0);
+    st = record_done(e, &L, batch, n);
 done:
+    free(mine);
     free(rows);
     free(counts);
+    free(ts);
     return st;
 }
 

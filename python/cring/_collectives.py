@@ -33,7 +33,6 @@ from ._core import (
     Compression,
     Handle,
     _name,
-    _op,
     _ps_id,
     _ps_size_rank,
     _require_init,

@@ -18,7 +18,6 @@ from ._core import (
     Average,
     Handle,
     _name,
-    _op,
     _ps_id,
     _ps_size_rank,
     _require_init,

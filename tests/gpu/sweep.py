@@ -162,9 +162,12 @@ def sweep(
                         if big and in_place != (op_name == "Sum"):
                             continue
                         x = values(dtype, shape, r, p, 1)
-                        what = f"allreduce{'_' if in_place else ''} {op_name} {dtype}{shape} x{pre},{post}"
+                        call = "allreduce_" if in_place else "allreduce"
+                        what = f"{call} {op_name} {dtype}{shape} x{pre},{post}"
 
-                        def ar(make, tag, x=x, op=op, pre=pre, post=post, in_place=in_place, w=what):
+                        def ar(
+                            make, tag, x=x, op=op, pre=pre, post=post, in_place=in_place, w=what
+                        ):
                             t = make(x)
                             kw = dict(op=op, prescale_factor=pre, postscale_factor=post)
                             if in_place:
@@ -214,8 +217,9 @@ def sweep(
         # ---- reducescatter: 17 rows (uneven over 2 and 3 ranks) ----
         for op_name, op in OPS if reducible else ():
             scales = [(1.0, 1.0)] + (
-                [] if dtype in FLOATS and op_name not in ("Sum", "Average") else
-                list(FLOAT_SCALES if dtype in FLOATS else INT_SCALES[:1])
+                []
+                if dtype in FLOATS and op_name not in ("Sum", "Average")
+                else list(FLOAT_SCALES if dtype in FLOATS else INT_SCALES[:1])
             )
             for pre, post in scales:
                 x = values(dtype, (17, 3), r, p, 8)

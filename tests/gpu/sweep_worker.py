@@ -16,12 +16,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from sweep import sweep  # noqa: E402
+
 import cring  # noqa: E402
 from cring import _gpu  # noqa: E402
 
 from fake_cuda import FakeCudaTensor  # noqa: E402
-from sweep import sweep  # noqa: E402
-
 
 VERBOSE = bool(os.environ.get("CRING_SWEEP_VERBOSE"))
 
@@ -31,8 +31,9 @@ def main() -> None:
     cases, failures = sweep(
         FakeCudaTensor,
         lambda t: np.array(t.array, copy=True),
-        log=lambda line, verbose: (not verbose or VERBOSE)
-        and print(line, file=sys.stderr, flush=True),
+        log=lambda line, verbose: (
+            (not verbose or VERBOSE) and print(line, file=sys.stderr, flush=True)
+        ),
     )
     report = {
         "rank": cring.rank(),
