@@ -360,7 +360,9 @@ static void run_rank(int rank, int size, int port, int unused) {
      * by the CUDA backend: each result equals the same request's on the CPU
      * byte for byte. int16 sums (a dtype NCCL lacks), int32 averages with
      * factors 3 and 0.5 (CPU truncation after each), uint8 Max scaled by 2,
-     * a reducescatter of int16 with a factor, and an out-of-place float32
+     * a reducescatter of int16 with a factor, bfloat16 (a scaled average
+     * through NCCL's pre-multiplied sum, a scaled Max through host memory),
+     * and an out-of-place float32
      * average of 17**3 elements scaled by 0.5, which at one rank, on the
      * fake's affected version with its defect switched on, must not go
      * through NCCL's PreMulSum (it would lose the last element). */
@@ -371,6 +373,7 @@ static void run_rank(int rank, int size, int port, int unused) {
         static uint8_t h8[2][N];
         static float hf[2][N], hfo[2][N];
         static int16_t rs16[2][N], rso[2][N];
+        static uint16_t bf[2][N], bfo[2][N], bm[2][N]; /* bfloat16 bits */
         int64_t nshape = N;
         for (int i = 0; i < N; i++) {
             h16[0][i] = h16[1][i] = (int16_t)((i * 7 + rank * 13) % 2001 - 1000);
@@ -380,6 +383,13 @@ static void run_rank(int rank, int size, int port, int unused) {
             hfo[0][i] = hfo[1][i] = -1e9f;
             rs16[0][i] = rs16[1][i] = (int16_t)((i * 3 + rank) % 301 - 150);
             rso[0][i] = rso[1][i] = -1;
+            float v = (float)((i % 21 - 10) * S), w = (float)((i * 3 + rank) % 17 - 8);
+            uint32_t vb, wb;
+            memcpy(&vb, &v, 4); /* small integers: exact in bfloat16 */
+            memcpy(&wb, &w, 4);
+            bf[0][i] = bf[1][i] = (uint16_t)(vb >> 16);
+            bm[0][i] = bm[1][i] = (uint16_t)(wb >> 16);
+            bfo[0][i] = bfo[1][i] = 0xffff;
         }
         struct {
             const char *name;
@@ -435,6 +445,24 @@ static void run_rank(int rank, int size, int port, int unused) {
              {rs16[0], rs16[1]},
              {rso[0], rso[1]},
              sizeof rso[0]},
+            {"bf",
+             CRING_COLL_ALLREDUCE,
+             CRING_AVERAGE,
+             2,
+             0.25,
+             CRING_BFLOAT16,
+             {bf[0], bf[1]},
+             {bfo[0], bfo[1]},
+             sizeof bfo[0]},
+            {"bm",
+             CRING_COLL_ALLREDUCE,
+             CRING_MAX,
+             2,
+             1,
+             CRING_BFLOAT16,
+             {bm[0], bm[1]},
+             {bm[0], bm[1]},
+             sizeof bm[0]},
         };
         for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
             cring_handle_t *hs[2];
