@@ -66,6 +66,7 @@ cring_status_t cring__cuda_host_run(cring_engine_t *e, cring__gpu_t *g, int devi
         st = CRING_ERR_NO_MEMORY;
         goto done;
     }
+    double t0 = cring__engine_tl_now(e);
     st = cring__gpu_pinned_get(g, bytes, &pinned, &capacity, &err);
     if (st != CRING_OK) goto cuda_failed;
     /* the shadows: the same requests with host tensors; inputs copied in */
@@ -105,7 +106,15 @@ cring_status_t cring__cuda_host_run(cring_engine_t *e, cring__gpu_t *g, int devi
         }
     }
     if (st == CRING_OK) st = cring__gpu_stream_sync(g, stream, &err);
-    if (st == CRING_OK) goto done;
+    if (st == CRING_OK) {
+        /* on the timeline: the whole staged batch, around the CPU backend's own span */
+        char args[64];
+        snprintf(args, sizeof args, "\"device\": \"cuda:%d\"", device);
+        for (int b = 0; b < n; b++)
+            cring__engine_span(e, batch[b]->name, "CUDA_HOST_STAGED", t0, cring__engine_tl_now(e),
+                               args);
+        goto done;
+    }
 cuda_failed:
     snprintf(e->exec.error, sizeof e->exec.error,
              "'%.256s': staging through host memory on cuda:%d: %.512s", batch[0]->name, device,

@@ -6,8 +6,13 @@
  * after the producers' events; each handle gets a completion event); 100
  * small tensors submitted together reach NCCL as one call; broadcast, allgather with unequal first dimensions (its
  * result in engine-allocated device memory), reducescatter and scaled
- * averages give exact values; CPU on one rank and CUDA on another under one
- * name is a mismatch on every rank; a joined rank takes part with zeros;
+ * averages give exact values; uneven alltoalls (int16, and four of them
+ * grouped into at most 2 NCCL groups) give exact results and received rows;
+ * what NCCL cannot reduce as the CPU does (int16, scaled integers, scaled
+ * Max, and at one rank with the fake's one-rank defect on a scaled average)
+ * equals the same request on the CPU byte for byte; CPU on one rank and CUDA
+ * on another under one name is a mismatch on every rank; a joined rank takes
+ * part with zeros;
  * the engine's stop destroys the communicator. The fake NCCL matches calls by
  * their order on each rank, so a wrong order shows as wrong values or a
  * time-out. */

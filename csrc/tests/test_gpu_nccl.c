@@ -5,8 +5,10 @@
  * path: communicators whose unique id rank 0 broadcasts over a real cring
  * communicator, at world sizes 1, 2 and 3, and every collective
  * (grouped, odd and zero counts, uneven allgather/reducescatter parts,
- * pre-multiplied sums, a stream per tensor) checked against values computed
- * here. Memory: the pinned-buffer cache, stream-ordered copies, device
+ * pre-multiplied sums, a stream per tensor, int16/bool moved as bytes, a
+ * grouped uneven alltoall) checked against values computed here; NCCL's
+ * one-rank reduce defect, reproduced by the fake, against an affected and a
+ * fixed version. Memory: the pinned-buffer cache, stream-ordered copies, device
  * buffers. (The engine's CUDA backend on top of this: test_engine_cuda.c.) */
 #include <dlfcn.h>
 #include <limits.h>
