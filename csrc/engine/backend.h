@@ -17,7 +17,9 @@ typedef struct cring__backend {
      * r->handle outputs (allocating them; set free_output for device memory). */
     cring_status_t (*allgather)(cring_engine_t *e, req_t *r, const int64_t *first_dims);
     cring_status_t (*reducescatter)(cring_engine_t *e, req_t *r);
-    cring_status_t (*alltoall)(cring_engine_t *e, req_t *r);
+    /* A batch of alltoalls: several only where execute.c groups them (CUDA,
+     * where they share one NCCL group); each request's result as allgather's. */
+    cring_status_t (*alltoall)(cring_engine_t *e, req_t **batch, int n);
     /* On the submitting thread, before the request is queued (may be NULL):
      * attach what execution will need from the moment of submission (CUDA:
      * an event on the producer's stream, in r->ready_event). A failure is the

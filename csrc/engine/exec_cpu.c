@@ -349,6 +349,12 @@ done:
     return st;
 }
 
+/* Alltoalls come one at a time on the CPU (execute.c groups only CUDA's). */
+static cring_status_t cpu_alltoall(cring_engine_t *e, req_t **batch, int n) {
+    for (int b = 0; b < n; b++) CRING_CHECK(run_alltoall(e, batch[b]));
+    return CRING_OK;
+}
+
 /* A group whose tensors have different dtypes comes alone (it is not
  * fusible) and is reduced tensor by tensor. */
 static cring_status_t cpu_allreduce(cring_engine_t *e, req_t **batch, int n) {
@@ -364,6 +370,6 @@ const cring__backend_t cring__backend_cpu = {
     .broadcast = run_broadcast,
     .allgather = run_allgather,
     .reducescatter = run_reducescatter,
-    .alltoall = run_alltoall,
+    .alltoall = cpu_alltoall,
     .shutdown = NULL,
 };

@@ -7,8 +7,12 @@
  * call and unpacked; a tensor too large to share a buffer runs in place. A
  * completion event recorded after the batch goes to every handle of it, for
  * consumers' streams to wait on. Returns once the work is enqueued: it never
- * waits for the device (a growing fusion buffer's cudaFree aside), never
- * stages through host memory, and knows nothing of Python.
+ * waits for the device (a growing fusion buffer's cudaFree aside), and knows
+ * nothing of Python. A reduction NCCL cannot do as the CPU path does (a
+ * dtype or op NCCL lacks, scaled integers, a scaled reduction at one rank on
+ * an NCCL with the one-rank defect) is the exception: it is staged through
+ * host memory and reduced by the CPU backend (exec_cuda_host.c), which waits
+ * for cring's stream. Alltoall is one NCCL group of sends and receives.
  *
  * Why a fusion buffer rather than one NCCL group of many calls: a group still
  * launches NCCL's work per collective (and its per-call set-up on the host),
@@ -32,6 +36,7 @@
 
 #include "../gpu/gpu.h"
 #include "engine_internal.h"
+#include "exec_cuda_host.h"
 
 static cring_status_t fail(cring_engine_t *e, cring_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -226,6 +231,7 @@ static const char *phase_name(cring_collective_t c) {
     case CRING_COLL_ALLREDUCE: return "NCCL_ALLREDUCE";
     case CRING_COLL_BROADCAST: return "NCCL_BCAST";
     case CRING_COLL_ALLGATHER: return "NCCL_ALLGATHER";
+    case CRING_COLL_ALLTOALL: return "NCCL_ALLTOALL";
     default: return "NCCL_REDUCESCATTER";
     }
 }
@@ -311,6 +317,10 @@ static cring_status_t run_batch(cring_engine_t *e, req_t **batch, int n) {
     lane_t L;
     CRING_CHECK(open_lane(e, first, &L));
     CRING_CHECK(wait_producers(e, &L, batch, n));
+    if (cring__cuda_host_route(e, batch, n, cring__gpu_nccl_version(L.g))) {
+        CRING_CHECK(cring__cuda_host_run(e, L.g, L.device, L.stream, batch, n));
+        return record_done(e, &L, batch, n);
+    }
     int total = 0;
     for (int b = 0; b < n; b++) total += batch[b]->ntensors;
     item_t *items = calloc((size_t)total + 1, sizeof *items);
@@ -356,7 +366,11 @@ static cring_status_t run_batch(cring_engine_t *e, req_t **batch, int n) {
     for (int i = 0; i < k && st == CRING_OK;) {
         size_t bytes = items[i].bytes;
         int j = i + 1;
-        while (j < k && bytes + items[j].bytes <= cap) bytes += items[j++].bytes;
+        /* a broadcast packs bytes; a reduction only tensors of one dtype (a
+         * group may mix them) */
+        while (j < k && bytes + items[j].bytes <= cap &&
+               (tmpl.collective == CRING_COLL_BROADCAST || items[j].dtype == items[i].dtype))
+            bytes += items[j++].bytes;
         if (j - i > 1) {
             st = fused(e, &L, &tmpl, items + i, j - i, bytes);
             nfused += j - i;
@@ -414,7 +428,9 @@ static cring_status_t output_memory(cring_engine_t *e, const lane_t *L, req_t *r
         return CRING_OK;
     }
     cring__errmsg_t err = {{0}};
-    cring_status_t st = cring__gpu_device_alloc(L->g, L->device, bytes, &h->outputs[i], &err);
+    /* an empty result still gets memory: a handle's result is never NULL */
+    cring_status_t st =
+        cring__gpu_device_alloc(L->g, L->device, bytes ? bytes : 1, &h->outputs[i], &err);
     if (st != CRING_OK) {
         h->output_bytes[i] = 0;
         return fail(e, st, "'%s': the result of tensor %d (%zu bytes): %s", r->name, i, bytes,
@@ -459,8 +475,8 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
             total += rc[q];
         }
         rc[e->rank] = t->count; /* a 0-d tensor gathers as one row */
-        if ((st = output_memory(e, &L, r, (int)i, total * cring_dtype_size(t->dtype))) != CRING_OK)
-            break;
+        st = output_memory(e, &L, r, (int)i, total * cring_dtype_size(t->dtype));
+        if (st != CRING_OK) break;
         ts[i] = (cring__gpu_tensor_t){.send = t->send,
                                       .recv = h->outputs[i],
                                       .dtype = t->dtype,
@@ -484,6 +500,10 @@ static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
     lane_t L;
     CRING_CHECK(open_lane(e, r, &L));
     CRING_CHECK(wait_producers(e, &L, &r, 1));
+    if (cring__cuda_host_route(e, &r, 1, cring__gpu_nccl_version(L.g))) {
+        CRING_CHECK(cring__cuda_host_run(e, L.g, L.device, L.stream, &r, 1));
+        return record_done(e, &L, &r, 1);
+    }
     const size_t P = (size_t)e->size, nt = (size_t)r->ntensors;
     size_t *counts = malloc(sizeof *counts * nt * P);
     cring__gpu_tensor_t *ts = calloc(nt, sizeof *ts);
@@ -515,11 +535,82 @@ done:
     return st;
 }
 
-static cring_status_t run_alltoall(cring_engine_t *e, req_t *r) {
-    return fail(e, CRING_ERR_NOT_SUPPORTED,
-                "'%s': alltoall of CUDA tensors does not go through NCCL yet; set "
-                "CRING_GPU_OPERATIONS=host to stage it through host memory",
-                r->name);
+/* Alltoall of a batch (several ready alltoalls of one device, grouped by
+ * execute.c): one allgather over the engine's communicator shares every
+ * request's splits (rows to each rank), so each rank knows what it receives
+ * from whom; then one NCCL group with a send and a receive per peer and
+ * request, each into device memory its handle owns (output_memory). The
+ * received rows per rank become first_dims, as on the CPU. */
+static cring_status_t run_alltoall(cring_engine_t *e, req_t **batch, int n) {
+    lane_t L;
+    CRING_CHECK(open_lane(e, batch[0], &L));
+    CRING_CHECK(wait_producers(e, &L, batch, n));
+    const size_t P = (size_t)e->size, N = (size_t)n, me = (size_t)e->rank;
+    int64_t *mine = malloc(sizeof *mine * N * P), *rows = malloc(sizeof *rows * N * P * P);
+    size_t *counts = malloc(sizeof *counts * (P + 2 * N * P)); /* byte sizes; sent, received */
+    cring__gpu_tensor_t *ts = calloc(N, sizeof *ts);
+    cring_status_t st = CRING_OK;
+    if (!mine || !rows || !counts || !ts) {
+        st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
+        goto done;
+    }
+    for (size_t b = 0; b < N; b++) memcpy(mine + b * P, batch[b]->splits, sizeof *mine * P);
+    for (size_t q = 0; q < P; q++) counts[q] = N * P * sizeof *rows;
+    st = cring__comm_allgatherv(e->comm, mine, N * P * sizeof *rows, rows, counts);
+    if (st != CRING_OK) {
+        fail(e, st, "'%s': sharing the splits: %s", batch[0]->name, cring__comm_error(e->comm));
+        goto done;
+    }
+    for (size_t b = 0; b < N && st == CRING_OK; b++) {
+        req_t *r = batch[b];
+        cring_handle_t *h = r->handle;
+        tensor_spec_t *t = &r->t[0];
+        size_t *sent = counts + P + 2 * b * P, *received = sent + P, total = 0;
+        h->outputs = calloc(1, sizeof *h->outputs);
+        h->output_bytes = calloc(1, sizeof *h->output_bytes);
+        h->first_dims = malloc(sizeof(int64_t) * P);
+        if (!h->outputs || !h->output_bytes || !h->first_dims) {
+            st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
+            break;
+        }
+        for (size_t q = 0; q < P; q++) {
+            /* rows[q's block][request b][destination] */
+            int64_t out = rows[me * N * P + b * P + q], in = rows[q * N * P + b * P + me];
+            if (out < 0 || in < 0) {
+                st = fail(e, CRING_ERR_PROTOCOL, "'%s': a negative split from a peer", r->name);
+                break;
+            }
+            sent[q] = (size_t)out * t->row_elems;
+            received[q] = (size_t)in * t->row_elems;
+            h->first_dims[q] = in;
+            total += received[q];
+        }
+        if (st == CRING_OK) st = output_memory(e, &L, r, 0, total * cring_dtype_size(t->dtype));
+        if (st == CRING_OK)
+            ts[b] = (cring__gpu_tensor_t){.send = t->send,
+                                          .recv = h->outputs[0],
+                                          .dtype = t->dtype,
+                                          .count = t->count,
+                                          .rank_counts = sent,
+                                          .recv_counts = received,
+                                          .stream = L.stream};
+    }
+    if (st != CRING_OK) goto done;
+    cring__gpu_coll_t c = {
+        .collective = CRING_COLL_ALLTOALL, .scale = 1.0, .ntensors = n, .tensors = ts};
+    double t0 = cring__engine_tl_now(e);
+    st = call(e, &L, &c);
+    if (st != CRING_OK) goto done;
+    if (n > 1) cring__engine_stats_add(&e->stats.fused_tensors, (uint64_t)n);
+    spans(e, batch, n, phase_name(CRING_COLL_ALLTOALL), t0, cring__engine_tl_now(e), &L,
+          n > 1 ? n : 0);
+    st = record_done(e, &L, batch, n);
+done:
+    free(mine);
+    free(rows);
+    free(counts);
+    free(ts);
+    return st;
 }
 
 static void shutdown_cuda(cring_engine_t *e) {

@@ -54,7 +54,9 @@ static int fusible(const req_t *r) {
             if (r->t[i].dtype != r->t[0].dtype) return 0;
         return 1;
     }
-    return r->coll == CRING_COLL_BROADCAST;
+    /* CUDA alltoalls share one NCCL group of sends and receives */
+    return r->coll == CRING_COLL_BROADCAST ||
+           (r->coll == CRING_COLL_ALLTOALL && r->device.type == CRING_DEVICE_CUDA);
 }
 
 static size_t req_wire_bytes(const req_t *r) {
@@ -82,7 +84,7 @@ static cring_status_t run_batch(cring_engine_t *e, const response_t *r0, req_t *
     case CRING_COLL_BROADCAST: return be->broadcast(e, batch, nb);
     case CRING_COLL_ALLGATHER: return be->allgather(e, r, r0->first_dims);
     case CRING_COLL_REDUCESCATTER: return be->reducescatter(e, r);
-    case CRING_COLL_ALLTOALL: return be->alltoall(e, r);
+    case CRING_COLL_ALLTOALL: return be->alltoall(e, batch, nb);
     default: {
         double t0 = cring__engine_tl_now(e);
         cring_status_t st = cring__comm_barrier(e->comm);

@@ -121,10 +121,21 @@ typedef struct cring__nccl_api {
     ncclResult_t (*RedOpCreatePreMulSum)(ncclRedOp_t *op, void *scalar, ncclDataType_t dtype,
                                          ncclScalarResidence_t residence, ncclComm_t comm);
     ncclResult_t (*RedOpDestroy)(ncclRedOp_t op, ncclComm_t comm);
+    /* point-to-point, NCCL >= 2.7 (alltoall: one of each per peer in a group) */
+    ncclResult_t (*Send)(const void *send, size_t count, ncclDataType_t dtype, int peer,
+                         ncclComm_t comm, cudaStream_t stream);
+    ncclResult_t (*Recv)(void *recv, size_t count, ncclDataType_t dtype, int peer, ncclComm_t comm,
+                         cudaStream_t stream);
 } cring__nccl_api_t;
 
 /* NCCL's version code: major*10000 + minor*100 + patch since 2.9, before that
  * major*1000 + minor*100 + patch. */
 #define CRING_NCCL_MIN_VERSION_CODE 21003 /* 2.10.3: ncclAvg and bfloat16 */
+/* NCCL's one-rank reduce defect (NVIDIA/nccl issue 1950): from 2.27.0 up to
+ * 2.29.6, at nranks == 1 the reduce kernels of ncclAvg and ncclPreMulSum
+ * leave the last `count % blocks` elements of an out-of-place result
+ * unwritten; fixed in 2.29.7. */
+#define CRING_NCCL_ONE_RANK_DEFECT_FIRST 22700
+#define CRING_NCCL_ONE_RANK_DEFECT_FIXED 22907
 
 #endif /* CRING_GPU_CUDA_API_H */

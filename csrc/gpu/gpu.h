@@ -45,6 +45,11 @@ const char *cring__gpu_cudart_path(const cring__gpu_t *g);
 int cring__gpu_cudart_version(const cring__gpu_t *g);
 const char *cring__gpu_nccl_path(const cring__gpu_t *g);
 int cring__gpu_nccl_version(const cring__gpu_t *g);
+/* 1 when NCCL of this version code has the one-rank reduce defect (2.27.0 up
+ * to 2.29.6: at one rank, ncclAvg and ncclPreMulSum leave the tail of an
+ * out-of-place result unwritten), so cring must not reduce with those at one
+ * rank; 0 otherwise. Pure. */
+int cring__gpu_nccl_one_rank_defect(int version);
 /* Number of CUDA devices (the runtime must be loaded); 0 with the runtime's
  * reason in why (may be NULL) when it reports an error (no driver, ...). */
 int cring__gpu_device_count(cring__gpu_t *g, cring__errmsg_t *why);
@@ -95,16 +100,20 @@ typedef struct cring__gpu_tensor {
     cring_dtype_t dtype;
     size_t count;             /* elements of send */
     /* ALLGATHER: elements each rank contributes (the recv layout, rank order);
-     * REDUCESCATTER: elements each rank receives (sum = count). size entries,
-     * equal on every rank. NULL for the other collectives. */
+     * REDUCESCATTER: elements each rank receives (sum = count); size entries,
+     * equal on every rank. ALLTOALL: elements this rank sends to each rank
+     * (send layout, rank order; sum = count). NULL for the other collectives. */
     const size_t *rank_counts;
     void *stream;             /* cudaStream_t this tensor's work is ordered on
                                  (NULL: the legacy default stream) */
+    /* ALLTOALL: elements this rank receives from each rank (recv layout, rank
+     * order). NULL for the other collectives. */
+    const size_t *recv_counts;
 } cring__gpu_tensor_t;
 /* clang-format on */
 
 typedef struct cring__gpu_coll {
-    cring_collective_t collective; /* ALLREDUCE, BROADCAST, ALLGATHER, REDUCESCATTER */
+    cring_collective_t collective; /* ALLREDUCE, BROADCAST, ALLGATHER, REDUCESCATTER, ALLTOALL */
     cring_op_t op;                 /* reductions */
     int root;                      /* broadcast */
     double scale;                  /* 1: none; else inputs are multiplied (SUM/AVERAGE of
@@ -117,7 +126,9 @@ typedef struct cring__gpu_coll {
  * ncclGroupStart/ncclGroupEnd, so NCCL runs them as one launch (the fusion of
  * a grouped call; NCCL orders the streams of one group after each other).
  * Unequal allgather parts become grouped broadcasts, unequal reducescatter
- * parts grouped reduces. The communicator's device is made current for the
+ * parts grouped reduces, an alltoall one ncclSend and one ncclRecv per peer
+ * (every peer, zero counts included). Data movement (broadcast, allgather,
+ * alltoall) goes as bytes, so every dtype moves. The communicator's device is made current for the
  * call. Returns once enqueued: no synchronisation; buffers must stay valid
  * until the streams have run the work. Every rank must make the same calls
  * in the same order on its slot. Errors: ERR_NOT_SUPPORTED (op/dtype NCCL
@@ -128,6 +139,13 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
 /* Whether the collective can run through NCCL (dtype, op, scaling), checked
  * without a communicator: CRING_OK or ERR_NOT_SUPPORTED with the reason. */
 cring_status_t cring__gpu_check(const cring__gpu_coll_t *c, cring__errmsg_t *err);
+/* 1 when NCCL reduces dtype with op and the factors prescale, postscale to
+ * what cring's CPU reduction gives (bit for bit on integers): a dtype and op
+ * NCCL has, and factors only on Sum/Average of floating dtypes (NCCL's
+ * pre-multiplied sum by their product). 0 otherwise (16-bit integers, bool,
+ * Adasum, scaled integers, whose CPU results truncate after each factor,
+ * scaled Min/Max/Product). Pure. */
+int cring__gpu_can_reduce(cring_dtype_t dtype, cring_op_t op, double prescale, double postscale);
 
 /* ---- device memory --------------------------------------------------------------- */
 /* cudaMalloc of `bytes` on `device` (the caller's device is restored); bytes
@@ -159,6 +177,11 @@ void cring__gpu_pinned_put(cring__gpu_t *g, void *ptr, size_t capacity);
  * direction. Thread-safe. */
 cring_status_t cring__gpu_copy_sync(cring__gpu_t *g, void *dst, const void *src, size_t bytes,
                                     int to_device, void *stream, cring__errmsg_t *err);
+/* The same copy without the wait (the host memory must stay valid until
+ * the stream has run it), and the wait alone. Thread-safe. */
+cring_status_t cring__gpu_copy_host_async(cring__gpu_t *g, void *dst, const void *src, size_t bytes,
+                                          int to_device, void *stream, cring__errmsg_t *err);
+cring_status_t cring__gpu_stream_sync(cring__gpu_t *g, void *stream, cring__errmsg_t *err);
 
 /* ---- streams, events, the fusion buffer (stream.c) ------------------------------- *
  * The engine's CUDA backend runs every CUDA collective of a device on one

@@ -52,7 +52,8 @@ static const symbol_t nccl_symbols[] = {
     NCCL_SYM(Reduce, 1),         NCCL_SYM(AllGather, 1),
     NCCL_SYM(ReduceScatter, 1),  NCCL_SYM(GroupStart, 1),
     NCCL_SYM(GroupEnd, 1),       NCCL_SYM(RedOpCreatePreMulSum, 1),
-    NCCL_SYM(RedOpDestroy, 1),
+    NCCL_SYM(RedOpDestroy, 1),   NCCL_SYM(Send, 1),
+    NCCL_SYM(Recv, 1),
 };
 
 typedef struct {
@@ -274,6 +275,10 @@ const char *cring__gpu_nccl_path(const cring__gpu_t *g) {
 }
 int cring__gpu_nccl_version(const cring__gpu_t *g) {
     return cring__gpu_has_nccl(g) ? g->nccl_lib.version : 0;
+}
+int cring__gpu_nccl_one_rank_defect(int version) {
+    return version >= CRING_NCCL_ONE_RANK_DEFECT_FIRST &&
+           version < CRING_NCCL_ONE_RANK_DEFECT_FIXED;
 }
 
 const char *cring__gpu_cuda_error(const cring__gpu_t *g, cudaError_t e) {

@@ -79,26 +79,37 @@ void cring__gpu_pinned_put(cring__gpu_t *g, void *ptr, size_t capacity) {
     }
 }
 
-cring_status_t cring__gpu_copy_sync(cring__gpu_t *g, void *dst, const void *src, size_t bytes,
-                                    int to_device, void *stream, cring__errmsg_t *err) {
+cring_status_t cring__gpu_copy_host_async(cring__gpu_t *g, void *dst, const void *src, size_t bytes,
+                                          int to_device, void *stream, cring__errmsg_t *err) {
     if (!cring__gpu_has_cudart(g))
         return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "the CUDA runtime is not loaded");
-    if (bytes) {
-        int kind = to_device ? CRING_CUDA_MEMCPY_HOST_TO_DEVICE : CRING_CUDA_MEMCPY_DEVICE_TO_HOST;
-        cudaError_t e = g->cudart.MemcpyAsync(dst, src, bytes, kind, stream);
-        if (e != CRING_CUDA_SUCCESS)
-            return cring__fail(err, CRING_ERR_SYSTEM, "cudaMemcpyAsync (%s, %zu bytes): %s",
-                               to_device ? "host to device" : "device to host", bytes,
-                               cring__gpu_cuda_error(g, e));
-    }
-    cudaError_t e = g->cudart.StreamSynchronize(stream);
+    if (!bytes) return CRING_OK;
+    int kind = to_device ? CRING_CUDA_MEMCPY_HOST_TO_DEVICE : CRING_CUDA_MEMCPY_DEVICE_TO_HOST;
+    cudaError_t e = g->cudart.MemcpyAsync(dst, src, bytes, kind, stream);
     if (e != CRING_CUDA_SUCCESS)
-        return cring__fail(err, CRING_ERR_SYSTEM, "cudaStreamSynchronize: %s",
+        return cring__fail(err, CRING_ERR_SYSTEM, "cudaMemcpyAsync (%s, %zu bytes): %s",
+                           to_device ? "host to device" : "device to host", bytes,
                            cring__gpu_cuda_error(g, e));
     pthread_mutex_lock(&g->mu);
     g->stats.staged_bytes += bytes;
     pthread_mutex_unlock(&g->mu);
     return CRING_OK;
+}
+
+cring_status_t cring__gpu_stream_sync(cring__gpu_t *g, void *stream, cring__errmsg_t *err) {
+    if (!cring__gpu_has_cudart(g))
+        return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "the CUDA runtime is not loaded");
+    cudaError_t e = g->cudart.StreamSynchronize(stream);
+    if (e != CRING_CUDA_SUCCESS)
+        return cring__fail(err, CRING_ERR_SYSTEM, "cudaStreamSynchronize: %s",
+                           cring__gpu_cuda_error(g, e));
+    return CRING_OK;
+}
+
+cring_status_t cring__gpu_copy_sync(cring__gpu_t *g, void *dst, const void *src, size_t bytes,
+                                    int to_device, void *stream, cring__errmsg_t *err) {
+    CRING_CHECK(cring__gpu_copy_host_async(g, dst, src, bytes, to_device, stream, err));
+    return cring__gpu_stream_sync(g, stream, err);
 }
 
 /* ---- device memory ---- */

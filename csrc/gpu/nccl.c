@@ -70,6 +70,20 @@ static int is_floating(cring_dtype_t d) {
     return d == CRING_FLOAT16 || d == CRING_BFLOAT16 || d == CRING_FLOAT32 || d == CRING_FLOAT64;
 }
 
+/* Collectives that only move data: they go through NCCL as bytes (ncclUint8),
+ * whatever the dtype. */
+static int moves_bytes(cring_collective_t c) {
+    return c == CRING_COLL_BROADCAST || c == CRING_COLL_ALLGATHER || c == CRING_COLL_ALLTOALL;
+}
+
+int cring__gpu_can_reduce(cring_dtype_t dtype, cring_op_t op, double prescale, double postscale) {
+    ncclDataType_t dt;
+    ncclRedOp_t nop;
+    if (dtype == CRING_BOOL || !nccl_dtype(dtype, &dt) || !nccl_op(op, &nop)) return 0;
+    if (prescale == 1.0 && postscale == 1.0) return 1;
+    return is_floating(dtype) && (op == CRING_SUM || op == CRING_AVERAGE);
+}
+
 static cring_status_t require_libraries(cring__gpu_t *g, cring__errmsg_t *err) {
     if (!cring__gpu_has_nccl(g) || !cring__gpu_has_cudart(g))
         return cring__fail(err, CRING_ERR_NOT_SUPPORTED,
@@ -227,12 +241,13 @@ static cring_status_t check_tensor(const cring__gpu_coll_t *c, const cring__gpu_
                                    cring__errmsg_t *err) {
     ncclDataType_t dt;
     ncclRedOp_t op;
-    int reduces =
-        c->collective == CRING_COLL_ALLREDUCE || c->collective == CRING_COLL_REDUCESCATTER;
-    if (!nccl_dtype(t->dtype, &dt))
-        return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "dtype %s cannot go through NCCL",
+    if (moves_bytes(c->collective)) {
+        if ((int)t->dtype < 0 || t->dtype >= CRING_DTYPE_COUNT)
+            return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "bad dtype %d", (int)t->dtype);
+    } else if (!nccl_dtype(t->dtype, &dt)) {
+        return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "NCCL cannot reduce dtype %s",
                            cring_dtype_name(t->dtype));
-    if (reduces) {
+    } else {
         if (t->dtype == CRING_BOOL || !nccl_op(c->op, &op))
             return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "op %s cannot reduce %s with NCCL",
                                cring_op_name(c->op), cring_dtype_name(t->dtype));
@@ -243,9 +258,12 @@ static cring_status_t check_tensor(const cring__gpu_coll_t *c, const cring__gpu_
                                "dtypes, not %s of %s",
                                cring_op_name(c->op), cring_dtype_name(t->dtype));
     }
-    if ((c->collective == CRING_COLL_ALLGATHER || c->collective == CRING_COLL_REDUCESCATTER) &&
+    if ((c->collective == CRING_COLL_ALLGATHER || c->collective == CRING_COLL_REDUCESCATTER ||
+         c->collective == CRING_COLL_ALLTOALL) &&
         !t->rank_counts)
         return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "per-rank counts are missing");
+    if (c->collective == CRING_COLL_ALLTOALL && !t->recv_counts)
+        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "per-rank receive counts are missing");
     if (c->collective == CRING_COLL_REDUCESCATTER && t->count && t->send == t->recv)
         return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "reducescatter cannot run in place");
     return CRING_OK;
@@ -283,8 +301,14 @@ static ncclResult_t make_premul(cring__gpu_t *g, cring__gpu_comm_t *cm, cring_dt
 static ncclResult_t enqueue(cring__gpu_t *g, cring__gpu_comm_t *cm, const cring__gpu_coll_t *c,
                             const cring__gpu_tensor_t *t, ncclRedOp_t op, uint64_t *calls) {
     ncclDataType_t dt = ncclFloat32;
-    nccl_dtype(t->dtype, &dt); /* checked by check_tensor */
-    size_t esize = cring_dtype_size(t->dtype);
+    size_t esize = cring_dtype_size(t->dtype), scale_count = 1;
+    if (moves_bytes(c->collective)) { /* any dtype, as bytes: counts scale by the size */
+        dt = ncclUint8;
+        scale_count = esize;
+        esize = 1;
+    } else {
+        nccl_dtype(t->dtype, &dt); /* checked by check_tensor */
+    }
     cudaStream_t s = t->stream;
     ncclResult_t r = ncclSuccess;
     switch (c->collective) {
@@ -295,18 +319,20 @@ static ncclResult_t enqueue(cring__gpu_t *g, cring__gpu_comm_t *cm, const cring_
     case CRING_COLL_BROADCAST:
         if (!t->count) return ncclSuccess;
         ++*calls;
-        return g->nccl.Broadcast(t->send, t->recv, t->count, dt, c->root, cm->comm, s);
+        return g->nccl.Broadcast(t->send, t->recv, t->count * scale_count, dt, c->root, cm->comm,
+                                 s);
     case CRING_COLL_ALLGATHER:
         if (all_equal(t->rank_counts, cm->size)) {
             if (!t->rank_counts[0]) return ncclSuccess;
             ++*calls;
-            return g->nccl.AllGather(t->send, t->recv, t->rank_counts[0], dt, cm->comm, s);
+            return g->nccl.AllGather(t->send, t->recv, t->rank_counts[0] * scale_count, dt,
+                                     cm->comm, s);
         }
         /* Unequal parts: rank r broadcasts its part into its place of recv. */
         {
             size_t off = 0;
             for (int root = 0; root < cm->size && r == ncclSuccess; root++) {
-                size_t n = t->rank_counts[root];
+                size_t n = t->rank_counts[root] * scale_count;
                 char *dst = (char *)t->recv + off * esize;
                 if (n) {
                     ++*calls;
@@ -338,6 +364,24 @@ static ncclResult_t enqueue(cring__gpu_t *g, cring__gpu_comm_t *cm, const cring_
             }
         }
         return r;
+    case CRING_COLL_ALLTOALL:
+        /* One send and one receive per peer, zero counts included (NCCL
+         * takes them as no-ops), in rank order; the group pairs them. */
+        {
+            size_t soff = 0, roff = 0;
+            for (int q = 0; q < cm->size && r == ncclSuccess; q++) {
+                size_t ns = t->rank_counts[q] * scale_count, nr = t->recv_counts[q] * scale_count;
+                ++*calls;
+                r = g->nccl.Send((const char *)t->send + soff, ns, dt, q, cm->comm, s);
+                if (r == ncclSuccess) {
+                    ++*calls;
+                    r = g->nccl.Recv((char *)t->recv + roff, nr, dt, q, cm->comm, s);
+                }
+                soff += ns;
+                roff += nr;
+            }
+        }
+        return r;
     default: return ncclInvalidArgument;
     }
 }
@@ -360,11 +404,24 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
     /* Reduction operators: the built-in one, or one pre-multiplied sum per dtype. */
     ncclRedOp_t builtin = ncclSum;
     nccl_op(c->op, &builtin);
+    int reduces =
+        c->collective == CRING_COLL_ALLREDUCE || c->collective == CRING_COLL_REDUCESCATTER;
+    /* One rank: an average is the sum (exact), and never ncclAvg, whose
+     * one-rank kernel drops a tail in NCCL 2.27.0-2.29.6 (cuda_api.h). A
+     * scaled one-rank reduction on such a version is refused here: the
+     * engine stages it through host memory instead (exec_cuda_host.c). */
+    if (reduces && cm->size == 1 && c->op == CRING_AVERAGE) builtin = ncclSum;
+    if (reduces && cm->size == 1 && c->scale != 1.0 &&
+        cring__gpu_nccl_one_rank_defect(g->nccl_lib.version)) {
+        pthread_mutex_unlock(&g->comm_mu);
+        return cring__fail(err, CRING_ERR_NOT_SUPPORTED,
+                           "NCCL %d's one-rank pre-multiplied sum leaves a tail unwritten (fixed "
+                           "in 2.29.7): a scaled reduction on one rank cannot go through it",
+                           g->nccl_lib.version);
+    }
     ncclRedOp_t premul[CRING_DTYPE_COUNT];
     int have_premul[CRING_DTYPE_COUNT] = {0};
     ncclResult_t r = ncclSuccess;
-    int reduces =
-        c->collective == CRING_COLL_ALLREDUCE || c->collective == CRING_COLL_REDUCESCATTER;
     int previous = -1;
     st = cring__gpu_enter_device(g, cm->device, 0, &previous, err);
     if (st != CRING_OK) {

@@ -290,6 +290,15 @@ static PyObject *Gpu_load_nccl(GpuState *self, PyObject *args) {
     return load_common(self, args, cring__gpu_load_nccl, 1);
 }
 
+/* Whether NCCL of this version code has the one-rank reduce defect, which
+ * the engine's CUDA backend then keeps clear of (csrc/gpu/cuda_api.h). */
+static PyObject *Gpu_nccl_one_rank_defect(GpuState *self, PyObject *version) {
+    (void)self;
+    long code = PyLong_AsLong(version);
+    if (code == -1 && PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(cring__gpu_nccl_one_rank_defect((int)code));
+}
+
 static PyObject *Gpu_device_count(GpuState *self, PyObject *unused) {
     cring__errmsg_t why = {{0}};
     int n = cring__gpu_device_count(self->g, &why);
@@ -510,6 +519,8 @@ static PyMethodDef Gpu_methods[] = {
      "load_cudart(wheel_paths) -> (path, version); CRingError saying why not"},
     {"load_nccl", (PyCFunction)Gpu_load_nccl, METH_VARARGS,
      "load_nccl(wheel_paths) -> (path, version code); CRingError saying why not"},
+    {"nccl_one_rank_defect", (PyCFunction)Gpu_nccl_one_rank_defect, METH_O,
+     "nccl_one_rank_defect(version code) -> whether cring guards against it"},
     {"device_count", (PyCFunction)Gpu_device_count, METH_NOARGS, "(count, reason when 0)"},
     {"output_capsule", (PyCFunction)Gpu_output_capsule, METH_VARARGS,
      "output_capsule(handle, index, device, shape, dtype) -> DLPack capsule (kDLCUDA) of a "

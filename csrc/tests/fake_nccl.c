@@ -4,9 +4,26 @@
  * communicator are processes that map it, write their part to their own slot,
  * meet at a barrier and read the others' parts. Collectives run when called
  * (inside ncclGroupStart/End: at ncclGroupEnd, in call order), so a grouped
- * call is observable as one group in the log. Never used outside tests.
+ * call is observable as one group in the log. ncclSend/ncclRecv inside a
+ * group run together as one point-to-point phase at ncclGroupEnd: each rank
+ * writes its sends (destination, bytes, payload) into its slot, meets the
+ * others, and each receive takes the next send addressed to it from its peer,
+ * which must have the same byte count (as NCCL requires). Every rank of the
+ * communicator must take part in such a phase (cring's alltoall calls every
+ * peer, zero counts included); a send or receive outside a group is a phase
+ * of its own. Never used outside tests.
  *   CRING_FAKE_NCCL_LOG          append one line per call (rank, op, count, stream)
  *   CRING_FAKE_NCCL_VERSION      version code reported (default 22703)
+ *   CRING_FAKE_NCCL_ONE_RANK_DEFECT  1: reproduce NCCL 2.27.0-2.29.6's
+ *                                one-rank reduce defect (NVIDIA/nccl issue
+ *                                1950): at nranks == 1, an allreduce, reduce or
+ *                                reducescatter with ncclAvg or a pre-multiplied
+ *                                sum leaves the last count % BLOCKS elements of
+ *                                its result unwritten (whatever version is
+ *                                reported, so tests can also show the defect
+ *                                against a version cring trusts)
+ *   CRING_FAKE_NCCL_DEFECT_BLOCKS  BLOCKS above (default 16: 17**3 elements
+ *                                lose 1, 2**20 + 3 lose 3, as on the H100)
  *   CRING_FAKE_NCCL_SLOT_BYTES   largest part one rank may send (default 4 MiB)
  *   CRING_FAKE_NCCL_FAIL_AFTER   after this many collectives on a communicator,
  *                                report an asynchronous remote error
@@ -406,17 +423,17 @@ EXPORT int ncclRedOpDestroy(int op, ncclComm_t c) {
 }
 
 /* ---- collectives ---- */
-enum { K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER };
-static const char *const kind_names[] = {"allreduce", "broadcast", "reduce", "allgather",
-                                         "reducescatter"};
+enum { K_ALLREDUCE, K_BROADCAST, K_REDUCE, K_ALLGATHER, K_REDUCESCATTER, K_SEND, K_RECV };
+static const char *const kind_names[] = {"allreduce",     "broadcast", "reduce", "allgather",
+                                         "reducescatter", "send",      "recv"};
 
 typedef struct {
     int kind;
     const void *send;
     void *recv;
-    size_t count; /* allreduce/broadcast/reduce: elements; allgather: per rank send;
+    size_t count;     /* allreduce/broadcast/reduce: elements; allgather: per rank send;
                      reducescatter: per rank recv */
-    int dt, op, root;
+    int dt, op, root; /* root: the peer of a send or receive */
     ncclComm_t comm;
     void *stream;
 } call_t;
@@ -425,6 +442,16 @@ typedef struct {
 static __thread int group_depth;
 static __thread int group_len;
 static __thread call_t group_calls[MAX_GROUP];
+
+/* Elements of a reduction's result the kernel writes: all of them, except
+ * with the one-rank defect switched on (see the top of the file). */
+static size_t written(const call_t *k) {
+    const char *on = getenv("CRING_FAKE_NCCL_ONE_RANK_DEFECT");
+    if (!on || strcmp(on, "1") != 0 || k->comm->nranks != 1) return k->count;
+    if (k->op != AVG && k->op < FIRST_PREMUL) return k->count;
+    size_t blocks = (size_t)env_double("CRING_FAKE_NCCL_DEFECT_BLOCKS", 16);
+    return blocks ? k->count - k->count % blocks : k->count;
+}
 
 static int run(const call_t *k) {
     ncclComm_t c = k->comm;
@@ -441,9 +468,9 @@ static int run(const call_t *k) {
     int rc = barrier(c);
     if (rc != OK) return rc;
     switch (k->kind) {
-    case K_ALLREDUCE: reduce_parts(c, k->dt, k->op, parts, 0, k->count, k->recv); break;
+    case K_ALLREDUCE: reduce_parts(c, k->dt, k->op, parts, 0, written(k), k->recv); break;
     case K_REDUCE:
-        if (c->rank == k->root) reduce_parts(c, k->dt, k->op, parts, 0, k->count, k->recv);
+        if (c->rank == k->root) reduce_parts(c, k->dt, k->op, parts, 0, written(k), k->recv);
         break;
     case K_BROADCAST: memcpy(k->recv, parts[k->root], part); break;
     case K_ALLGATHER:
@@ -451,7 +478,7 @@ static int run(const call_t *k) {
             memcpy((unsigned char *)k->recv + (size_t)r * part, parts[r], part);
         break;
     case K_REDUCESCATTER:
-        reduce_parts(c, k->dt, k->op, parts, (size_t)c->rank * k->count, k->count, k->recv);
+        reduce_parts(c, k->dt, k->op, parts, (size_t)c->rank * k->count, written(k), k->recv);
         break;
     }
     rc = barrier(c);
@@ -460,6 +487,75 @@ static int run(const call_t *k) {
     long fail_after = (long)env_double("CRING_FAKE_NCCL_FAIL_AFTER", 0);
     if (fail_after > 0 && c->collectives >= fail_after) c->async_error = REMOTE_ERROR;
     return OK;
+}
+
+/* One send's record in its rank's slot, followed by its bytes (padded to 8). */
+typedef struct {
+    int64_t peer; /* -1 ends the list */
+    uint64_t bytes;
+} message_t;
+
+/* The point-to-point calls k[0..m) of one group (one communicator): every
+ * rank writes its sends, all meet, each receive reads the matching send (the
+ * n-th receive from peer q takes q's n-th send to this rank), all meet. */
+static int run_p2p(const call_t *k, int m) {
+    ncclComm_t c = k[0].comm;
+    unsigned char *mine = c->slots + (size_t)c->rank * c->slot_bytes;
+    size_t at = 0;
+    int rc = OK;
+    for (int i = 0; i < m && rc == OK; i++) {
+        if (k[i].comm != c)
+            rc = fail(INVALID_USAGE, "fake NCCL: one group's sends use several communicators");
+        else if (k[i].root < 0 || k[i].root >= c->nranks)
+            rc = fail(INVALID_ARGUMENT, "fake NCCL: peer %d of %d", k[i].root, c->nranks);
+        if (k[i].kind != K_SEND || rc != OK) continue;
+        size_t bytes = k[i].count * type_size(k[i].dt);
+        if (at + sizeof(message_t) * 2 + bytes + 8 > c->slot_bytes) {
+            rc = fail(INVALID_ARGUMENT, "fake NCCL: sends exceed CRING_FAKE_NCCL_SLOT_BYTES");
+            break;
+        }
+        message_t h = {k[i].root, bytes};
+        memcpy(mine + at, &h, sizeof h);
+        at += sizeof h;
+        if (bytes) memcpy(mine + at, k[i].send, bytes);
+        at += (bytes + 7) & ~(size_t)7;
+    }
+    message_t end = {-1, 0};
+    if (at + sizeof end <= c->slot_bytes) memcpy(mine + at, &end, sizeof end);
+    int brc = barrier(c); /* every rank meets even after an error here */
+    if (brc != OK) return brc;
+    int taken[256] = {0}; /* receives from each peer so far */
+    for (int i = 0; i < m && rc == OK; i++) {
+        if (k[i].kind != K_RECV) continue;
+        int q = k[i].root;
+        size_t bytes = k[i].count * type_size(k[i].dt), off = 0;
+        const unsigned char *theirs = c->slots + (size_t)q * c->slot_bytes;
+        int seen = 0, found = 0;
+        for (;;) {
+            message_t h;
+            memcpy(&h, theirs + off, sizeof h);
+            if (h.peer < 0) break;
+            off += sizeof h;
+            if (h.peer == c->rank && seen++ == taken[q]) {
+                if (h.bytes != bytes)
+                    rc = fail(INVALID_ARGUMENT,
+                              "fake NCCL: rank %d receives %zu bytes from %d, which sends %llu",
+                              c->rank, bytes, q, (unsigned long long)h.bytes);
+                else if (bytes) memcpy(k[i].recv, theirs + off, bytes);
+                found = 1;
+                break;
+            }
+            off += ((size_t)h.bytes + 7) & ~(size_t)7;
+        }
+        taken[q]++;
+        if (!found && rc == OK)
+            rc = fail(INVALID_USAGE, "fake NCCL: rank %d receives from %d, which sends it nothing",
+                      c->rank, q);
+    }
+    brc = barrier(c);
+    if (rc == OK) rc = brc;
+    if (rc == OK) c->collectives++;
+    return rc;
 }
 
 static _Atomic long collective_calls;
@@ -479,7 +575,7 @@ static int submit(call_t k) {
         group_calls[group_len++] = k;
         return OK;
     }
-    return run(&k);
+    return k.kind == K_SEND || k.kind == K_RECV ? run_p2p(&k, 1) : run(&k);
 }
 
 EXPORT int ncclGroupStart(void) {
@@ -493,7 +589,16 @@ EXPORT int ncclGroupEnd(void) {
     int n = group_len, rc = OK;
     group_len = 0;
     log_line("groupend calls=%d", n);
-    for (int i = 0; i < n && rc == OK; i++) rc = run(&group_calls[i]);
+    for (int i = 0; i < n && rc == OK;) {
+        int j = i;
+        while (j < n && (group_calls[j].kind == K_SEND || group_calls[j].kind == K_RECV)) j++;
+        if (j > i) {
+            rc = run_p2p(&group_calls[i], j - i);
+            i = j;
+        } else {
+            rc = run(&group_calls[i++]);
+        }
+    }
     return rc;
 }
 
@@ -522,4 +627,13 @@ EXPORT int ncclAllGather(const void *send, void *recv, size_t send_count, int dt
 EXPORT int ncclReduceScatter(const void *send, void *recv, size_t recv_count, int dt, int op,
                              ncclComm_t comm, void *stream) {
     return submit((call_t){K_REDUCESCATTER, send, recv, recv_count, dt, op, 0, comm, stream});
+}
+
+EXPORT int ncclSend(const void *send, size_t count, int dt, int peer, ncclComm_t comm,
+                    void *stream) {
+    return submit((call_t){K_SEND, send, NULL, count, dt, 0, peer, comm, stream});
+}
+
+EXPORT int ncclRecv(void *recv, size_t count, int dt, int peer, ncclComm_t comm, void *stream) {
+    return submit((call_t){K_RECV, NULL, recv, count, dt, 0, peer, comm, stream});
 }

@@ -5,8 +5,10 @@
  * path: communicators whose unique id rank 0 broadcasts over a real cring
  * communicator, at world sizes 1, 2 and 3, and every collective
  * (grouped, odd and zero counts, uneven allgather/reducescatter parts,
- * pre-multiplied sums, a stream per tensor) checked against values computed
- * here. Memory: the pinned-buffer cache, stream-ordered copies, device
+ * pre-multiplied sums, a stream per tensor, int16/bool moved as bytes, a
+ * grouped uneven alltoall) checked against values computed here; NCCL's
+ * one-rank reduce defect, reproduced by the fake, against an affected and a
+ * fixed version. Memory: the pinned-buffer cache, stream-ordered copies, device
  * buffers. (The engine's CUDA backend on top of this: test_engine_cuda.c.) */
 #include <dlfcn.h>
 #include <limits.h>
@@ -162,9 +164,9 @@ static void run_rank(int rank, int size, int port, int unused) {
     int32_t ints[5];
     for (int i = 0; i < 5; i++) ints[i] = rank * 10 + i - 7;
     cring__gpu_tensor_t ts[4] = {
-        {f[0], f[0], CRING_FLOAT32, counts[0], NULL, stream},
-        {f[1], f[1], CRING_FLOAT32, counts[1], NULL, stream},
-        {f[2], f[2], CRING_FLOAT32, counts[2], NULL, (void *)(uintptr_t)0x5001},
+        {f[0], f[0], CRING_FLOAT32, counts[0], NULL, stream, NULL},
+        {f[1], f[1], CRING_FLOAT32, counts[1], NULL, stream, NULL},
+        {f[2], f[2], CRING_FLOAT32, counts[2], NULL, (void *)(uintptr_t)0x5001, NULL},
     };
     cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE,
                            .op = CRING_SUM,
@@ -178,7 +180,7 @@ static void run_rank(int rank, int size, int port, int unused) {
             for (int r = 0; r < size; r++) expect += fval(r, i + (size_t)k);
             check_float(&f[k][i], expect, "grouped sum", i);
         }
-    ts[0] = (cring__gpu_tensor_t){ints, ints, CRING_INT32, 5, NULL, stream};
+    ts[0] = (cring__gpu_tensor_t){ints, ints, CRING_INT32, 5, NULL, stream, NULL};
     c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLREDUCE,
                             .op = CRING_AVERAGE,
                             .scale = 1.0,
@@ -194,7 +196,7 @@ static void run_rank(int rank, int size, int port, int unused) {
     /* Average with a scale: a pre-multiplied sum (scale / size). */
     float scaled[7];
     for (int i = 0; i < 7; i++) scaled[i] = fval(rank, (size_t)i);
-    ts[0] = (cring__gpu_tensor_t){scaled, scaled, CRING_FLOAT32, 7, NULL, stream};
+    ts[0] = (cring__gpu_tensor_t){scaled, scaled, CRING_FLOAT32, 7, NULL, stream, NULL};
     c = (cring__gpu_coll_t){.collective = CRING_COLL_ALLREDUCE,
                             .op = CRING_AVERAGE,
                             .scale = 0.5,
@@ -218,7 +220,7 @@ static void run_rank(int rank, int size, int port, int unused) {
         bsend[i] = rank * 100.0 + i;
         brecv[i] = -1;
     }
-    ts[0] = (cring__gpu_tensor_t){bsend, brecv, CRING_FLOAT64, 9, NULL, stream};
+    ts[0] = (cring__gpu_tensor_t){bsend, brecv, CRING_FLOAT64, 9, NULL, stream, NULL};
     c = (cring__gpu_coll_t){.collective = CRING_COLL_BROADCAST,
                             .root = size - 1,
                             .scale = 1.0,
@@ -237,8 +239,9 @@ static void run_rank(int rank, int size, int port, int unused) {
     int64_t gsend[8], grecv[64], esend[3], erecv[24];
     for (int i = 0; i <= rank; i++) gsend[i] = rank * 1000 + i;
     for (int i = 0; i < 3; i++) esend[i] = rank * 10 + i;
-    ts[0] = (cring__gpu_tensor_t){gsend, grecv, CRING_INT64, (size_t)rank + 1, uneven, stream};
-    ts[1] = (cring__gpu_tensor_t){esend, erecv, CRING_INT64, 3, even, stream};
+    ts[0] =
+        (cring__gpu_tensor_t){gsend, grecv, CRING_INT64, (size_t)rank + 1, uneven, stream, NULL};
+    ts[1] = (cring__gpu_tensor_t){esend, erecv, CRING_INT64, 3, even, stream, NULL};
     c = (cring__gpu_coll_t){
         .collective = CRING_COLL_ALLGATHER, .scale = 1.0, .ntensors = 2, .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
@@ -259,8 +262,9 @@ static void run_rank(int rank, int size, int port, int unused) {
     float rsend[7], rrecv[7], esend2[16], erecv2[2];
     for (int i = 0; i < 7; i++) rsend[i] = fval(rank, (size_t)i);
     for (int i = 0; i < 2 * size; i++) esend2[i] = fval(rank, (size_t)i + 3);
-    ts[0] = (cring__gpu_tensor_t){rsend, rrecv, CRING_FLOAT32, 7, rs_counts, stream};
-    ts[1] = (cring__gpu_tensor_t){esend2, erecv2, CRING_FLOAT32, 2 * (size_t)size, rs_even, stream};
+    ts[0] = (cring__gpu_tensor_t){rsend, rrecv, CRING_FLOAT32, 7, rs_counts, stream, NULL};
+    ts[1] = (cring__gpu_tensor_t){esend2,  erecv2, CRING_FLOAT32, 2 * (size_t)size,
+                                  rs_even, stream, NULL};
     c = (cring__gpu_coll_t){.collective = CRING_COLL_REDUCESCATTER,
                             .op = CRING_SUM,
                             .scale = 1.0,
@@ -279,14 +283,126 @@ static void run_rank(int rank, int size, int port, int unused) {
     }
     (void)off;
 
+    /* Data movement of a dtype NCCL has no type for (int16, bool): as bytes. */
+    int16_t hb[5];
+    uint8_t flags[3];
+    for (int i = 0; i < 5; i++) hb[i] = (int16_t)(rank == 0 ? -300 * i - 1 : 0);
+    for (int i = 0; i < 3; i++) flags[i] = (uint8_t)(rank == 0 ? i % 2 : 7);
+    ts[0] = (cring__gpu_tensor_t){hb, hb, CRING_INT16, 5, NULL, stream, NULL};
+    ts[1] = (cring__gpu_tensor_t){flags, flags, CRING_BOOL, 3, NULL, stream, NULL};
+    c = (cring__gpu_coll_t){
+        .collective = CRING_COLL_BROADCAST, .root = 0, .scale = 1.0, .ntensors = 2, .tensors = ts};
+    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    for (int i = 0; i < 5; i++) CHECK(hb[i] == -300 * i - 1);
+    for (int i = 0; i < 3; i++) CHECK(flags[i] == i % 2);
+    /* ... but an int16 reduction is refused (the engine stages it through host memory) */
+    c.collective = CRING_COLL_ALLREDUCE;
+    c.ntensors = 1;
+    CHECK(cring__gpu_collective(g, 0, &c, &err) == CRING_ERR_NOT_SUPPORTED);
+    CHECK(strstr(err.text, "int16") != NULL);
+    CHECK(!cring__gpu_can_reduce(CRING_INT16, CRING_SUM, 1, 1));
+    CHECK(!cring__gpu_can_reduce(CRING_INT32, CRING_SUM, 2, 1));
+    CHECK(!cring__gpu_can_reduce(CRING_FLOAT32, CRING_MAX, 1, 0.5));
+    CHECK(cring__gpu_can_reduce(CRING_FLOAT16, CRING_AVERAGE, 0.5, 3));
+    CHECK(cring__gpu_can_reduce(CRING_UINT8, CRING_MIN, 1, 1));
+
+    /* Alltoall, grouped with a second tensor: rank r sends (r + q) % 3 int16
+     * elements to rank q (zero counts included), element value
+     * 1000 r + 10 q + i; and 2 int64 to each rank. */
+    size_t a_send[8], a_recv[8], a_total = 0, a_in = 0, two[8];
+    for (int q = 0; q < size; q++) {
+        a_send[q] = (size_t)(rank + q) % 3;
+        a_recv[q] = (size_t)(q + rank) % 3;
+        two[q] = 2;
+        a_total += a_send[q];
+        a_in += a_recv[q];
+    }
+    int16_t asend[32], arecv[32];
+    int64_t bsend2[16], brecv2[16];
+    size_t k2 = 0;
+    for (int q = 0; q < size; q++)
+        for (size_t i = 0; i < a_send[q]; i++) asend[k2++] = (int16_t)(1000 * rank + 10 * q + i);
+    for (int i = 0; i < 2 * size; i++) bsend2[i] = rank * 100 + i;
+    ts[0] = (cring__gpu_tensor_t){asend, arecv, CRING_INT16, a_total, a_send, stream, a_recv};
+    ts[1] = (cring__gpu_tensor_t){bsend2, brecv2, CRING_INT64, 2 * (size_t)size, two, stream, two};
+    c = (cring__gpu_coll_t){
+        .collective = CRING_COLL_ALLTOALL, .scale = 1.0, .ntensors = 2, .tensors = ts};
+    cring__gpu_stats_t before, after;
+    cring__gpu_get_stats(g, &before);
+    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    cring__gpu_get_stats(g, &after);
+    /* one group: a send and a receive per peer and tensor */
+    CHECK(after.groups == before.groups + 1);
+    CHECK(after.nccl_calls - before.nccl_calls == 4 * (uint64_t)size);
+    k2 = 0;
+    for (int q = 0; q < size; q++)
+        for (size_t i = 0; i < a_recv[q]; i++)
+            CHECK(arecv[k2++] == (int16_t)(1000 * q + 10 * rank + i));
+    CHECK(k2 == a_in);
+    for (int q = 0; q < size; q++)
+        for (int i = 0; i < 2; i++) CHECK(brecv2[q * 2 + i] == q * 100 + rank * 2 + i);
+    ts[0].recv_counts = NULL; /* refused before anything is enqueued */
+    CHECK(cring__gpu_collective(g, 0, &c, &err) == CRING_ERR_INVALID_ARGUMENT);
+
     cring__gpu_stats_t stats;
     cring__gpu_get_stats(g, &stats);
     CHECK(stats.communicators == 1);
-    CHECK(stats.groups == 6);
+    CHECK(stats.groups == 8);
     CHECK_OK(cring__gpu_comm_check(g, 0, &err));
     for (int k = 0; k < 3; k++) free(f[k]);
     cring__gpu_destroy(g);
     cring_comm_destroy(comm);
+    exit(0);
+}
+
+/* NCCL's one-rank reduce defect, reproduced by the fake
+ * (CRING_FAKE_NCCL_ONE_RANK_DEFECT=1 leaves the last n % 16 elements of a
+ * one-rank Avg or PreMulSum result unwritten), against the NCCL version
+ * `version`: an Average at one rank is a Sum (exact on every version); a
+ * scaled one on an affected version is refused (the engine stages it through
+ * host memory), and on a fixed version it goes through NCCL, where the
+ * fake's defect shows: so the fake would catch the guard's removal. */
+static void run_defect(int rank, int size, int port, int version) {
+    alarm(60);
+    cring__gpu_t *g = fresh();
+    cring__errmsg_t err;
+    CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
+    CHECK_OK(cring__gpu_load_nccl(g, NULL, 0, &err));
+    CHECK(cring__gpu_nccl_version(g) == version);
+    char id[CRING__GPU_UNIQUE_ID_BYTES];
+    int slot = -1;
+    CHECK_OK(cring__gpu_unique_id(g, id, &err));
+    CHECK_OK(cring__gpu_comm_init(g, 0, 0, 1, id, &slot, &err));
+    enum { N = 17 * 17 * 17 }; /* 4913 = 16 * 307 + 1: the fake drops one */
+    static float x[N], y[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)(i % 101) - 50;
+        y[i] = -1e9f;
+    }
+    cring__gpu_tensor_t t = {x, y, CRING_FLOAT32, N, NULL, NULL, NULL};
+    cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE,
+                           .op = CRING_AVERAGE,
+                           .scale = 1.0,
+                           .ntensors = 1,
+                           .tensors = &t};
+    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    for (int i = 0; i < N; i++) CHECK(y[i] == x[i]);
+    for (int i = 0; i < N; i++) y[i] = -1e9f;
+    c.scale = 0.5;
+    if (cring__gpu_nccl_one_rank_defect(version)) {
+        CHECK(cring__gpu_collective(g, 0, &c, &err) == CRING_ERR_NOT_SUPPORTED);
+        CHECK(strstr(err.text, "one-rank") != NULL);
+        CHECK(y[0] == -1e9f);
+    } else {
+        CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+        for (int i = 0; i < N - 1; i++) CHECK(y[i] == x[i] * 0.5f);
+        CHECK(y[N - 1] == -1e9f); /* the defect, reproduced */
+    }
+    CHECK_OK(cring__gpu_comm_check(g, 0, &err));
+    cring__gpu_destroy(g);
+    (void)rank;
+    (void)size;
+    (void)port;
     exit(0);
 }
 
@@ -304,7 +420,7 @@ static void run_async_error(int rank, int size, int port, int unused) {
     CHECK_OK(cring__gpu_unique_id(g, id, &err));
     CHECK_OK(cring__gpu_comm_init(g, 0, 0, 1, id, &slot, &err));
     float x[4] = {1, 2, 3, 4};
-    cring__gpu_tensor_t t = {x, x, CRING_FLOAT32, 4, NULL, NULL};
+    cring__gpu_tensor_t t = {x, x, CRING_FLOAT32, 4, NULL, NULL, NULL};
     cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE,
                            .op = CRING_SUM,
                            .scale = 1.0,
@@ -407,7 +523,19 @@ int main(void) {
     setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
     setenv("CRING_CUDART_LIBRARY", fake_cudart, 1);
     test_staging();
+    /* the affected versions: 2.27.0 up to 2.29.6 */
+    CHECK(!cring__gpu_nccl_one_rank_defect(22609) && cring__gpu_nccl_one_rank_defect(22700));
+    CHECK(cring__gpu_nccl_one_rank_defect(22809) && cring__gpu_nccl_one_rank_defect(22906));
+    CHECK(!cring__gpu_nccl_one_rank_defect(22907) && !cring__gpu_nccl_one_rank_defect(23007));
+    setenv("CRING_FAKE_NCCL_VERSION", "22907", 1); /* one without the defect */
     for (int size = 1; size <= 3; size++) testutil_run_world(size, run_rank, 0, "nccl collectives");
+    setenv("CRING_FAKE_NCCL_ONE_RANK_DEFECT", "1", 1);
+    setenv("CRING_FAKE_NCCL_VERSION", "22809", 1);
+    testutil_run_world(1, run_defect, 22809, "one-rank defect, NCCL 2.28.9");
+    setenv("CRING_FAKE_NCCL_VERSION", "22907", 1);
+    testutil_run_world(1, run_defect, 22907, "one-rank defect, NCCL 2.29.7");
+    unsetenv("CRING_FAKE_NCCL_ONE_RANK_DEFECT");
+    unsetenv("CRING_FAKE_NCCL_VERSION");
     setenv("CRING_FAKE_NCCL_FAIL_AFTER", "1", 1);
     testutil_run_world(1, run_async_error, 0, "nccl asynchronous error");
     unsetenv("CRING_FAKE_NCCL_FAIL_AFTER");

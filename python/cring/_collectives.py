@@ -33,7 +33,6 @@ from ._core import (
     Compression,
     Handle,
     _name,
-    _op,
     _ps_id,
     _ps_size_rank,
     _require_init,
@@ -149,7 +148,7 @@ def _allreduce_async(
                 wire=wires.pop() if len(wires) == 1 else None,
                 process_set=ps,
             )
-        stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
+        stream = _gpu.nccl_stream(tensors, name)
         submit, info = functools.partial(_cuda_submit, stream), _gpu.info
         if not (compression is None or compression is Compression.none):
             wires = {_wire(compression, info(x, name)[1]) for x in tensors}

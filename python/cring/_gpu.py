@@ -66,8 +66,6 @@ _INSTALL_CUDART = (
 )
 
 _loaded: dict[str, tuple[bool, str, int]] = {}  # "nccl"/"cudart" -> (ok, path or error, version)
-_FLOATING = frozenset(("float16", "bfloat16", "float32", "float64"))
-_SUM, _AVERAGE = 1, 0  # cring.Sum, cring.Average
 
 
 # ---- availability ----------------------------------------------------------------------------
@@ -118,7 +116,11 @@ def cuda_available() -> bool:
 
 
 def nccl_info() -> dict:
-    """What nccl_available() found: {'available', 'path', 'version', 'error'}."""
+    """What nccl_available() found: {'available', 'path', 'version',
+    'version_code', 'one_rank_guard', 'error'}. 'one_rank_guard' is True when
+    this NCCL has the one-rank reduce defect (2.27.0 to 2.29.6: at one rank,
+    ncclAvg and ncclPreMulSum leave the tail of a result unwritten), so cring
+    never reduces through those at one rank (docs/gpu.md, "NCCL versions")."""
     ok, where, code = _load("nccl")
     version = None
     if ok:
@@ -131,6 +133,7 @@ def nccl_info() -> dict:
         "path": where if ok else None,
         "version": version,
         "version_code": code or None,
+        "one_rank_guard": bool(ok and _gpu.nccl_one_rank_defect(code)),
         "error": None if ok else where,
     }
 
@@ -230,10 +233,12 @@ def info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
         ) from None
 
 
-def nccl_stream(tensors: Sequence[Any], name: str, op: int = _SUM, scale: float = 1.0) -> int:
+def nccl_stream(tensors: Sequence[Any], name: str) -> int:
     """For the NCCL path: check that NCCL can run here (else CRingError saying
-    what to install) and that NCCL can apply the scaling; return the
-    cudaStream_t (an int) the call is ordered on, for cring._C.submit."""
+    what to install); return the cudaStream_t (an int) the call is ordered
+    on, for cring._C.submit. (What NCCL cannot reduce exactly, the engine's
+    CUDA backend stages through host memory: every dtype, op and scale factor
+    the CPU path takes works.)"""
     for kind, hint, what in (
         ("nccl", _INSTALL_NCCL, "CUDA tensors go through NCCL"),
         ("cudart", _INSTALL_CUDART, "NCCL needs the CUDA runtime"),
@@ -244,14 +249,6 @@ def nccl_stream(tensors: Sequence[Any], name: str, op: int = _SUM, scale: float 
                 f"tensor '{name}' is on cuda:{_device_index(tensors[0])}: {what}, "
                 f"which could not be loaded: {why}; {hint}"
             )
-    if scale != 1.0:  # checked here so that every rank raises before submitting
-        for x in tensors:
-            dtype = str(getattr(x, "dtype", "")).replace("torch.", "")
-            if dtype not in _FLOATING or op not in (_SUM, _AVERAGE):
-                raise NotImplementedError(
-                    f"tensor '{name}': prescale_factor/postscale_factor on CUDA tensors apply "
-                    f"to Sum and Average of floating-point tensors, not {dtype}"
-                )
     return raw_stream(tensors[0])
 
 
@@ -522,6 +519,26 @@ def host_reducescatter(
         return outs if grouped else outs[0]
 
     return submit(_C.REDUCESCATTER, name, list(zip(staged, pinned_outs)), finish, **options)
+
+
+def host_alltoall(submit: Callable, tensor: Any, name: str, size: int) -> Any:
+    """alltoall: stage in, run on the pinned copy as a CPU tensor
+    (submit(pinned, finish) -> Handle), copy the received rows into a new
+    tensor of the input's kind at synchronize(): (output, received_splits)."""
+    (staged,), dl, raw = _stage_in([tensor], name)
+    if not staged.shape:
+        raise ValueError(f"tensor '{name}': alltoall needs at least one dimension")
+
+    def finish(h: Any) -> Any:
+        received = _C.first_dims(h, 0, size)
+        shape = (sum(received),) + tuple(staged.shape[1:])
+        pinned = _gpu.pinned(shape, staged.dtype)
+        h.copy_output(0, pinned)
+        out = empty_like(tensor, shape, staged.dtype)
+        _stage_out(pinned, out, dl, raw, name)
+        return out, received
+
+    return submit(staged, finish)
 
 
 def stats() -> dict:

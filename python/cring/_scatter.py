@@ -18,7 +18,6 @@ from ._core import (
     Average,
     Handle,
     _name,
-    _op,
     _ps_id,
     _ps_size_rank,
     _require_init,
@@ -57,7 +56,7 @@ def _reducescatter_async(
                 caller_waits=caller_waits,
                 process_set=ps,
             )
-        stream = _gpu.nccl_stream(tensors, name, _op(op), prescale_factor * postscale_factor)
+        stream = _gpu.nccl_stream(tensors, name)
         submit, info = functools.partial(_cuda_submit, stream), _gpu.info
     pairs, outs = [], []
     for x in tensors:
@@ -180,31 +179,34 @@ def grouped_reducescatter(
 def _alltoall_async(ps: int, tensor: Any, splits: Any, name: str, caller_waits: bool) -> Handle:
     _require_init()
     p = _ps_size_rank(ps)[0]
-    shape, dtype_name = _info(tensor, name)
-    if not shape:
-        raise ValueError(f"tensor '{name}': alltoall needs at least one dimension")
     if splits is not None:
         splits = [int(s) for s in (splits.tolist() if hasattr(splits, "tolist") else splits)]
+    flags = _CALLER_WAITS if caller_waits else _ASYNC
+
+    def submit(x: Any, finish: Any, stream: Optional[int] = None) -> Handle:
+        return Handle(
+            _C.submit(
+                _C.ALLTOALL, name, [(x, None)], 0, 0, 1.0, 1.0, None, flags, splits, stream, ps
+            ),
+            finish,
+        )
+
+    info, like, stream = _info, result_like, None
+    # ---- CUDA tensors: NCCL on the caller's stream, or host staging (cring._gpu) ----
+    if _gpu.any_cuda([tensor]):
+        if ps or _gpu.host_staged([tensor], name):  # another process set: staged (docs)
+            return _gpu.host_alltoall(submit, tensor, name, p)
+        info, like, stream = _gpu.info, _gpu.result_like, _gpu.nccl_stream([tensor], name)
+    shape, dtype_name = info(tensor, name)
+    if not shape:
+        raise ValueError(f"tensor '{name}': alltoall needs at least one dimension")
 
     def finish(h: Any) -> Any:
         received = _C.first_dims(h, 0, p)
-        return result_like(tensor, h, 0, (sum(received),) + tuple(shape[1:]), dtype_name), received
+        return like(tensor, h, 0, (sum(received),) + tuple(shape[1:]), dtype_name), received
 
-    h = _C.submit(
-        _C.ALLTOALL,
-        name,
-        [(dlpack_source(tensor), None)],
-        0,
-        0,
-        1.0,
-        1.0,
-        None,
-        _CALLER_WAITS if caller_waits else _ASYNC,
-        splits,
-        None,
-        ps,
-    )
-    return Handle(h, finish)
+    with _gpu.device_guard(tensor):
+        return submit(dlpack_source(tensor), finish, stream)
 
 
 def alltoall_async(

@@ -18,6 +18,9 @@ What it checks, printing one PASS/FAIL line each and exiting 1 on any FAIL:
      Python frame; 100 small tensors submitted asynchronously take at most 2
      NCCL calls; synchronize() does not block the host, block_host=True does;
      a Lightning fit with accelerator="gpu", devices=1 (when lightning imports);
+     (issue 26) the sweep of tests/gpu/sweep.py: every dtype x collective
+     (alltoall included) x shape, in and out of place, with scale factors,
+     and a one-rank process set, byte for byte against the CPU path;
   3. the host-staged path (CRING_GPU_OPERATIONS=host) with 2 processes on the
      same GPU: every collective's values, and DistributedOptimizer training to
      identical parameters on both ranks;
@@ -180,6 +183,28 @@ def collectives(torch: Any, cring: Any, dev: Any, tag: str) -> None:
         f"{tag}: broadcast, uneven allgather, 0-d allgather, uneven reducescatter",
         broadcast_gather_scatter,
     )
+
+
+def sweep_on_cuda(torch: Any, cring: Any, dev: Any) -> str:
+    """Issue 26's sweep (tests/gpu/sweep.py; CPU CI runs it on fake CUDA
+    tensors): every dtype x collective x shape (17**3, 2**20 + 3, ...) on torch
+    CUDA tensors, byte for byte against the same calls on NumPy arrays. At
+    world size 1 on an NCCL with the one-rank defect (2.27.0-2.29.6, e.g.
+    torch 2.11's 2.28.9), this is the check that Average and scaled results
+    keep their tail."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sweep import sweep  # noqa: PLC0415  (tests/gpu is not a package)
+
+    from cring import _gpu
+
+    cases, failures = sweep(
+        lambda a: torch.from_numpy(a).to(dev),
+        lambda t: t.cpu().numpy(),
+        log=lambda line, verbose: None if verbose else print(line, flush=True),
+    )
+    expect(not failures, f"{len(failures)} of {cases} cases differ: " + "; ".join(failures[:5]))
+    info = _gpu.nccl_info()
+    return f"{cases} cases exact (NCCL {info['version']}, one-rank guard {info['one_rank_guard']})"
 
 
 def train(torch: Any, cring: Any, dev: Any, tag: str) -> dict:
@@ -389,6 +414,11 @@ def world_one(torch: Any, cring: Any) -> None:
             )
             or after
         ),
+    )
+    # last: its int16 and scaled-integer reductions are staged through host memory
+    check(
+        "nccl world 1: every dtype x collective x shape equals the CPU path (issue 26 sweep)",
+        lambda: sweep_on_cuda(torch, cring, dev),
     )
     cring.shutdown()
 
