@@ -79,7 +79,6 @@ from ._scatter import (
     reducescatter,
     reducescatter_async,
 )
-
 from ._version import __version__
 
 __all__ = [

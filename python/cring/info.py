@@ -23,9 +23,9 @@ import sys
 from typing import Optional
 
 from . import _C
-from ._version import __version__
 from ._gpu import cuda_info, nccl_info
 from ._horovod_env import _UNDERSTOOD, HOROVOD_TO_CRING
+from ._version import __version__
 
 __all__ = ["KNOWN_DEFECTS", "collect", "known_defects", "main", "report"]
 
