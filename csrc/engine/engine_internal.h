@@ -108,6 +108,7 @@ typedef struct parsed {
     size_t name_len;
     int coll, op, compression, root, ntensors;
     int device_type, device_id;
+    double prescale, postscale;
     const uint8_t *tensors; /* start of the tensor section */
     size_t tensors_len;
 } parsed_t;

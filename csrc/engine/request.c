@@ -28,12 +28,28 @@ void cring__req_free(req_t *r) {
 
 /* ---- request records ----------------------------------------------------------------
  * u16 name_len, name, u8 collective, u8 op, u8 compression, i32 root,
- * u8 device type, u16 device id, u16 ntensors, then per tensor: u8 dtype,
- * u8 ndim, i64 shape[ndim] (little-endian). Everything every rank must agree
- * on, except an allgather's first dimensions and the device id (each rank
- * has its own GPU); the id is there for messages. */
+ * u8 device type, u16 device id, u16 ntensors, f64 prescale, f64 postscale
+ * (their IEEE bits), then per tensor: u8 dtype, u8 ndim, i64 shape[ndim]
+ * (little-endian). Everything every rank must agree on, except an allgather's
+ * first dimensions and the device id (each rank has its own GPU); the id is
+ * there for messages. The scale factors are there because they pick how a
+ * batch runs (a CUDA integer allreduce with a factor is staged through host
+ * memory), so ranks that disagree get a MismatchError instead of running
+ * different collectives, and a joined rank's stand-in takes the same route. */
 
-#define RECORD_FIXED_BYTES 14 /* everything but the name and the tensors */
+#define RECORD_FIXED_BYTES 30 /* everything but the name and the tensors */
+
+static uint64_t double_bits(double v) {
+    uint64_t u;
+    memcpy(&u, &v, sizeof u);
+    return u;
+}
+
+static double bits_double(uint64_t u) {
+    double v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
 
 static size_t record_bytes(const cring_request_t *q) {
     size_t len = RECORD_FIXED_BYTES + strlen(q->name);
@@ -55,6 +71,8 @@ static void build_record(req_t *r) {
     cring__wire_put(&p, (uint64_t)r->device.type, 1);
     cring__wire_put(&p, (uint64_t)(uint16_t)r->device.id, 2);
     cring__wire_put(&p, (uint64_t)r->ntensors, 2);
+    cring__wire_put(&p, double_bits(r->prescale), 8);
+    cring__wire_put(&p, double_bits(r->postscale), 8);
     for (int i = 0; i < r->ntensors; i++) {
         cring__wire_put(&p, (uint64_t)r->t[i].dtype, 1);
         cring__wire_put(&p, (uint64_t)r->t[i].ndim, 1);
@@ -78,7 +96,9 @@ int cring__record_parse(const uint8_t *rec, size_t len, parsed_t *out) {
     out->device_type = (int)p[7];
     out->device_id = (int)cring__wire_get(p + 8, 2);
     out->ntensors = (int)cring__wire_get(p + 10, 2);
-    out->tensors = p + 12;
+    out->prescale = bits_double(cring__wire_get(p + 12, 8));
+    out->postscale = bits_double(cring__wire_get(p + 20, 8));
+    out->tensors = p + 28;
     out->tensors_len = len - (size_t)(out->tensors - rec);
     size_t off = 0;
     for (int i = 0; i < out->ntensors; i++) {
@@ -123,6 +143,10 @@ int cring__record_difference(const parsed_t *a, int ra, const parsed_t *b, int r
         return snprintf(out, n, "op %s vs %s", cring_op_name(a->op), cring_op_name(b->op));
     if (a->root != b->root) return snprintf(out, n, "root rank %d vs %d", a->root, b->root);
     if (a->compression != b->compression) return snprintf(out, n, "compression differs");
+    if (a->prescale != b->prescale || a->postscale != b->postscale)
+        return snprintf(out, n,
+                        "scale factors: prescale %g, postscale %g vs prescale %g, postscale %g",
+                        a->prescale, a->postscale, b->prescale, b->postscale);
     size_t oa = 0, ob = 0;
     for (int i = 0; i < a->ntensors; i++) {
         int nda = a->tensors[oa + 1], ndb = b->tensors[ob + 1];

@@ -14,6 +14,9 @@ cases = {
     "op": lambda: cring.allreduce(np.ones(4), op=cring.Sum if rank else cring.Max, name="op"),
     "root": lambda: cring.broadcast(np.ones(4), root_rank=0 if rank else 1, name="root"),
     "trailing": lambda: cring.allgather(np.ones((2, 3 if rank else 4)), name="trailing"),
+    "scale": lambda: cring.allreduce(
+        np.ones(4, np.int32), op=cring.Sum, prescale_factor=1.0 if rank else 2.0, name="scale"
+    ),
 }
 for what, call in cases.items():
     try:
@@ -25,6 +28,7 @@ for what, call in cases.items():
             "op": "op max vs sum",
             "root": "root rank 1 vs 0",
             "trailing": "shape float64 [2, 4] vs float64 [2, 3]",
+            "scale": "scale factors: prescale 2, postscale 1 vs prescale 1, postscale 1",
         }[what]
         assert "rank 0 vs rank 1" in str(e), str(e)
         assert expected in str(e) and f"'{what}'" in str(e), str(e)
