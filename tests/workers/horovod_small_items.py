@@ -6,10 +6,14 @@ behaviour on the smaller items of issue 27. argv: outdir.
   grad_leaf: in-place collectives on a leaf that requires grad raise torch's
     RuntimeError on every rank while grad mode is on, and work under no_grad;
     DistributedOptimizer and broadcast_parameters still work on parameters;
-  dtypes: int16/uint16/uint32/uint64 reduce; the unsupported-dtype error lists them.
+  dtypes: int16/uint16/uint32/uint64 reduce; the unsupported-dtype error lists them;
+  objects: broadcast_object sends a lambda (cloudpickle); an object the root
+    cannot pickle (also: a lambda without cloudpickle, with an error that says
+    to install it) raises on every rank instead of leaving the others waiting.
 Writes <outdir>/rank<R>.json (Checks)."""
 
 import sys
+import threading
 import warnings
 
 import torch
@@ -189,9 +193,34 @@ def dtypes():
     return None
 
 
+def objects():
+    fn = hvd.broadcast_object(lambda v: v + 41 if rank == 0 else None, root_rank=0)
+    if fn(1) != 42:
+        return "a broadcast lambda (cloudpickle) did not arrive"
+    # an object the root cannot pickle: every rank raises, none waits for bytes
+    for blocked in (False, True):
+        if blocked:
+            sys.modules["cloudpickle"] = None  # as if it were not installed
+        obj = threading.Lock() if not blocked else (lambda: 1)
+        try:
+            hvd.broadcast_object(obj if rank == 0 else None, root_rank=0)
+            return f"an unpicklable object was broadcast (cloudpickle missing: {blocked})"
+        except Exception as e:
+            error, text = e, f"{type(e).__name__}: {e}"
+        if rank == 0 and blocked and "install cloudpickle" not in text:
+            return f"without cloudpickle the root's error does not say so: {text}"
+        if rank != 0 and not (isinstance(error, RuntimeError) and "root rank 0" in text):
+            return f"a non-root rank's error: {text}"
+    del sys.modules["cloudpickle"]
+    if hvd.broadcast_object({"after": rank}, root_rank=1) != {"after": 1}:
+        return "broadcast_object after a failure"
+    return None
+
+
 checks.check("warning", warning)
 checks.check("noncontiguous", noncontiguous)
 checks.check("grad_leaf", grad_leaf)
 checks.check("dtypes", dtypes)
+checks.check("objects", objects)
 hvd.shutdown()
 checks.finish()
