@@ -419,9 +419,14 @@ int cring__dl_acquire_cpu(PyObject *obj, const char *name, int writable, cring__
 
 int cring__dl_is_torch(PyObject *obj) { return torch_known(Py_TYPE(obj)); }
 
-/* An attribute of obj that is True (0 when absent: the error is cleared). */
-static int attr_true(PyObject *obj, const char *attr) {
-    PyObject *v = PyObject_GetAttrString(obj, attr);
+/* Is obj's attribute *name (interned once from `attr`) True? 0 when absent
+ * (the error is cleared). */
+static int attr_true(PyObject *obj, PyObject **name, const char *attr) {
+    if (!*name && !(*name = PyUnicode_InternFromString(attr))) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *v = PyObject_GetAttr(obj, *name);
     if (!v) {
         PyErr_Clear();
         return 0;
@@ -432,7 +437,9 @@ static int attr_true(PyObject *obj, const char *attr) {
 }
 
 int cring__dl_refuse_grad_leaf(PyObject *obj, const char *what) {
-    if (cring__dl_is_ndarray(obj) || !attr_true(obj, "requires_grad") || !attr_true(obj, "is_leaf"))
+    static PyObject *requires_grad, *is_leaf;
+    if (cring__dl_is_ndarray(obj) || !attr_true(obj, &requires_grad, "requires_grad") ||
+        !attr_true(obj, &is_leaf, "is_leaf"))
         return 0;
     /* torch is imported (obj is one of its tensors): its grad mode decides, as
      * torch.no_grad() allows in-place changes of parameters */
