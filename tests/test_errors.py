@@ -31,9 +31,11 @@ def test_call_before_init_raises():
 
 
 def test_non_contiguous_tensor(single):
-    x = np.ones((4, 4), dtype=np.float32)[:, ::2]
-    with pytest.raises(ValueError, match=r"'grads' is not contiguous"):
-        cring.allreduce(x, name="grads")
+    # out of place: copied, as Horovod does; in place: the caller's memory, refused
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)[:, ::2]
+    assert np.array_equal(cring.allreduce(x, op=cring.Sum, name="grads"), x)
+    with pytest.raises(ValueError, match=r"'grads_' is not contiguous"):
+        cring.allreduce_(x, name="grads_")
     with pytest.raises(ValueError, match="not contiguous"):
         cring.broadcast_(np.ones((3, 3)).T, 0)
 

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -36,29 +37,58 @@ RAY_CLEANUP_TIMEOUT_S = 30
 # -------------------------------------------------------------------------------------- helpers
 
 
-def _ray_processes() -> dict[int, str]:
-    """pid -> description of every process that belongs to some Ray instance:
-    gcs_server, raylet, Ray's Python agents and workers ("ray::..."), zombies
-    included (their command line is empty, so the name decides)."""
-    found = {}
+MARKER_VARIABLE = "CRING_TEST_RAY_CLUSTER"  # in the environment of one LocalCluster's processes
+
+
+def _environ_has(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in f.read().split(b"\0")
+    except OSError:  # gone, or another user's
+        return False
+
+
+def _ray_processes(marker: str) -> dict[int, str]:
+    """pid -> description of every process of the Ray instance whose processes
+    carry `marker` (MARKER_VARIABLE=<marker>, which LocalCluster puts in the
+    environment they inherit): gcs_server, raylet, Ray's Python agents and
+    workers ("ray::..."), and zombies whose parent is one of them or this
+    process (a zombie's environment cannot be read, so its parent decides).
+    Other Ray instances on the machine, another user's included, never count."""
+    tag = f"{MARKER_VARIABLE}={marker}".encode()
+    found, zombies, marked = {}, {}, {os.getpid()}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
+        pid = int(entry)
         try:
             with open(f"/proc/{entry}/comm") as f:
                 comm = f.read().strip()
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            state, ppid = fields[0], int(fields[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if (
+        if not (
             comm in ("raylet", "gcs_server")
             or comm.startswith("ray::")
             or cmd.startswith("ray::")
             or "/ray/core/src/ray/" in cmd
             or ("/site-packages/ray/" in cmd and "pytest" not in cmd)
         ):
-            found[int(entry)] = f"{comm}: {cmd[:120]}"
+            if _environ_has(pid, tag):
+                marked.add(pid)  # e.g. a worker's own python, before it renames itself
+            continue
+        if state == "Z":
+            zombies[pid] = (ppid, f"{comm} (zombie): {cmd[:100]}")
+        elif _environ_has(pid, tag):
+            marked.add(pid)
+            found[pid] = f"{comm}: {cmd[:120]}"
+    for pid, (ppid, description) in zombies.items():
+        if ppid in marked:
+            found[pid] = description
     return found
 
 
@@ -67,7 +97,10 @@ class LocalCluster:
     importable on the workers; shutdown() stops Ray and reports what is left."""
 
     def __init__(self, num_cpus: int = 4, num_gpus: int = 2) -> None:
-        self.before = set(_ray_processes())
+        # every process of this cluster inherits the marker (only they are counted)
+        self.marker = f"{os.getpid()}-{uuid.uuid4().hex}"
+        self.saved_marker = os.environ.get(MARKER_VARIABLE)
+        os.environ[MARKER_VARIABLE] = self.marker
         self.saved_pythonpath = os.environ.get("PYTHONPATH")
         paths = [str(CRING_PATH), str(WORKERS)]
         if self.saved_pythonpath:
@@ -92,13 +125,17 @@ class LocalCluster:
         if not self.stopped:
             self.stopped = True
             ray.shutdown()
-            if self.saved_pythonpath is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = self.saved_pythonpath
+            for name, saved in (
+                ("PYTHONPATH", self.saved_pythonpath),
+                (MARKER_VARIABLE, self.saved_marker),
+            ):
+                if saved is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = saved
         deadline = time.monotonic() + RAY_CLEANUP_TIMEOUT_S
         while True:
-            left = {p: d for p, d in _ray_processes().items() if p not in self.before}
+            left = _ray_processes(self.marker)
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.2)
@@ -535,7 +572,7 @@ def test_gpu_workers_each_get_their_own_gpu(cluster, tmp_path):
 
 def test_no_ray_processes_left(cluster):
     assert ray.is_initialized()
-    running = {p for p in _ray_processes() if p not in cluster.before}
+    running = _ray_processes(cluster.marker)
     assert running, "expected the cluster's processes to be visible while it runs"
     left = cluster.shutdown()
     assert not left, f"Ray processes left after ray.shutdown(): {left}"

@@ -419,6 +419,50 @@ int cring__dl_acquire_cpu(PyObject *obj, const char *name, int writable, cring__
 
 int cring__dl_is_torch(PyObject *obj) { return torch_known(Py_TYPE(obj)); }
 
+/* Is obj's attribute *name (interned once from `attr`) True? 0 when absent
+ * (the error is cleared). */
+static int attr_true(PyObject *obj, PyObject **name, const char *attr) {
+    if (!*name && !(*name = PyUnicode_InternFromString(attr))) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *v = PyObject_GetAttr(obj, *name);
+    if (!v) {
+        PyErr_Clear();
+        return 0;
+    }
+    int yes = v == Py_True;
+    Py_DECREF(v);
+    return yes;
+}
+
+int cring__dl_refuse_grad_leaf(PyObject *obj, const char *what) {
+    static PyObject *requires_grad, *is_leaf;
+    if (cring__dl_is_ndarray(obj) || !attr_true(obj, &requires_grad, "requires_grad") ||
+        !attr_true(obj, &is_leaf, "is_leaf"))
+        return 0;
+    /* torch is imported (obj is one of its tensors): its grad mode decides, as
+     * torch.no_grad() allows in-place changes of parameters */
+    PyObject *name = PyUnicode_FromString("torch");
+    PyObject *torch = name ? PyImport_GetModule(name) : NULL;
+    Py_XDECREF(name);
+    PyObject *enabled = torch ? PyObject_CallMethod(torch, "is_grad_enabled", NULL) : NULL;
+    Py_XDECREF(torch);
+    if (!enabled) {
+        PyErr_Clear();
+        return 0;
+    }
+    int on = enabled == Py_True;
+    Py_DECREF(enabled);
+    if (!on) return 0;
+    PyErr_Format(PyExc_RuntimeError,
+                 "a leaf Variable that requires grad is being used in an in-place operation. "
+                 "(cring's %s writes the tensor: pass its .data or .detach(), or call it under "
+                 "torch.no_grad())",
+                 what);
+    return -1;
+}
+
 int cring__dl_acquire_fast(PyObject *obj, const char *name, int writable, int cuda,
                            cring__dl_ref_t *ref) {
     memset(ref, 0, sizeof *ref);
@@ -494,7 +538,8 @@ static int check_tensor(cring__dl_ref_t *ref, const char *name, int writable,
         dl_dtype_name(t->dtype, dn, sizeof dn);
         PyErr_Format(PyExc_TypeError,
                      "tensor '%s' has dtype %s, which cring does not support (supported: "
-                     "float16, bfloat16, float32, float64, int8, uint8, int32, int64, bool)",
+                     "float16, bfloat16, float32, float64, int8, uint8, int16, uint16, int32, "
+                     "uint32, int64, uint64, bool)",
                      name, dn);
         goto fail;
     }

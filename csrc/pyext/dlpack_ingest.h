@@ -58,6 +58,12 @@ int cring__dl_acquire_fast(PyObject *obj, const char *name, int writable, int cu
 /* Is obj a plain torch.Tensor or nn.Parameter (known once torch was seen)? */
 int cring__dl_is_torch(PyObject *obj);
 
+/* Torch's rule for in-place operations, for cring's in-place collectives
+ * (`what`, e.g. "allreduce_"): -1 with torch's RuntimeError when obj is a leaf
+ * tensor that requires grad and grad mode is on; else 0 (NumPy arrays and
+ * anything without requires_grad at once). */
+int cring__dl_refuse_grad_leaf(PyObject *obj, const char *what);
+
 /* Is obj exactly a numpy.ndarray (which cring__dl_acquire may read from its
  * fields)? */
 int cring__dl_is_ndarray(PyObject *obj);

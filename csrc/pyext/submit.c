@@ -272,7 +272,7 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
     module_state *s = cring__pyext_state(module);
     PyObject *v[NPARAMS] = {0};
     int fast = bind_allreduce(args, nargs, kwnames, v);
-    if (fast < 0) return NULL;
+    if (fast < 0 || (fast && cring__dl_refuse_grad_leaf(v[0], "allreduce_") < 0)) return NULL;
     if (fast) {
         int op = cring__pyext_parse_op(v[1]);
         if (op < 0) return NULL;
@@ -327,7 +327,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     static PyObject *is_cuda_name;
     if (!is_cuda_name && !(is_cuda_name = PyUnicode_InternFromString("is_cuda"))) return NULL;
     int fast = bind_allreduce(args, nargs, kwnames, v);
-    if (fast < 0) return NULL;
+    if (fast < 0 || (fast && cring__dl_refuse_grad_leaf(v[0], "allreduce_async_") < 0)) return NULL;
     int cuda = 0; /* a torch CUDA tensor on the NCCL path; else a NumPy array or CPU tensor */
     if (!fast || !s->engine) {
         fast = 0;

@@ -97,7 +97,8 @@ static PyObject *py_broadcast_(PyObject *module, PyObject *const *args, Py_ssize
     module_state *s = cring__pyext_state(module);
     PyObject *v[3] = {0};
     int fast = bind(args, nargs, kwnames, names, interned, 3, v);
-    if (fast < 0) return NULL;
+    if (fast < 0 || (fast && v[0] && cring__dl_refuse_grad_leaf(v[0], "broadcast_") < 0))
+        return NULL;
     fast = fast && v[0] && v[1] && PyLong_CheckExact(v[1]) && name_ok(v[2]) && s->engine;
     if (fast) {
         cring_comm_t *comm = cring_engine_comm(s->engine);
@@ -210,8 +211,9 @@ static PyObject *py_allgather(PyObject *module, PyObject *const *args, Py_ssize_
         if (!name) return NULL;
         cring__dl_ref_t ref;
         int taken = cring__dl_acquire_fast(v[0], name, 0, 0, &ref);
-        if (taken < 0) return NULL;
-        if (taken) {
+        if (taken < 0 && !PyErr_ExceptionMatches(PyExc_ValueError)) return NULL;
+        if (taken < 0) PyErr_Clear(); /* e.g. strided: the general path copies it (or refuses) */
+        if (taken > 0) {
             if (unnamed) cring__pyext_noname("allgather", generated, sizeof generated, 1);
             int64_t one;
             cring_tensor_t t;

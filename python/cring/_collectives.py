@@ -40,7 +40,7 @@ from ._core import (
     _wire,
     synchronize,
 )
-from ._tensors import dlpack_source, empty_like, result_like
+from ._tensors import contiguous, dlpack_source, empty_like, refuse_grad_leaf, result_like
 
 
 def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
@@ -128,6 +128,10 @@ def _allreduce_async(
     grouped: bool,
     caller_waits: bool,
 ) -> Handle:
+    if in_place:
+        refuse_grad_leaf(tensors, "grouped_allreduce_" if grouped else "allreduce_async_")
+    else:
+        tensors = [contiguous(x) for x in tensors]
     submit, info = _submit, _info
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
@@ -325,6 +329,7 @@ def _allreduce_inplace_general(
 ) -> Any:
     """allreduce_ for what _C.allreduce_ does not do itself: generated names,
     compression and scaling, CUDA tensors and other libraries' tensors."""
+    refuse_grad_leaf((tensor,), "allreduce_")
     ps = _ps_id(process_set)
     name = _name("allreduce", name, ps)
     if not _plain(compression, prescale_factor, postscale_factor) or _gpu.is_cuda(tensor):
@@ -465,6 +470,10 @@ def _broadcast_async(
     ps: int, tensor: Any, root_rank: int, name: str, in_place: bool, caller_waits: bool
 ) -> Handle:
     _require_init()
+    if in_place:
+        refuse_grad_leaf((tensor,), "broadcast_")
+    else:
+        tensor = contiguous(tensor)
     root = int(root_rank)  # the C submission checks its range
     submit, info = _submit, _info
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
@@ -559,6 +568,7 @@ def _allgather_async(
     ps: int, tensors: list, name: str, grouped: bool, caller_waits: bool
 ) -> Handle:
     _require_init()
+    tensors = [contiguous(x) for x in tensors]
     p = _ps_size_rank(ps)[0]
     submit, info = _submit, _info
     rooms: list = [None] * len(tensors)

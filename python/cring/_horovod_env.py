@@ -7,6 +7,7 @@ communicates, and a CRING_* variable the user set always wins.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import MutableMapping
 from typing import Callable, Optional
@@ -108,6 +109,17 @@ def apply_horovod_environment(environ: Optional[MutableMapping[str, str]] = None
             "cring ignores these Horovod settings, which have no cring equivalent "
             f"(docs/horovod_migration.md): {', '.join(ignored)}",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=_outside_cring(),
         )
     return applied
+
+
+def _outside_cring() -> int:
+    """The stacklevel, for a warning raised in the caller, of the first frame
+    outside the cring package: the user's init() call however many of cring's
+    own layers (cring.torch.init, the Lightning strategy, ...) lie between."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -24,7 +24,7 @@ from ._core import (
     _submit,
     synchronize,
 )
-from ._tensors import dlpack_source, empty_like, result_like
+from ._tensors import contiguous, dlpack_source, empty_like, result_like
 
 
 def _reducescatter_async(
@@ -38,6 +38,7 @@ def _reducescatter_async(
     caller_waits: bool,
 ) -> Handle:
     _require_init()
+    tensors = [contiguous(x) for x in tensors]
     p, r = _ps_size_rank(ps)
     submit, info = _submit, _info
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
@@ -178,6 +179,7 @@ def grouped_reducescatter(
 
 def _alltoall_async(ps: int, tensor: Any, splits: Any, name: str, caller_waits: bool) -> Handle:
     _require_init()
+    tensor = contiguous(tensor)
     p = _ps_size_rank(ps)[0]
     if splits is not None:
         splits = [int(s) for s in (splits.tolist() if hasattr(splits, "tolist") else splits)]

@@ -57,6 +57,31 @@ def producer_namespace(x: Any, function: str) -> Any:
     return None
 
 
+def contiguous(x: Any) -> Any:
+    """`x`, or a contiguous copy of it when it is a strided NumPy array or
+    torch tensor: what the out-of-place collectives read (Horovod copies such
+    inputs too); in-place ones write the caller's memory, so they refuse them."""
+    if isinstance(x, np.ndarray):
+        return x if x.flags.c_contiguous else np.ascontiguousarray(x)
+    if _is_torch(x) and not x.is_contiguous():
+        return x.contiguous()
+    return x
+
+
+def refuse_grad_leaf(tensors: Sequence[Any], what: str) -> None:
+    """Torch's rule for in-place operations, for cring's in-place collectives
+    (`what`): a leaf tensor that requires grad may not be written while grad
+    mode is on (under torch.no_grad() it may). NumPy arrays pass at once."""
+    for x in tensors:
+        if getattr(x, "requires_grad", False) and getattr(x, "is_leaf", False):
+            if sys.modules["torch"].is_grad_enabled():
+                raise RuntimeError(
+                    "a leaf Variable that requires grad is being used in an in-place operation. "
+                    f"(cring's {what} writes the tensor: pass its .data or .detach(), or call it "
+                    "under torch.no_grad())"
+                )
+
+
 def _is_torch(x: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)

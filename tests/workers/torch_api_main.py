@@ -943,7 +943,7 @@ def argument_errors():
         raises(ValueError, lambda: hvd.broadcast_(x, -1), match="out of range"),
         raises(ValueError, lambda: hvd.broadcast_async(x, SIZE + 3)),
         raises(ValueError, lambda: hvd.broadcast_object({"a": 1}, root_rank=SIZE)),
-        raises(ValueError, lambda: hvd.allreduce(torch.ones(4, 4).t()), match="contiguous"),
+        raises(ValueError, lambda: hvd.allreduce_(torch.ones(4, 4).t()), match="contiguous"),
     ]
     for label, fn in (
         ("allreduce", lambda: hvd.allreduce(cx)),

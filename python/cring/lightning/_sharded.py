@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+import cring
+
 
 def check_shard_state(shard_state: Any) -> int:
     if isinstance(shard_state, bool) or shard_state not in (0, 1, 2):
@@ -89,7 +91,11 @@ class TrainerSharding:
     schedulers at the wrapped ones; backward ends with reduced gradients;
     the step takes them as they are. Checkpoints: Lightning calls
     consolidate_state_dict() (the state is gathered on rank 0, which saves
-    it) and load_state_dict() on every rank (each keeps its slices)."""
+    it) and load_state_dict() on every rank (each keeps its slices). A fit
+    that shuts cring down at its end (the strategy joined it) gathers the
+    state on rank 0 first, so trainer.save_checkpoint() after fit() still
+    writes the whole of it (Lightning's DDP and FSDP keep their process group
+    instead)."""
 
     _shard_state = 0
 
@@ -122,6 +128,49 @@ class TrainerSharding:
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         with _stepping(optimizer):
             return super().optimizer_step(optimizer, closure, model, **kwargs)  # type: ignore[misc]
+
+    def optimizer_state(self, optimizer: Any) -> dict:
+        inner = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's own
+        if is_sharded(inner) and not cring.is_initialized():
+            kept = inner._zero_consolidated
+            if kept is None:
+                raise RuntimeError(
+                    "the sharded optimizer state is spread over ranks that have left cring: "
+                    "save the checkpoint during fit (ModelCheckpoint, or trainer.save_checkpoint "
+                    "in a hook), or call cring.init() before the Trainer so it stays running"
+                )
+            return kept[1] if self.global_rank == kept[0] else {}  # type: ignore[attr-defined]
+        return super().optimizer_state(optimizer)  # type: ignore[misc]
+
+    def teardown(self) -> None:
+        # after a fit that ends normally, and before cring goes down with the strategy:
+        # the whole state on rank 0 (in host memory, as Lightning moves optimizers to the
+        # CPU at teardown) for a save_checkpoint() after fit(). Not after a failure,
+        # where the peers may be gone.
+        trainer = getattr(getattr(self, "lightning_module", None), "_trainer", None)
+        if (
+            trainer is not None
+            and getattr(self, "_owns_cring", False)
+            and cring.is_initialized()
+            and trainer.state.fn == "fit"
+            and trainer.state.status == "running"
+        ):
+            for opt in self.optimizers:  # type: ignore[has-type]
+                if is_sharded(opt):
+                    opt.consolidate_state_dict(0)
+                    to, state = opt._zero_consolidated
+                    opt._zero_consolidated = (to, _to_cpu(state))
+        super().teardown()  # type: ignore[misc]
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
 
 
 class FabricSharding:

@@ -621,8 +621,26 @@ def _pickler() -> Any:
         import cloudpickle
 
         return cloudpickle
-    except ImportError:
+    except ImportError:  # a dependency of cring; plain pickle still takes named objects
         return pickle
+
+
+def _pickled(obj: Any, what: str) -> bytes:
+    """`obj`'s bytes, or a clear error: without cloudpickle (a dependency of
+    cring, as of Horovod) lambdas and local functions cannot be pickled."""
+    buffer = io.BytesIO()
+    pickler = _pickler()
+    try:
+        pickler.dump(obj, buffer)
+    except Exception as e:
+        if pickler is not pickle:
+            raise
+        raise pickle.PicklingError(
+            f"{what}: cannot pickle {type(obj).__name__} object ({e}); install cloudpickle "
+            "(a dependency of cring: pip install cloudpickle), which pickles lambdas and "
+            "local functions"
+        ) from e
+    return buffer.getvalue()
 
 
 def broadcast_object(
@@ -631,22 +649,33 @@ def broadcast_object(
     name: Optional[str] = None,
     process_set: ProcessSet = global_process_set,
 ) -> Any:
-    """Return root_rank's `obj` on every rank: pickled (with cloudpickle when
-    installed), its size broadcast, then its bytes. Unnamed calls get
-    deterministic names, so every rank must make them in the same order (any
-    `obj` is fine on the other ranks, e.g. None)."""
+    """Return root_rank's `obj` on every rank: pickled with cloudpickle, its
+    size broadcast, then its bytes. Unnamed calls get deterministic names, so
+    every rank must make them in the same order (any `obj` is fine on the
+    other ranks, e.g. None). When the root cannot pickle `obj`, every rank
+    raises (the root the pickling error, the others a RuntimeError)."""
     ps = _core._ps_id(process_set)
     base = _core._name("broadcast_object", name, ps)
     is_root = rank() == int(root_rank)
+    failure: Optional[BaseException] = None
     if is_root:
-        buffer = io.BytesIO()
-        _pickler().dump(obj, buffer)
-        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
+        try:
+            data = _pickled(obj, "broadcast_object")
+        except Exception as e:
+            failure, data = e, b""
+        length = torch.tensor([-1 if failure else len(data)], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
     _run(cring.broadcast_, length, root_rank, name=f"{base}.sz", process_set=process_set)
-    if not is_root:
+    if failure is not None:
+        raise failure
+    if int(length[0]) < 0:
+        raise RuntimeError(
+            f"broadcast_object: root rank {root_rank} could not pickle its object (see its error)"
+        )
+    if is_root:
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    else:
         payload = torch.empty(int(length[0]), dtype=torch.uint8)
     _run(cring.broadcast_, payload, root_rank, name=f"{base}.t", process_set=process_set)
     if is_root:
@@ -658,11 +687,9 @@ def allgather_object(
     obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set
 ) -> list:
     """Return the list of every rank's `obj`, in rank order (pickled with
-    cloudpickle when installed; sizes and bytes gathered together)."""
+    cloudpickle; sizes and bytes gathered together)."""
     base = _core._name("allgather_object", name, _core._ps_id(process_set))
-    buffer = io.BytesIO()
-    _pickler().dump(obj, buffer)
-    payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    payload = torch.frombuffer(bytearray(_pickled(obj, "allgather_object")), dtype=torch.uint8)
     sizes_handle = _run(
         cring.allgather_async,
         torch.tensor([payload.numel()], dtype=torch.int64),
