@@ -32,10 +32,11 @@ if [ -n "$APT_PACKAGES" ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $APT_PACKAGES >/dev/null
 fi
 # torch is pinned: an unpinned torch pulls several GB of CUDA packages.
-# Lightning and Ray are only needed for the cring.lightning and cring.ray tests.
+# Lightning and Ray are only needed for the cring.lightning and cring.ray tests
+# (ray[serve] for examples/serve_ray.py).
 # ruff is pinned too: tests/test_style.py checks the tree with this version.
 $PIP install -q "torch==2.13.0" "mpi4py==4.1.2" "numpy" "pytest" "hypothesis" \
-    "lightning==2.6.6" "ray[train]==2.58.0" "ruff==0.17.6"
+    "lightning==2.6.6" "ray[train,serve]==2.58.0" "ruff==0.17.6"
 $PIP install -q .
 
 echo "== C tests (no Python)"
