@@ -11,7 +11,9 @@ against the test doubles (csrc/tests/fake_*.c, built by test_gpu_loader's
 - a lone allreduce_async_ + synchronize does not wait for the rest of a
   bucket (median under 2 ms with a 200 ms cycle, so a wait of one cycle
   would show 100 times over), nor does a step missing a name hang, whether
-  its handles are waited on or only polled.
+  its handles are waited on or only polled;
+- a rank that dies after submitting half of a bucket makes the others'
+  held gradients raise PeerFailureError instead of hanging.
 """
 
 from __future__ import annotations
@@ -96,3 +98,12 @@ def test_a_lone_call_does_not_wait_for_its_bucket(fakes):
         # the bucket at once; poll() alone sees it released after the idle limit
         assert r["skip_waited_s"] < 1.0, r
         assert r["skip_polled_s"] < 5.0, r
+
+
+def test_a_dead_peer_fails_held_gradients_instead_of_hanging(fakes):
+    ranks = start(3, ["kill"], env_for(fakes))
+    assert ranks[2]["returncode"] == -9  # SIGKILL
+    for r in ranks[:2]:
+        assert r["returncode"] == 0, r["stderr"]
+        assert r["raised"] == "PeerFailureError", r
+        assert r["after_s"] < 40, r

@@ -15,12 +15,15 @@ Prints one JSON line. argv: mode, then its arguments:
                       of new names; of a name right after a step), timed; a
                       step missing one name, waited on; a step missing one
                       name, only polled
+  kill                the last rank dies after submitting half of a bucket:
+                      the others' held half fails with the peer's failure
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -162,6 +165,34 @@ def lone(r: int, p: int, out: dict) -> None:
     out["exact"] = exact
 
 
+def kill(r: int, p: int, out: dict) -> None:
+    """After a plan of one bucket of 24 names, the last rank submits half of a
+    step and dies (SIGKILL): the others' held half must fail, not hang."""
+    n = 24
+    names = [f"small{k}" for k in range(n)]
+    grads = [F(np.ones(1000, np.float32)) for _ in range(n)]
+    cring.barrier()
+    for _ in range(3):
+        for h in [cring.allreduce_async_(x, op=cring.Sum, name=m) for x, m in zip(grads, names)]:
+            cring.synchronize(h)
+    cring.barrier()
+    if r == p - 1:
+        for x, m in zip(grads[: n // 2], names[: n // 2]):
+            cring.allreduce_async_(x, op=cring.Sum, name=m)
+        time.sleep(0.1)  # the others hold that half by now (the idle release: 0.2 s)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.perf_counter()
+    handles = [cring.allreduce_async_(x, op=cring.Sum, name=m) for x, m in zip(grads, names)]
+    try:
+        for h in handles:
+            cring.synchronize(h)
+        out["raised"] = None
+    except cring.CRingError as e:
+        out["raised"] = type(e).__name__
+        out["message"] = str(e)[:300]
+    out["after_s"] = time.perf_counter() - t0
+
+
 def main() -> None:
     mode = sys.argv[1]
     cring.init()
@@ -169,6 +200,8 @@ def main() -> None:
     out: dict = {"rank": r, "size": p, "pid": os.getpid(), "mode": mode}
     if mode == "replay":
         replay(r, p, out, sys.argv[2], int(sys.argv[3]))
+    elif mode == "kill":
+        kill(r, p, out)
     else:
         lone(r, p, out)
     cring.shutdown()
