@@ -74,9 +74,9 @@ def test_a_backward_pass_reaches_nccl_in_ddp_sized_buckets(
     assert all(a["bucket_bytes"] <= 64 << 20 for a in buckets.values())
     # a bucket goes when its last gradient is ready everywhere ("complete");
     # a rank descheduled for long on this loaded machine may make the idle
-    # release take some ("wanted"), never most
+    # release take some ("idle"), never most
     releases = [ev["args"]["release"] for ev in last]
-    assert set(releases) <= {"complete", "wanted"}, set(releases)
+    assert set(releases) <= {"complete", "idle"}, set(releases)
     assert releases.count("complete") > len(releases) // 2, releases
 
 

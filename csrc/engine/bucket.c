@@ -24,17 +24,20 @@
  *
  * Every rank holds and releases the same requests at the same point: the
  * ready order, the sizes and keys (from the records), the threshold and the
- * flag below are agreed. Nothing is held forever: every rank releases
- * everything held when the negotiation vector's release flag (byte 3) is 0,
- * which a rank votes for when (a) a thread of it waits on a handle (it then
- * submits nothing more) while a held bucket, or the waited-on request's
- * own, misses a name this rank has not submitted: without the vote that
- * would deadlock; or (b) nothing arrived, left or ran for HOLD_IDLE_S (a bucket
- * whose other names never come, polled rather than waited on; and the
- * backstop for any other case). A release of that kind also cuts the
- * plan there, so a pattern such as allreduce(a); synchronize; allreduce(b)
- * is learned as two buckets and waits no more. While some rank has joined,
- * nothing is held and the plan starts over. */
+ * flags below are agreed. Nothing is held forever: every rank releases
+ * everything held when a release flag of the negotiation vector (byte 3 or
+ * 4) is 0, which a rank votes for when (a) a thread of it waits on a handle
+ * (it then submits nothing more) while a held bucket, or the waited-on
+ * request's own, misses a name this rank has not submitted: without the
+ * vote that would deadlock; or (b) nothing arrived, left or ran for
+ * HOLD_IDLE_S (a bucket whose other names never come, polled rather than
+ * waited on; and the backstop for any other case). A release of kind (b)
+ * also cuts the plan there, so a bucket whose names come apart and are only
+ * polled is learned as two and waits no more. Kind (a) needs no cut: once
+ * the plan holds, a waiter votes in the very round its request becomes
+ * ready (allreduce(a); synchronize; allreduce(b); synchronize holds
+ * nothing). While some rank has joined, nothing is held and the plan starts
+ * over. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,7 +285,7 @@ static void record(cring_engine_t *e, const req_t *r) {
     e->bucket.cut = 0;
 }
 
-void cring__bucket_round(cring_engine_t *e, response_list_t *l, int release_everything) {
+void cring__bucket_round(cring_engine_t *e, response_list_t *l, int release_everything, int cut) {
     released_t out = {0};
     double now = cring__engine_tl_now(e);
     int changed = 0, kept = 0;
@@ -341,8 +344,8 @@ void cring__bucket_round(cring_engine_t *e, response_list_t *l, int release_ever
         }
     }
     if (release_everything && (e->bucket.nheld > 0 || changed)) {
-        release_all(e, &out, "wanted", now);
-        e->bucket.cut = 1; /* learn it: the next name starts a new bucket */
+        release_all(e, &out, cut ? "idle" : "wanted", now);
+        if (cut) e->bucket.cut = 1; /* learn it: the next name starts a new bucket */
     }
 append:
     l->n = kept;
@@ -379,7 +382,7 @@ void cring__bucket_ran(cring_engine_t *e) {
 int cring__bucket_release_wanted(cring_engine_t *e) {
     if (e->bucket.nentries == 0) return 0;
     if (e->bucket.nheld > 0 && cring__now_coarse_s() - e->bucket.last_change_s > HOLD_IDLE_S)
-        return 1;
+        return CRING__RELEASE_IDLE;
     cring_handle_t *h = e->drive.until;
     if (!h || atomic_load(&h->done)) return 0; /* nobody here waits */
     /* A thread here waits, so this rank submits nothing more for now: a
@@ -390,13 +393,13 @@ int cring__bucket_release_wanted(cring_engine_t *e) {
     int id = r && planned_kind(r) ? entry_of(e, r) : -1;
     if (id >= 0 && e->bucket.buckets[e->bucket.entries[id].bucket].n > 1 &&
         misses_local(e, e->bucket.entries[id].bucket, id))
-        return 1;
+        return CRING__RELEASE_WAITER;
     unsigned stamp = ++e->bucket.stamp;
     for (int i = 0; i < e->bucket.nheld; i++) {
         int b = e->bucket.entries[e->bucket.held[i]].bucket;
         if (e->bucket.buckets[b].stamp == stamp) continue;
         e->bucket.buckets[b].stamp = stamp;
-        if (misses_local(e, b, -1)) return 1;
+        if (misses_local(e, b, -1)) return CRING__RELEASE_WAITER;
     }
     return 0;
 }

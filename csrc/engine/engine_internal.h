@@ -16,7 +16,7 @@
 #include "strmap.h"
 #include "timeline.h"
 
-#define CRING__V_HEADER 4 /* flag bytes at the head of the negotiation vector */
+#define CRING__V_HEADER 5 /* flag bytes at the head of the negotiation vector */
 #define CRING__MAX_NAME_BYTES 4096
 #define CRING__DEVICE_TYPES 2 /* CRING_DEVICE_CPU, CRING_DEVICE_CUDA */
 
@@ -179,7 +179,7 @@ typedef struct cring__rec_entry {
     char *name;
     cring__bucket_key_t key;
     size_t bytes;
-    int cut_before; /* a release of everything held came before it */
+    int cut_before; /* an idle release of everything held came before it */
 } cring__rec_entry_t;
 
 /* ---- autotune (autotune.c) -------------------------------------------------- */
@@ -494,10 +494,12 @@ void cring__fused_spans(cring_engine_t *e, req_t **batch, int n, const char *pha
  * those whose bucket is not complete (held), and append the held requests
  * of buckets that are now complete; release_all (the agreed flag) releases
  * everything held. Never fails: what cannot be appended fails its handle. */
-void cring__bucket_round(cring_engine_t *e, response_list_t *l, int release_all);
-/* This rank's vote for releasing everything held: a thread here waits on a
- * planned request whose bucket misses names this rank has not submitted, or
- * nothing arrived, left or ran for a while. */
+void cring__bucket_round(cring_engine_t *e, response_list_t *l, int release_all, int cut);
+/* This rank's vote for releasing everything held: CRING__RELEASE_WAITER
+ * when a thread here waits while a bucket misses names this rank has not
+ * submitted, CRING__RELEASE_IDLE when nothing arrived, left or ran for a
+ * while (that release also cuts the plan); 0 for none. */
+enum { CRING__RELEASE_WAITER = 1, CRING__RELEASE_IDLE = 2 };
 int cring__bucket_release_wanted(cring_engine_t *e);
 /* The round ran something: held requests are not idle (a long collective
  * is no reason to release them). */

@@ -13,8 +13,9 @@
  *        V[1] = 0 if this rank asks everyone to stop (stall shutdown), else 1
  *        V[2] = 0 if this rank has anything pending (or held), else 1
  *        V[3] = 0 if this rank asks every rank to release the CUDA requests
- *               held for their gradient bucket (bucket.c), else 1
- *        V[4+q] per rank q: 0 once q has joined (join.c), else 1
+ *               held for their gradient bucket (bucket.c: a thread waits), else 1
+ *        V[4] = 0 likewise, because nothing moved for a while (bucket.c), else 1
+ *        V[5+q] per rank q: 0 once q has joined (join.c), else 1
  *        V[vhdr+i] per response-cache slot i: 0 invalidate, 2 pending here,
  *               1 otherwise. After MIN: 2 means pending on every rank (ready),
  *               0 means some rank's request no longer matches (evict).
@@ -169,9 +170,9 @@ static size_t spec_payload(const cring_engine_t *e, const req_t *spec, int q) {
  * (*executed_out). Over TCP the dense vector is MIN-allreduced.
  *
  * Block: u32 flags (bit i set when v[i] == 0 for i < 3; bit 3 when this rank
- * joined; bit 4 when v[3] == 0), u32 npending, u32 ninvalid, u32 spec_slot +
- * 1, u32 spec_bytes, u32 nslots, then the pending ids, the invalidated ids,
- * then the data. */
+ * joined; bits 4 and 5 when v[3], v[4] == 0), u32 npending, u32 ninvalid,
+ * u32 spec_slot + 1, u32 spec_bytes, u32 nslots, then the pending ids, the
+ * invalidated ids, then the data. */
 
 static int ensure_block_space(cring_engine_t *e, size_t max_len) {
     const int P = e->size;
@@ -206,14 +207,15 @@ static size_t encode_block(cring_engine_t *e, const uint8_t *v, int nslots, cons
         else if (sv[i] == 0) inval[ninval++] = (uint32_t)i;
     }
     memcpy(ids + npend, inval, sizeof *inval * ninval);
-    uint32_t header[6] = {
-        (uint32_t)(v[0] == 0) | (uint32_t)(v[1] == 0) << 1 | (uint32_t)(v[2] == 0) << 2 |
-            (uint32_t)(v[CRING__V_HEADER + e->rank] == 0) << 3 | (uint32_t)(v[3] == 0) << 4,
-        npend,
-        ninval,
-        spec ? (uint32_t)spec->cache_id + 1 : 0,
-        (uint32_t)payload,
-        (uint32_t)nslots};
+    uint32_t header[6] = {(uint32_t)(v[0] == 0) | (uint32_t)(v[1] == 0) << 1 |
+                              (uint32_t)(v[2] == 0) << 2 |
+                              (uint32_t)(v[CRING__V_HEADER + e->rank] == 0) << 3 |
+                              (uint32_t)(v[3] == 0) << 4 | (uint32_t)(v[4] == 0) << 5,
+                          npend,
+                          ninval,
+                          spec ? (uint32_t)spec->cache_id + 1 : 0,
+                          (uint32_t)payload,
+                          (uint32_t)nslots};
     memcpy(e->neg.block, header, sizeof header);
     size_t len = BLOCK_IDS + 4 * (size_t)(npend + ninval);
     if (!spec) return len;
@@ -263,6 +265,7 @@ static cring_status_t combine_blocks(cring_engine_t *e, uint8_t *v, int nslots, 
     v[1] = (flags & 2) ? 0 : 1;
     v[2] = (flags & 4) ? 0 : 1;
     v[3] = (flags & 16) ? 0 : 1;
+    v[4] = (flags & 32) ? 0 : 1;
     for (int q = 0; q < P; q++) {
         uint32_t h0;
         memcpy(&h0, e->neg.peer_blocks[q], sizeof h0);
@@ -399,7 +402,9 @@ static void fill_vector(cring_engine_t *e, uint8_t *v) {
     v[0] = e->neg.nuncached || e->table.ntimeouts ? 0 : 1;
     v[1] = e->neg.abort_requested ? 0 : 1;
     v[2] = e->neg.pending.count || e->join.req || e->bucket.nheld ? 0 : 1;
-    v[3] = cring__bucket_release_wanted(e) ? 0 : 1;
+    int release = cring__bucket_release_wanted(e);
+    v[3] = release == CRING__RELEASE_WAITER ? 0 : 1;
+    v[4] = release == CRING__RELEASE_IDLE ? 0 : 1;
     memset(v + CRING__V_HEADER, 1, (size_t)e->size);
     /* Joined: nothing of this rank's own is left, and it stands in (with
      * zeros) for every cached name the others have pending. */
@@ -514,8 +519,8 @@ static void mark_ready(cring_engine_t *e, response_list_t *l) {
 }
 
 /* Hold what waits for its bucket, run the rest, then recycle their requests. */
-static cring_status_t execute_responses(cring_engine_t *e, response_list_t *l, int release_all) {
-    cring__bucket_round(e, l, release_all);
+static cring_status_t execute_responses(cring_engine_t *e, response_list_t *l, const uint8_t *v) {
+    cring__bucket_round(e, l, v[3] == 0 || v[4] == 0, v[4] == 0);
     cring_status_t st = cring__execute(e, l->items, l->n);
     if (l->n > 0) cring__bucket_ran(e);
     for (int i = 0; i < l->n; i++) cring__req_recycle(e, l->items[i].req);
@@ -551,7 +556,7 @@ cring_status_t cring__negotiate_round(cring_engine_t *e, int *progress) {
     }
     mark_ready(e, &l);
     if (cring__join_finish(e)) *progress = 1;
-    st = execute_responses(e, &l, v[3] == 0);
+    st = execute_responses(e, &l, v);
     e->neg.resp = l.items;
     e->neg.cap_resp = l.cap;
     /* a request held this round that this rank already votes to release:
