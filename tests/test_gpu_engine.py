@@ -7,7 +7,9 @@ every process under a hard timeout:
   rank submits 2 s later, and its result is right after synchronize();
 - 100 small CUDA tensors submitted asynchronously reach NCCL as at most 2
   collective calls (counted by the fake NCCL's log and by cring), exactly;
-  small ones interleaved with large ones (which run alone) still share calls;
+  small ones interleaved with large ones share calls with them (issue 26:
+  on CUDA large tensors are packed too; tests/test_gpu_buckets.py has the
+  gradient buckets);
 - mismatches and different submission orders behave as for CPU tensors
   (tests/gpu/fake_worker.py, also at 3 ranks);
 - a killed peer makes the survivors' CUDA allreduce raise PeerFailureError;
@@ -37,7 +39,11 @@ GPU_TESTS, clean_env, run_world = loader.GPU_TESTS, loader.clean_env, loader.run
 TIMEOUT_S = 90
 
 
-def start_ranks(world_size: int, mode: str, env: dict) -> list[dict]:
+def start_ranks(
+    world_size: int, mode: str | list, env: dict, script: str = "engine_worker.py"
+) -> list[dict]:
+    """Run tests/gpu/<script> with argv mode (a word or a list) on every rank."""
+    args = [mode] if isinstance(mode, str) else list(mode)
     port = str(free_port())
     procs = []
     for r in range(world_size):
@@ -50,7 +56,7 @@ def start_ranks(world_size: int, mode: str, env: dict) -> list[dict]:
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(GPU_TESTS / "engine_worker.py"), mode],
+                [sys.executable, str(GPU_TESTS / script), *args],
                 env=e,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -64,7 +70,7 @@ def start_ranks(world_size: int, mode: str, env: dict) -> list[dict]:
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
-        pytest.fail(f"engine_worker.py {mode} on {world_size} ranks hung")
+        pytest.fail(f"{script} {' '.join(args)} on {world_size} ranks hung")
     results = []
     for p, (out, err) in zip(procs, outs):
         lines = out.strip().splitlines()
@@ -122,14 +128,15 @@ def test_one_hundred_small_tensors_take_at_most_two_nccl_calls(fakes, tmp_path, 
 
 
 def test_small_gradients_between_large_ones_share_nccl_calls(fakes):
-    """20 tensors of 1 MiB (each its own NCCL call, in place) interleaved with
-    40 small ones in one burst: the small ones share a call or two instead of
-    one call per gap between two large ones (about 40 calls in all before)."""
-    env = fake_env(fakes, CRING_CYCLE_TIME="100", CRING_FAKE_NCCL_SLOT_BYTES=str(4 << 20))
+    """20 tensors of 1 MiB interleaved with 40 small ones in one burst: on
+    CUDA the large ones are packed too, so the burst is a call or two (about
+    40 calls when a batch ended at each large tensor; 21-24 when the large
+    ones ran alone)."""
+    env = fake_env(fakes, CRING_CYCLE_TIME="100", CRING_FAKE_NCCL_SLOT_BYTES=str(32 << 20))
     for r in start_ranks(2, "mixed", env):
         assert r["returncode"] == 0, r["stderr"]
         assert r["exact"], r
-        assert 20 < r["nccl_calls"] <= 24, r
+        assert 1 <= r["nccl_calls"] <= 2, r
 
 
 def test_mismatch_and_any_order_at_three_ranks(fakes, tmp_path):

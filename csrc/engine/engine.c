@@ -65,6 +65,7 @@ cring_status_t cring_engine_submit(cring_engine_t *e, const cring_request_t *q,
     h->engine = e;
     atomic_store(&h->refs, 2);
     r->handle = h;
+    h->req = r;
     /* the coarse clock is cheaper but lags: the timeline needs the precise one */
     r->submit_s = atomic_load(&e->timeline_on) ? cring__now_s() : cring__now_coarse_s();
     pthread_mutex_lock(&e->queue.mu);
@@ -227,7 +228,7 @@ static void drive(cring_engine_t *e, cring_handle_t *until, double deadline_s) {
         uint64_t token = cring__comm_wake_token(e->comm);
         cring__engine_drain(e);
         if (until && atomic_load(&until->done)) return;
-        int local = e->neg.pending.count > 0 || e->join.req != NULL;
+        int local = e->neg.pending.count > 0 || e->join.req != NULL || e->bucket.nheld > 0;
         if (!local && !cring__comm_peer_waiting(e->comm, e->drive.rounds_done)) return;
         int progress = 0;
         if (cring__negotiate_round(e, &progress) != CRING_OK) continue;
@@ -253,7 +254,9 @@ static void drive(cring_engine_t *e, cring_handle_t *until, double deadline_s) {
 static void drive_locked(cring_engine_t *e, cring_handle_t *until, double deadline_s) {
     if (atomic_load(&e->stop)) return;
     cring__comm_set_driving(e->comm, 1);
+    e->drive.until = until; /* bucket.c: a waiter on a held bucket asks for its release */
     drive(e, until, deadline_s);
+    e->drive.until = NULL;
     /* A peer that announced a round we did not serve rings our bell once its
      * spin runs out (see poke_if_idle in shm.c), so leaving never strands
      * it, and a fast peer does not make us hand rounds to the engine thread. */

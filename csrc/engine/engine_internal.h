@@ -16,7 +16,7 @@
 #include "strmap.h"
 #include "timeline.h"
 
-#define CRING__V_HEADER 3 /* flag bytes at the head of the negotiation vector */
+#define CRING__V_HEADER 5 /* flag bytes at the head of the negotiation vector */
 #define CRING__MAX_NAME_BYTES 4096
 #define CRING__DEVICE_TYPES 2 /* CRING_DEVICE_CPU, CRING_DEVICE_CUDA */
 
@@ -93,6 +93,9 @@ struct cring_handle {
      * request (never freed here; exec_cuda.c's output_memory) */
     unsigned char *output_lent;
     cring_device_t output_device; /* CPU unless a backend set it */
+    /* The request while it is not done (the driver reads it: bucket.c asks
+     * whether a thread waits on a held bucket); NULL once done. */
+    struct req *req;
     /* CUDA: the event after the request's work on the backend's stream (a
      * reference the handle holds), and how to drop it. */
     void *device_event;
@@ -150,6 +153,38 @@ typedef struct response_list {
 } response_list_t;
 
 #include "backend.h"
+
+/* ---- bucket plan (bucket.c) -------------------------------------------------- */
+
+/* What must be equal for two requests to share a bucket (the fusion key but
+ * the device ordinal, which differs between ranks). */
+typedef struct cring__bucket_key {
+    int device_type;
+    cring_dtype_t dtype;
+    cring_op_t op;
+    double prescale, postscale;
+} cring__bucket_key_t;
+
+typedef struct cring__plan_entry {
+    char *name;
+    int bucket;
+    int seen;    /* held or run in its bucket's current round of filling */
+    req_t *held; /* this rank's request, held until its bucket is complete */
+} cring__plan_entry_t;
+
+typedef struct cring__plan_bucket {
+    int first, n; /* its entries: members[first .. first + n) */
+    int nseen;
+    size_t bytes;
+    unsigned stamp; /* bucket.c's scratch: visited in this pass */
+} cring__plan_bucket_t;
+
+typedef struct cring__rec_entry {
+    char *name;
+    cring__bucket_key_t key;
+    size_t bytes;
+    int cut_before; /* an idle release of everything held came before it */
+} cring__rec_entry_t;
 
 /* ---- autotune (autotune.c) -------------------------------------------------- */
 
@@ -246,6 +281,7 @@ struct cring_engine {
         /* another thread's driving keeps the peers' data readable, so the
          * engine thread must park rather than wait for input (comm property) */
         int park_while_busy;
+        cring_handle_t *until; /* the handle the current driver waits for, or NULL */
     } drive;
 
     /* handle.c: spare memory. Large allgather/alltoall results handed back by
@@ -309,6 +345,26 @@ struct cring_engine {
         size_t threshold;
         char error[CRING__ERRMSG_BYTES]; /* a backend's message for its last failure */
     } exec;
+
+    /* bucket.c: the CUDA gradient bucket plan (bucket.c describes it) */
+    struct {
+        cring__plan_entry_t *entries; /* the plan: one per planned name, in plan order */
+        int nentries, cap_entries;
+        cring__plan_bucket_t *buckets;
+        int nbuckets, cap_buckets;
+        int *members;            /* entry indices grouped by bucket (buckets[b].first..) */
+        cring__strmap_t index;   /* name -> entry + 1 */
+        uint64_t plans;          /* plans built so far (the timeline names a bucket by it) */
+        cring__rec_entry_t *rec; /* this step's ready order, being recorded */
+        int nrec, cap_rec;
+        cring__strmap_t rec_index;  /* name -> 1 while in rec */
+        cring__strmap_t prev_names; /* the last step's names (a plan takes only these) */
+        int cut;                    /* the next recorded name starts a new bucket */
+        unsigned stamp;             /* the pass number for plan_bucket.stamp */
+        int *held;                  /* entry indices of held requests, in the order held */
+        int nheld, cap_held;
+        double last_change_s; /* coarse clock: the last arrival or release */
+    } bucket;
 
     /* join.c: vector bytes [CRING__V_HEADER, vhdr) carry one joined flag per rank */
     struct {
@@ -444,6 +500,26 @@ cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n);
 int cring__fusion_reserve(cring_engine_t *e, size_t bytes);
 void cring__fused_spans(cring_engine_t *e, req_t **batch, int n, const char *phase, double t0,
                         double t1, double t2, double t3, const char *args);
+
+/* ---- bucket.c ------------------------------------------------------------------ */
+
+/* Before execute: record the round's ready CUDA allreduces, take out of l
+ * those whose bucket is not complete (held), and append the held requests
+ * of buckets that are now complete; release_all (the agreed flag) releases
+ * everything held. Never fails: what cannot be appended fails its handle. */
+void cring__bucket_round(cring_engine_t *e, response_list_t *l, int release_all, int cut);
+/* This rank's vote for releasing everything held: CRING__RELEASE_WAITER
+ * when a thread here waits while a bucket misses names this rank has not
+ * submitted, CRING__RELEASE_IDLE when nothing arrived, left or ran for a
+ * while (that release also cuts the plan); 0 for none. */
+enum { CRING__RELEASE_WAITER = 1, CRING__RELEASE_IDLE = 2 };
+int cring__bucket_release_wanted(cring_engine_t *e);
+/* The round ran something: held requests are not idle (a long collective
+ * is no reason to release them). */
+void cring__bucket_ran(cring_engine_t *e);
+/* Fail every held request (a broken transport, the engine's stop). */
+void cring__bucket_fail_all(cring_engine_t *e, cring_status_t st, const char *msg);
+void cring__bucket_free(cring_engine_t *e);
 
 /* ---- autotune.c --------------------------------------------------------------- */
 

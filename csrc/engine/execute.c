@@ -66,13 +66,18 @@ static size_t req_wire_bytes(const req_t *r) {
     return n;
 }
 
-/* A single tensor this large runs on its own, in place: copying it into and
- * out of the fusion buffer costs more than the collective it would share.
- * Decided from what every rank agreed on (shape, dtype, compression), so
- * every rank forms the same batches. */
+/* On the CPU a single tensor this large runs on its own, in place: copying
+ * it into and out of the fusion buffer costs more than the collective it
+ * would share. Not on CUDA, where the trade-off reverses: two device copies
+ * of a few MB cost far less than an NCCL launch, so a gradient bucket
+ * (bucket.c) of large and small tensors is one call (exec_cuda.c still runs
+ * a batch of one tensor in place). Decided from what every rank agreed on
+ * (shape, dtype, compression, device type), so every rank forms the same
+ * batches. */
 #define UNFUSED_MIN_BYTES (1u << 20)
 static int runs_alone(const req_t *r) {
-    return r->ntensors == 1 && req_wire_bytes(r) >= UNFUSED_MIN_BYTES;
+    return r->device.type == CRING_DEVICE_CPU && r->ntensors == 1 &&
+           req_wire_bytes(r) >= UNFUSED_MIN_BYTES;
 }
 
 /* Hand one batch to its device's backend (a barrier is the engine's own). */
@@ -125,11 +130,10 @@ cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n) {
         if (fusible(r0->req) && !runs_alone(r0->req)) {
             /* Consecutive responses of the same key that can share the buffer
              * join. On CUDA, so do later ones, moved up to resp[i + nb]: one
-             * that runs alone (a large gradient between small ones, as a
-             * backward pass interleaves them) or does not fit stays behind
-             * for a later batch instead of ending this one, for each batch is
-             * an NCCL launch (ResNet-50: 59 a step against the test doubles,
-             * 31 so). Not on CPU, where batches stay as they were: a
+             * that does not fit stays behind for a later batch instead of
+             * ending this one, for each batch is an NCCL launch (a round
+             * releasing several gradient buckets makes one call of them while
+             * they fit the threshold). Not on CPU, where batches stay as they were: a
              * float's sum there can change in the last bits with the batch
              * that carries it (at 3 ranks the ZeRO tests, which hold the
              * sharded and unsharded paths to the same bits, saw 1.4e-6 when

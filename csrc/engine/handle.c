@@ -103,6 +103,7 @@ void cring__engine_complete(cring_engine_t *e, req_t *r, cring_status_t st, cons
         cring__timeline_flush(e->timeline);
         pthread_mutex_unlock(&e->timeline_mu);
     }
+    h->req = NULL;
     h->status = st;
     if (st != CRING_OK) h->error = strdup(error && *error ? error : cring_status_string(st));
     cring__engine_name_done(e, r, st, error);

@@ -11,8 +11,11 @@
  *        V[0] = 0 if this rank has uncached requests to describe (or, on
  *               rank 0, time-out verdicts to send), else 1
  *        V[1] = 0 if this rank asks everyone to stop (stall shutdown), else 1
- *        V[2] = 0 if this rank has anything pending, else 1
- *        V[3+q] per rank q: 0 once q has joined (join.c), else 1
+ *        V[2] = 0 if this rank has anything pending (or held), else 1
+ *        V[3] = 0 if this rank asks every rank to release the CUDA requests
+ *               held for their gradient bucket (bucket.c: a thread waits), else 1
+ *        V[4] = 0 likewise, because nothing moved for a while (bucket.c), else 1
+ *        V[5+q] per rank q: 0 once q has joined (join.c), else 1
  *        V[vhdr+i] per response-cache slot i: 0 invalidate, 2 pending here,
  *               1 otherwise. After MIN: 2 means pending on every rank (ready),
  *               0 means some rank's request no longer matches (evict).
@@ -23,7 +26,8 @@
  *   3. Ready requests run in one order on every rank (execute.c): cached ones
  *      by slot, then table completions in completion order; compatible
  *      allreduces and broadcasts are packed into the fusion buffer up to the
- *      threshold.
+ *      threshold; a CUDA allreduce whose gradient bucket (bucket.c) is not
+ *      complete yet is held for a later round instead.
  *
  * Steady state (every name cached) costs one small allreduce per round. */
 #include <stdio.h>
@@ -107,6 +111,7 @@ void cring__negotiate_fail_all(cring_engine_t *e, cring_status_t st, const char 
         cring__req_free(list[i]);
     }
     free(list);
+    cring__bucket_fail_all(e, st, msg);
     if (e->join.req) {
         req_t *j = e->join.req;
         e->join.req = NULL;
@@ -165,8 +170,9 @@ static size_t spec_payload(const cring_engine_t *e, const req_t *spec, int q) {
  * (*executed_out). Over TCP the dense vector is MIN-allreduced.
  *
  * Block: u32 flags (bit i set when v[i] == 0 for i < 3; bit 3 when this rank
- * joined), u32 npending, u32 ninvalid, u32 spec_slot + 1, u32 spec_bytes,
- * u32 nslots, then the pending ids, the invalidated ids, then the data. */
+ * joined; bits 4 and 5 when v[3], v[4] == 0), u32 npending, u32 ninvalid,
+ * u32 spec_slot + 1, u32 spec_bytes, u32 nslots, then the pending ids, the
+ * invalidated ids, then the data. */
 
 static int ensure_block_space(cring_engine_t *e, size_t max_len) {
     const int P = e->size;
@@ -203,7 +209,8 @@ static size_t encode_block(cring_engine_t *e, const uint8_t *v, int nslots, cons
     memcpy(ids + npend, inval, sizeof *inval * ninval);
     uint32_t header[6] = {(uint32_t)(v[0] == 0) | (uint32_t)(v[1] == 0) << 1 |
                               (uint32_t)(v[2] == 0) << 2 |
-                              (uint32_t)(v[CRING__V_HEADER + e->rank] == 0) << 3,
+                              (uint32_t)(v[CRING__V_HEADER + e->rank] == 0) << 3 |
+                              (uint32_t)(v[3] == 0) << 4 | (uint32_t)(v[4] == 0) << 5,
                           npend,
                           ninval,
                           spec ? (uint32_t)spec->cache_id + 1 : 0,
@@ -257,6 +264,8 @@ static cring_status_t combine_blocks(cring_engine_t *e, uint8_t *v, int nslots, 
     v[0] = (flags & 1) ? 0 : 1;
     v[1] = (flags & 2) ? 0 : 1;
     v[2] = (flags & 4) ? 0 : 1;
+    v[3] = (flags & 16) ? 0 : 1;
+    v[4] = (flags & 32) ? 0 : 1;
     for (int q = 0; q < P; q++) {
         uint32_t h0;
         memcpy(&h0, e->neg.peer_blocks[q], sizeof h0);
@@ -392,7 +401,10 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
 static void fill_vector(cring_engine_t *e, uint8_t *v) {
     v[0] = e->neg.nuncached || e->table.ntimeouts ? 0 : 1;
     v[1] = e->neg.abort_requested ? 0 : 1;
-    v[2] = e->neg.pending.count || e->join.req ? 0 : 1;
+    v[2] = e->neg.pending.count || e->join.req || e->bucket.nheld ? 0 : 1;
+    int release = cring__bucket_release_wanted(e);
+    v[3] = release == CRING__RELEASE_WAITER ? 0 : 1;
+    v[4] = release == CRING__RELEASE_IDLE ? 0 : 1;
     memset(v + CRING__V_HEADER, 1, (size_t)e->size);
     /* Joined: nothing of this rank's own is left, and it stands in (with
      * zeros) for every cached name the others have pending. */
@@ -506,9 +518,11 @@ static void mark_ready(cring_engine_t *e, response_list_t *l) {
     }
 }
 
-/* Run the responses, then recycle their requests. */
-static cring_status_t execute_responses(cring_engine_t *e, response_list_t *l) {
+/* Hold what waits for its bucket, run the rest, then recycle their requests. */
+static cring_status_t execute_responses(cring_engine_t *e, response_list_t *l, const uint8_t *v) {
+    cring__bucket_round(e, l, v[3] == 0 || v[4] == 0, v[4] == 0);
     cring_status_t st = cring__execute(e, l->items, l->n);
+    if (l->n > 0) cring__bucket_ran(e);
     for (int i = 0; i < l->n; i++) cring__req_recycle(e, l->items[i].req);
     free_responses(l);
     return st;
@@ -543,10 +557,12 @@ cring_status_t cring__negotiate_round(cring_engine_t *e, int *progress) {
     }
     mark_ready(e, &l);
     if (cring__join_finish(e)) *progress = 1;
-    st = execute_responses(e, &l);
+    st = execute_responses(e, &l, v);
     e->neg.resp = l.items;
     e->neg.cap_resp = l.cap;
-    *progress = *progress || l.n > 0;
+    /* a request held this round that this rank already votes to release:
+     * the next round releases it, so a waiting driver runs it at once */
+    *progress = *progress || l.n > 0 || (e->bucket.nheld > 0 && cring__bucket_release_wanted(e));
     if (st != CRING_OK) return cring__engine_transport_failed(e, st);
     stall_check(e);
     if (e->tune.on && (st = cring__autotune_round(e)) != CRING_OK)
@@ -556,6 +572,7 @@ cring_status_t cring__negotiate_round(cring_engine_t *e, int *progress) {
 
 /* The engine is going: free the round's buffers. */
 void cring__negotiate_free(cring_engine_t *e) {
+    cring__bucket_free(e);
     free(e->neg.uncached);
     free(e->neg.vec);
     free(e->neg.block);

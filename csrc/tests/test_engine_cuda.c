@@ -13,6 +13,8 @@
  * equals the same request on the CPU byte for byte; CPU on one rank and CUDA
  * on another under one name is a mismatch on every rank; a joined rank takes
  * part with zeros;
+ * steps of a gradient bucket reach NCCL as one call each once the bucket
+ * is learned, and a name of it alone or a step missing one does not hang;
  * the engine's stop destroys the communicator. The fake NCCL matches calls by
  * their order on each rank, so a wrong order shows as wrong values or a
  * time-out. */
@@ -569,6 +571,55 @@ static void run_rank(int rank, int size, int port, int unused) {
         CHECK(calls >= 1 && calls <= 2);
         CHECK(fake_cuda("memcpy_d2d") - copies0 == 2 * N);
         CHECK(fake_cuda("stream_wait") - waits0 == N);
+    }
+
+    /* 9. Gradient buckets (bucket.c): steps of 10 names, half submitted, a
+     * pause of some cycles (a round runs the half), the other half, then a
+     * wait on each. From the second step on the first half is held for its
+     * bucket, so a step is one NCCL call instead of two. Then one planned
+     * name alone, waited on (its bucket never fills: released at once), and
+     * a step missing a name. */
+    {
+        enum { N = 10, STEPS = 4 };
+        static float xs[N][300];
+        static int64_t len = 300;
+        cring_tensor_t ts[N];
+        cring_handle_t *hs[N];
+        long calls[STEPS + 2];
+        for (int step = 0; step < STEPS + 2; step++) {
+            long calls0 = fake_nccl_count();
+            int skip = step == STEPS + 1 ? N - 1 : -1; /* the last step misses a name */
+            int only = step == STEPS ? 3 : -1;         /* this one submits one name alone */
+            for (int i = 0; i < N; i++) {
+                hs[i] = NULL;
+                if (i == skip || (only >= 0 && i != only)) continue;
+                if (i == N / 2) usleep(60 * 1000);
+                char name[32];
+                snprintf(name, sizeof name, "bucket%d", i);
+                for (int j = 0; j < 300; j++) xs[i][j] = (float)(rank + step + i * j);
+                ts[i] = (cring_tensor_t){xs[i], xs[i], CRING_FLOAT32, 1, &len};
+                hs[i] = submit(e, name, CRING_COLL_ALLREDUCE, CRING_SUM, 0, &ts[i], 1,
+                               CRING_DEVICE_CUDA, rank);
+            }
+            for (int i = 0; i < N; i++) {
+                if (!hs[i]) continue;
+                CHECK_OK(cring_handle_wait(hs[i]));
+                for (int j = 0; j < 300; j++)
+                    CHECK(xs[i][j] == (float)(S * (S - 1) / 2 + S * (step + i * j)));
+                cring_handle_free(hs[i]);
+            }
+            calls[step] = fake_nccl_count() - calls0;
+        }
+        long later = 0;
+        for (int step = 1; step < STEPS; step++) {
+            CHECK(calls[step] >= 1 && calls[step] <= 2);
+            later += calls[step];
+        }
+        if (later > STEPS - 1)
+            fprintf(stderr, "rank %d: buckets: NCCL calls a step %ld %ld %ld %ld\n", rank, calls[0],
+                    calls[1], calls[2], calls[3]);
+        CHECK(later <= STEPS); /* at least two of the three steps in one call */
+        CHECK(calls[STEPS] == 1 && calls[STEPS + 1] >= 1);
     }
 
     cring__gpu_get_stats(g, &st1);

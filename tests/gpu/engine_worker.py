@@ -66,8 +66,8 @@ def fuse(r: int, p: int, out: dict) -> None:
 
 
 def mixed(r: int, p: int, out: dict) -> None:
-    """60 tensors in one burst, every third of 1 MiB (which runs alone, in
-    place) and the others small, as a backward pass interleaves them."""
+    """60 tensors in one burst, every third of 1 MiB and the others small, as
+    a backward pass interleaves them."""
     cring.barrier()
     big = (1 << 20) // 4
     xs = [F(np.full(big if k % 3 == 0 else 16, float(r + k), np.float32)) for k in range(60)]

@@ -1,0 +1,212 @@
+"""One rank of tests/test_gpu_buckets.py: gradient buckets of the CUDA path
+(csrc/engine/bucket.c) against the test doubles (CRING_NCCL_LIBRARY=
+libfake_nccl.so, CRING_CUDART_LIBRARY=libfake_cudart.so) on FakeCudaTensor
+gradients. Started directly with CRING_RANK/CRING_SIZE/CRING_ADDR/CRING_PORT.
+Prints one JSON line. argv: mode, then its arguments:
+
+  replay MODEL STEPS  DistributedOptimizer's calls for MODEL's gradients
+                      (tests/gpu/model_grads.py): an allreduce_async_ of each
+                      gradient in backward order, paced like a backward pass,
+                      then a synchronize of each in that order; NCCL calls and
+                      exactness per step
+  lone                after steps of a small model: lone allreduce_async_ +
+                      synchronize calls (of each planned name in turn, whose
+                      bucket-mates never come; of one name again and again;
+                      of new names; of a name right after a step), timed; a
+                      step missing one name, waited on; a step missing one
+                      name, only polled
+  kill                the last rank dies after submitting half of a bucket:
+                      the others' held half fails with the peer's failure
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import model_grads  # noqa: E402
+
+import cring  # noqa: E402
+from cring import _gpu  # noqa: E402
+
+from fake_cuda import FakeCudaTensor as F  # noqa: E402
+
+# A backward pass's pace: a gradient of b bytes is ready b / (bytes of all
+# gradients) * BACKWARD_S after the one before. On a GPU a backward pass is
+# tens of ms and an NCCL launch microseconds; here the test doubles' calls on
+# 100 MB take tens to hundreds of ms, so the pass is stretched to keep many
+# negotiation rounds (and so many launches, without buckets) inside it.
+BACKWARD_S = 1.0
+
+
+def nccl_calls() -> int:
+    return int(_gpu.stats()["nccl_calls"])
+
+
+def template(k: int, n: int) -> np.ndarray:
+    """Gradient k's values before the rank's offset: exact sums in float32."""
+    return (np.arange(n, dtype=np.int64) % 251 + k % 13).astype(np.float32)
+
+
+def backward(grads: list, names: list, skip: int = -1, pace_s: float = 0.0) -> list:
+    """Submit every gradient (but `skip`) as backward produces them, over pace_s."""
+    handles = []
+    t_next = time.perf_counter()
+    rate = sum(x.array.nbytes for x in grads) / pace_s if pace_s else float("inf")
+    for k, (x, name) in enumerate(zip(grads, names)):
+        t_next += x.array.nbytes / rate
+        wait = t_next - time.perf_counter()
+        if wait > 5e-4:
+            time.sleep(wait)
+        if k == skip:
+            continue
+        handles.append((k, cring.allreduce_async_(x, op=cring.Sum, name=name)))
+    return handles
+
+
+def replay(r: int, p: int, out: dict, model: str, steps: int) -> None:
+    shapes = model_grads.MODELS[model]()
+    names = [f"grad.{name}" for name, _ in shapes]
+    templates = [template(k, int(np.prod(s))).reshape(s) for k, (_, s) in enumerate(shapes)]
+    grads = [F(np.empty_like(t)) for t in templates]
+    out["tensors"] = len(grads)
+    out["bytes"] = sum(t.nbytes for t in templates)
+    out["calls"], out["exact"] = [], True
+    cring.barrier()
+    for s in range(steps):
+        for x, t in zip(grads, templates):
+            np.add(t, np.float32(r + s), out=x.array)
+        before = nccl_calls()
+        handles = backward(grads, names, pace_s=BACKWARD_S)
+        for k, h in handles:  # DistributedOptimizer.synchronize: in submission order
+            assert cring.synchronize(h) is grads[k]
+        out["calls"].append(nccl_calls() - before)
+        offset = np.float32(p * s + p * (p - 1) // 2)
+        for x, t in zip(grads, templates):
+            want = t * np.float32(p) + offset
+            if not np.array_equal(x.array, want):
+                out["exact"] = False
+        cring.barrier()
+
+
+def lone(r: int, p: int, out: dict) -> None:
+    """A small model of 24 gradients (one bucket: 24 names, 100 KB); then
+    calls that must not wait for the rest of their bucket."""
+    n, size = 24, 1000
+    names = [f"small{k}" for k in range(n)]
+    templates = [template(k, size) for k in range(n)]
+    grads = [F(np.empty_like(t)) for t in templates]
+    exact = True
+
+    def step(s: int, skip: int = -1, poll: bool = False) -> float:
+        nonlocal exact
+        for x, t in zip(grads, templates):
+            np.add(t, np.float32(r + s), out=x.array)
+        t0 = time.perf_counter()
+        handles = backward(grads, names, skip)
+        if poll:  # nobody waits: the held bucket must still go, by itself
+            deadline = time.perf_counter() + 20.0
+            while not all(cring.poll(h) for _, h in handles) and time.perf_counter() < deadline:
+                time.sleep(0.001)
+        for _, h in handles:
+            cring.synchronize(h)
+        dt = time.perf_counter() - t0
+        for k, _ in handles:
+            want = templates[k] * np.float32(p) + np.float32(p * s + p * (p - 1) // 2)
+            exact &= bool(np.array_equal(grads[k].array, want))
+        return dt
+
+    def single(name: str, value: float) -> float:
+        nonlocal exact
+        x = F(np.full(16, value + r, np.float32))
+        t0 = time.perf_counter()
+        cring.synchronize(cring.allreduce_async_(x, op=cring.Sum, name=name))
+        dt = time.perf_counter() - t0
+        exact &= bool(np.array_equal(x.array, np.full(16, p * value + p * (p - 1) / 2)))
+        return dt
+
+    cring.barrier()
+    for s in range(3):  # the plan: one bucket of all 24 names
+        step(s)
+    cring.barrier()
+    # each name of the bucket alone, one after another: 23 names missing each time
+    planned = [single(name, float(i)) for i, name in enumerate(names)]
+    cring.barrier()
+    again = [single("lone", float(i)) for i in range(60)]
+    cring.barrier()
+    fresh = [single(f"fresh{i}", float(i)) for i in range(60)]
+    for s in range(3):
+        step(20 + s)
+    after_step = []
+    for i in range(12):  # a step, then one of its names alone
+        step(30 + i)
+        after_step.append(single(names[i], float(i)))
+    for s in range(3):
+        step(50 + s)
+    cring.barrier()
+    out["skip_waited_s"] = step(60, skip=n - 1)  # the bucket's last name never comes
+    for s in range(3):
+        step(70 + s)
+    cring.barrier()
+    out["skip_polled_s"] = step(80, skip=n // 2, poll=True)
+    out["planned_median_s"] = statistics.median(planned)
+    out["again_median_s"] = statistics.median(again)
+    out["fresh_median_s"] = statistics.median(fresh)
+    out["after_step_median_s"] = statistics.median(after_step)
+    out["exact"] = exact
+
+
+def kill(r: int, p: int, out: dict) -> None:
+    """After a plan of one bucket of 24 names, the last rank submits half of a
+    step and dies (SIGKILL): the others' held half must fail, not hang."""
+    n = 24
+    names = [f"small{k}" for k in range(n)]
+    grads = [F(np.ones(1000, np.float32)) for _ in range(n)]
+    cring.barrier()
+    for _ in range(3):
+        for h in [cring.allreduce_async_(x, op=cring.Sum, name=m) for x, m in zip(grads, names)]:
+            cring.synchronize(h)
+    cring.barrier()
+    if r == p - 1:
+        for x, m in zip(grads[: n // 2], names[: n // 2]):
+            cring.allreduce_async_(x, op=cring.Sum, name=m)
+        time.sleep(0.1)  # the others hold that half by now (the idle release: 0.2 s)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.perf_counter()
+    handles = [cring.allreduce_async_(x, op=cring.Sum, name=m) for x, m in zip(grads, names)]
+    try:
+        for h in handles:
+            cring.synchronize(h)
+        out["raised"] = None
+    except cring.CRingError as e:
+        out["raised"] = type(e).__name__
+        out["message"] = str(e)[:300]
+    out["after_s"] = time.perf_counter() - t0
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    cring.init()
+    r, p = cring.rank(), cring.size()
+    out: dict = {"rank": r, "size": p, "pid": os.getpid(), "mode": mode}
+    if mode == "replay":
+        replay(r, p, out, sys.argv[2], int(sys.argv[3]))
+    elif mode == "kill":
+        kill(r, p, out)
+    else:
+        lone(r, p, out)
+    cring.shutdown()
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
