@@ -1,10 +1,12 @@
 /* exec_cuda.c: the CUDA execution backend. At submission (prepare, on the
  * submitting thread) it records an event on the producer's stream. A
  * negotiated batch runs on cring's own stream of its device (csrc/gpu/stream.c):
- * that stream first waits on the batch's producer events, then small
- * allreduces (and broadcasts) are packed into the device fusion buffer up to
- * CRING_FUSION_THRESHOLD with device-to-device copies, reduced by one NCCL
- * call and unpacked; a tensor too large to share a buffer runs in place. A
+ * that stream first waits on the batch's producer events, then the batch's
+ * allreduces (and broadcasts), large ones included (bucket.c makes a
+ * training step's gradients a few such batches), are packed into the device
+ * fusion buffer up to CRING_FUSION_THRESHOLD with device-to-device copies,
+ * reduced by one NCCL call and unpacked; a batch of one tensor, or a tensor
+ * too large to share a buffer, runs in place. A
  * completion event recorded after the batch goes to every handle of it, for
  * consumers' streams to wait on. Returns once the work is enqueued: it never
  * waits for the device (a growing fusion buffer's cudaFree aside), and knows
