@@ -20,8 +20,11 @@ from pathlib import Path
 
 import pytest
 
+import cring  # the cring under test: installed, or the tree's with its _C built in place
+
 ROOT = Path(__file__).resolve().parent.parent
-PYTHON_DIR = ROOT / "python"
+CRING_PACKAGE = Path(cring.__file__).resolve().parent
+PYTHON_DIR = CRING_PACKAGE.parent
 TIMEOUT_S = 120
 FAKE_DIR = ROOT / "build" / "tests"
 
@@ -83,28 +86,29 @@ def missing(tmp_path: Path) -> dict:
     }
 
 
-def numpy_only(tmp_path: Path) -> str:
-    """A directory holding only numpy (links into this Python's site-packages),
-    for a Python run without site: no torch, Lightning or Ray to find."""
+def cring_and_numpy_only(tmp_path: Path) -> Path:
+    """A directory holding only cring and numpy (links to the ones this Python
+    imports), for a Python run without site: no torch, Lightning or Ray to
+    find, wherever cring is installed (a venv's site-packages holds them all)."""
     import numpy
 
     site = Path(numpy.__file__).resolve().parent.parent
-    only = tmp_path / "numpy-only"
+    only = tmp_path / "cring-and-numpy"
     only.mkdir()
     for entry in site.iterdir():
         if entry.name == "numpy" or entry.name.startswith(("numpy-", "numpy.libs")):
             (only / entry.name).symlink_to(entry)
-    return str(only)
+    (only / "cring").symlink_to(CRING_PACKAGE)
+    return only
 
 
 def test_nothing_found(tmp_path):
     env = clean_env(**missing(tmp_path))
-    env["PYTHONPATH"] = os.pathsep.join((str(PYTHON_DIR), numpy_only(tmp_path)))
+    only = cring_and_numpy_only(tmp_path)
+    env["PYTHONPATH"] = str(only)
     report = check_build(env, python_flags=("-S",))
-    import cring
-
     assert report.startswith(f"cring {cring.__version__}\n")
-    assert f"installed at: {PYTHON_DIR / 'cring'}" in report
+    assert f"installed at: {only / 'cring'}" in report
     assert section(report, "Frameworks") == [
         "[ ] torch (not installed; for cring.torch: pip install 'cring[torch]')",
         "[ ] Lightning (not installed; for cring.lightning: pip install 'cring[lightning]')",
@@ -244,10 +248,8 @@ def test_kernels_and_knobs(tmp_path):
 
 
 def test_check_build_needs_no_command_and_version_is_one_place(tmp_path):
-    import cring
-
     env = clean_env(**missing(tmp_path))
     assert check_build(env, "--version").strip() == f"cringrun (cring) {cring.__version__}"
     assert check_build(env, "-v") == check_build(env, "--version")
     text = (ROOT / "pyproject.toml").read_text()
-    assert 'dynamic = ["version"]' in text and 'attr = "cring.__version__"' in text
+    assert 'dynamic = ["version"]' in text and 'attr = "cring._version.__version__"' in text
