@@ -105,6 +105,10 @@ struct cring_handle {
     cring_engine_t *engine;
 };
 
+/* A request record's bytes besides its name and tensors (request.c
+ * describes the layout; table.c builds rank 0's time-out verdicts in it). */
+#define CRING__RECORD_FIXED_BYTES 30
+
 /* A request record parsed (request.c describes the layout). */
 typedef struct parsed {
     const char *name;

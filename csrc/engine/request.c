@@ -37,8 +37,6 @@ void cring__req_free(req_t *r) {
  * memory), so ranks that disagree get a MismatchError instead of running
  * different collectives, and a joined rank's stand-in takes the same route. */
 
-#define RECORD_FIXED_BYTES 30 /* everything but the name and the tensors */
-
 static uint64_t double_bits(double v) {
     uint64_t u;
     memcpy(&u, &v, sizeof u);
@@ -52,7 +50,7 @@ static double bits_double(uint64_t u) {
 }
 
 static size_t record_bytes(const cring_request_t *q) {
-    size_t len = RECORD_FIXED_BYTES + strlen(q->name);
+    size_t len = CRING__RECORD_FIXED_BYTES + strlen(q->name);
     for (int i = 0; i < q->ntensors; i++) len += 2 + 8 * (size_t)q->tensors[i].ndim;
     return len;
 }
@@ -85,7 +83,7 @@ static void build_record(req_t *r) {
 int cring__record_parse(const uint8_t *rec, size_t len, parsed_t *out) {
     if (len < 2) return -1;
     size_t name_len = cring__wire_get(rec, 2);
-    if (len < RECORD_FIXED_BYTES + name_len) return -1;
+    if (len < CRING__RECORD_FIXED_BYTES + name_len) return -1;
     const uint8_t *p = rec + 2 + name_len;
     out->name = (const char *)rec + 2;
     out->name_len = name_len;

@@ -279,19 +279,21 @@ static cring_status_t time_out_entry(cring_engine_t *e, table_entry_t *t, respon
  * uncached request. Empties both lists. */
 static uint8_t *build_block(cring_engine_t *e, uint64_t *len_out) {
     uint64_t len = 0;
-    for (size_t i = 0; i < e->table.ntimeouts; i++) len += 4 + 14 + strlen(e->table.timeouts[i]);
+    for (size_t i = 0; i < e->table.ntimeouts; i++)
+        len += 4 + CRING__RECORD_FIXED_BYTES + strlen(e->table.timeouts[i]);
     for (size_t i = 0; i < e->neg.nuncached; i++) len += 4 + e->neg.uncached[i]->record_len;
     uint8_t *mine = malloc(len ? len : 1), *p = mine;
     if (!mine) return NULL;
     for (size_t i = 0; i < e->table.ntimeouts; i++) {
         const char *name = e->table.timeouts[i];
         size_t name_len = strlen(name);
-        cring__wire_put(&p, 14 + name_len, 4);
+        cring__wire_put(&p, CRING__RECORD_FIXED_BYTES + name_len, 4);
         cring__wire_put(&p, name_len, 2);
         memcpy(p, name, name_len);
         p += name_len;
-        memset(p, 0, 12); /* collective RECORD_TIMEOUT_VERDICT, no tensors */
-        p += 12;
+        /* collective RECORD_TIMEOUT_VERDICT, no tensors */
+        memset(p, 0, CRING__RECORD_FIXED_BYTES - 2);
+        p += CRING__RECORD_FIXED_BYTES - 2;
         free(e->table.timeouts[i]);
     }
     e->table.ntimeouts = 0;
