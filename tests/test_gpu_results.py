@@ -158,6 +158,21 @@ out["uneven_ok"] = u.tolist() == [[q, q] for q in range(p) for _ in range(q + 1)
 g = cring.grouped_allgather([torch.full((2,), r, dtype=torch.int8),
                              torch.tensor(float(r))], name="group")
 out["group"] = [g[0].tolist(), g[1].tolist()]
+# alltoall: room of the input's size; an even exchange fits, so no cudaMalloc
+a = torch.arange(4 * p, dtype=torch.float32).reshape(2 * p, 2) + 100 * r
+before = allocs()
+y, got = cring.alltoall(a, name="a2a-even")
+out["a2a_even_allocs"] = allocs() - before
+sent = [torch.arange(4 * p, dtype=torch.float32).reshape(2 * p, 2) + 100 * q for q in range(p)]
+out["a2a_even_ok"] = list(got) == [2] * p and torch.equal(
+    y, torch.cat([sent[q][2 * r : 2 * r + 2] for q in range(p)])
+)
+# rank 0 sends every row to rank 1 (rank 0 receives none, rank 1 twice its own)
+splits = [0, 2 * p] if r == 0 else [p, p]
+before = allocs()
+y, got = cring.alltoall(a, splits=splits, name="a2a-uneven")
+out["a2a_uneven_allocs"] = allocs() - before
+out["a2a_uneven_rows"] = [y.shape[0], list(got)]
 out["kinds"] = sorted({type(y).__name__ for y, _ in kept})
 out["bad"] = [i for i, (y, e) in enumerate(kept) if not torch.equal(y, e)]
 out["rank"], out["size"] = r, p
@@ -191,3 +206,9 @@ def test_torch_results_come_from_torchs_allocator(fakes, tmp_path):
         assert o["group"] == [[0, 0, 1, 1], [0.0, 1.0]]
     # rank 0 lent room for 2 rows of 3: the engine's memory; rank 1 lent 4
     assert [o["uneven_allocs"] for o in outs] == [1, 0]
+    # alltoall: the even exchange lands in the lent room; in the uneven one
+    # rank 0 receives p of its 2p rows (fits), rank 1 receives 3p (does not)
+    for o in outs:
+        assert o["a2a_even_allocs"] == 0 and o["a2a_even_ok"], o
+    assert [o["a2a_uneven_rows"] for o in outs] == [[2, [0, 2]], [6, [4, 2]]]
+    assert [o["a2a_uneven_allocs"] for o in outs] == [0, 1]

@@ -583,7 +583,7 @@ def _allgather_async(
         info = _gpu.info
     infos = [info(x, name) for x in tensors]
     if cuda:  # results in room from the framework's allocator where it has one
-        rooms = _gpu.allgather_rooms(tensors, infos, p)
+        rooms = _gpu.lent_rooms(tensors, infos, p)
     pairs = [
         (dlpack_source(x), None if room is None else dlpack_source(room))
         for x, room in zip(tensors, rooms)
@@ -595,7 +595,7 @@ def _allgather_async(
             dims = _C.first_dims(h, i, p)
             shape_i = (sum(dims),) + tuple(shape[1:])
             if cuda:
-                outs.append(_gpu.allgather_result(x, h, i, shape_i, dtype_name, rooms[i]))
+                outs.append(_gpu.lent_result(x, h, i, shape_i, dtype_name, rooms[i]))
             else:
                 outs.append(result_like(x, h, i, shape_i, dtype_name))
         return outs if grouped else outs[0]

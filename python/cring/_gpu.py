@@ -353,14 +353,15 @@ def result_like(x: Any, handle: Any, index: int, shape: Sequence[int], dtype_nam
     return xp.from_dlpack(_DeviceResult(capsule, device))
 
 
-def allgather_rooms(tensors: Sequence[Any], infos: Sequence[tuple], size: int) -> list:
-    """Room for each CUDA allgather result from the framework's allocator,
-    lent to the engine with the request (docs/gpu.md, "Results"): for a torch
-    tensor, torch.empty of size x its rows on its device, so torch's caching
-    allocator serves it on the current stream, the one the submission orders
-    cring's stream after; a result whose ranks' parts are no larger than this
-    rank's goes there. None (the engine's own memory) for other producers,
-    empty tensors, and a use_stream() stream other than torch's."""
+def lent_rooms(tensors: Sequence[Any], infos: Sequence[tuple], parts: int) -> list:
+    """Room for each CUDA allgather or alltoall result from the framework's
+    allocator, lent to the engine with the request (docs/gpu.md, "Results"):
+    for a torch tensor, torch.empty of `parts` x its rows on its device (an
+    allgather: the world size; an alltoall: 1, the input's own size), so
+    torch's caching allocator serves it on the current stream, the one the
+    submission orders cring's stream after; a result that fits goes there.
+    None (the engine's own memory) for other producers, empty tensors, and a
+    use_stream() stream other than torch's."""
     torch = sys.modules.get("torch")
     rooms: list = []
     for x, (shape, _dtype) in zip(tensors, infos):
@@ -372,16 +373,16 @@ def allgather_rooms(tensors: Sequence[Any], infos: Sequence[tuple], size: int) -
             and _gpu.thread_stream() is None
         ):
             rows = int(shape[0]) if shape else 1
-            room = torch.empty((size * rows,) + tuple(shape[1:]), dtype=x.dtype, device=x.device)
+            room = torch.empty((parts * rows,) + tuple(shape[1:]), dtype=x.dtype, device=x.device)
         rooms.append(room)
     return rooms
 
 
-def allgather_result(
+def lent_result(
     x: Any, handle: Any, index: int, shape: Sequence[int], dtype_name: str, room: Any
 ) -> Any:
-    """Result `index` of a completed CUDA allgather: the lent room (its first
-    shape[0] rows) when the engine put it there, else result_like's."""
+    """Result `index` of a completed CUDA allgather or alltoall: the lent room
+    (its first shape[0] rows) when the engine put it there, else result_like's."""
     if room is not None and _gpu.output_pointer(handle, index) == room.data_ptr():
         rows = int(shape[0])
         return room if room.shape[0] == rows else room[:rows]

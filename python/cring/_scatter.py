@@ -185,11 +185,12 @@ def _alltoall_async(ps: int, tensor: Any, splits: Any, name: str, caller_waits: 
         splits = [int(s) for s in (splits.tolist() if hasattr(splits, "tolist") else splits)]
     flags = _CALLER_WAITS if caller_waits else _ASYNC
 
+    room = None  # a CUDA result's room lent from the framework's allocator
+
     def submit(x: Any, finish: Any, stream: Optional[int] = None) -> Handle:
+        pair = (x, None if room is None else dlpack_source(room))
         return Handle(
-            _C.submit(
-                _C.ALLTOALL, name, [(x, None)], 0, 0, 1.0, 1.0, None, flags, splits, stream, ps
-            ),
+            _C.submit(_C.ALLTOALL, name, [pair], 0, 0, 1.0, 1.0, None, flags, splits, stream, ps),
             finish,
         )
 
@@ -199,6 +200,13 @@ def _alltoall_async(ps: int, tensor: Any, splits: Any, name: str, caller_waits: 
         if ps or _gpu.host_staged([tensor], name):  # another process set: staged (docs)
             return _gpu.host_alltoall(submit, tensor, name, p)
         info, like, stream = _gpu.info, _gpu.result_like, _gpu.nccl_stream([tensor], name)
+        # NCCL: the result goes to room of the input's size (torch's allocator) where it fits
+        room = _gpu.lent_rooms([tensor], [info(tensor, name)], 1)[0]
+        if room is not None:
+
+            def like(x: Any, h: Any, i: int, shape_i: tuple, dtype_i: str) -> Any:
+                return _gpu.lent_result(x, h, i, shape_i, dtype_i, room)
+
     shape, dtype_name = info(tensor, name)
     if not shape:
         raise ValueError(f"tensor '{name}': alltoall needs at least one dimension")
