@@ -5,9 +5,14 @@
 #   bash tests/gpu/device_check.sh [HVD_SUITE_DIR]
 # HVD_SUITE_DIR: a folder holding Horovod's test/parallel/test_torch.py and
 # test/utils/common.py as tests/test_torch.py and utils/common.py plus
-# ../shared/horovod_suite's shims (copy them into an ignored, carried folder
-# beforehand: shared/ and the Horovod mirror do not travel), and wheels of
-# mock and pytest-timeout under HVD_SUITE_DIR/whl if the machine lacks them.
+# ../shared/horovod_suite's shims under shim/ (copy them into an ignored,
+# carried folder beforehand: shared/ and the Horovod mirror do not travel),
+# and a wheel of mock under HVD_SUITE_DIR/whl if the machine lacks it.
+# The project's own checks and Horovod's suite run side by side (each at world
+# size 1, in its own process); the benchmark runs alone afterwards.
+# Settings: CRING_DEVICE_LIGHTNING=1 adds the Lightning cring-vs-ddp comparison
+# (minutes; it passed on both earlier loans); CRING_DEVICE_BENCH=full runs the
+# whole benchmark instead of its per-call, allgather and step parts.
 # Nothing here runs without a GPU; CI never runs it.
 set -u
 cd "$(dirname "$0")/../.."
@@ -17,22 +22,31 @@ PY=${PYTHON:-python3}
 step() { # name, seconds, command...
     local name=$1 secs=$2
     shift 2
-    echo "== $name (limit ${secs}s)" | tee -a "$OUT/summary.txt"
+    echo "== $name (limit ${secs}s) started at $SECONDS s" >>"$OUT/summary.txt"
     local t0=$SECONDS
-    timeout "$secs" "$@" >"$OUT/$name.log" 2>&1
+    timeout -k 5 "$secs" "$@" >"$OUT/$name.log" 2>&1
     local rc=$?
-    echo "   rc=$rc in $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
-    tail -5 "$OUT/$name.log" | sed 's/^/   /' >>"$OUT/summary.txt"
+    {
+        echo "== $name: rc=$rc in $((SECONDS - t0))s"
+        tail -8 "$OUT/$name.log" | sed 's/^/   /'
+    } >>"$OUT/summary.txt"
 }
-step build 120 "$PY" setup.py -q build_ext --inplace -j 16
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/summary.txt" 2>&1
+step build 150 "$PY" setup.py -q build_ext --inplace -j 16
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-step checks 300 "$PY" tests/gpu/run_gpu_checks.py --out "$OUT/gpu_checks.json"
+skip=(--skip-lightning)
+[ "${CRING_DEVICE_LIGHTNING:-0}" = 1 ] && skip=()
+step checks 300 "$PY" tests/gpu/run_gpu_checks.py --out "$OUT/gpu_checks.json" "${skip[@]}" &
 if [ -n "${1:-}" ] && [ -d "$1" ]; then
-    H=$1
+    H=$(cd "$1" && pwd)
     [ -d "$H/whl" ] && "$PY" -m pip install -q --no-index --no-deps --target /tmp/hvd-site "$H"/whl/*.whl
-    step horovod_suite 300 env PYTHONPATH="$H/shim:$H/tests:$H/utils:/tmp/hvd-site:$PYTHONPATH" \
-        CRING_TIMEOUT_SECONDS=20 "$PY" -m pytest -q -p no:cacheprovider --timeout 120 \
-        "$H/tests/test_torch.py"
+    (cd "$H/tests" && step horovod_suite 300 env \
+        PYTHONPATH="$H/shim:$H/tests:$H/utils:/tmp/hvd-site:$PYTHONPATH" CRING_TIMEOUT_SECONDS=20 \
+        "$PY" -m pytest -q -p no:cacheprovider --timeout 120 -rfEs -o junit_family=xunit2 \
+        --junitxml="$OUT/horovod_junit.xml" test_torch.py)
 fi
-step bench 180 "$PY" benchmarks/gpu.py --repeats 3
+wait
+bench=(--only steps)
+[ "${CRING_DEVICE_BENCH:-}" = full ] && bench=()
+step bench 240 "$PY" benchmarks/gpu.py --repeats 3 "${bench[@]}"
 cat "$OUT/summary.txt"
