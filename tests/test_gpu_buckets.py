@@ -7,7 +7,8 @@ against the test doubles (csrc/tests/fake_*.c, built by test_gpu_loader's
   (an allreduce_async_ each, paced like a backward pass, then a synchronize
   of each) reach NCCL in at most ceil(gradient bytes / 25 MiB) + 2 calls a
   step from the second step on, with exact sums, at 2 and 3 ranks; the
-  timeline names each gradient's bucket;
+  timeline names each gradient's bucket, and a bucket holds at least 25 MiB
+  or an eighth of the step (ViT-B/16: at most 9 buckets, not 14);
 - a lone allreduce_async_ + synchronize does not wait for the rest of a
   bucket (median under 2 ms with a 200 ms cycle, so a wait of one cycle
   would show 100 times over), nor does a step missing a name hang, whether
@@ -70,6 +71,13 @@ def test_a_backward_pass_reaches_nccl_in_ddp_sized_buckets(
     assert len(last) == ranks[0]["tensors"]
     buckets = {ev["args"]["bucket"]: ev["args"] for ev in last}
     assert len(buckets) <= bound, buckets
+    # each bucket but the last holds at least 25 MiB or an eighth of the step
+    # (bucket.c), so a large model is not cut into DDP's 25 MB pieces: on a
+    # GPU every bucket is a launch of its own (ViT-B/16: 7, not 14)
+    cap = max(DDP_BUCKET_BYTES, ranks[0]["bytes"] / 8)
+    assert len(buckets) <= math.floor(ranks[0]["bytes"] / cap) + 1, sorted(
+        (a["bucket_bytes"], a["bucket_tensors"]) for a in buckets.values()
+    )
     assert sum(a["bucket_tensors"] for a in buckets.values()) == ranks[0]["tensors"]
     assert all(a["bucket_bytes"] <= 64 << 20 for a in buckets.values())
     # a bucket goes when its last gradient is ready everywhere ("complete");

@@ -87,3 +87,13 @@ def test_every_dtype_and_collective_on_cuda_equals_the_cpu_path(fakes, world_siz
         assert rep["nccl"]["version"] == "2.28.9" and rep["nccl"]["one_rank_guard"] is True
         # the reductions NCCL cannot do went through host memory, the rest through NCCL
         assert rep["stats"]["staged_bytes"] > 0 and rep["stats"]["nccl_calls"] > 100
+
+
+def test_one_rank_on_a_fixed_nccl_gives_what_the_guard_gives(fakes):
+    """On an NCCL without the defect (2.29.7+) one rank's scaled reductions go
+    through NCCL's pre-multiplied sum, not the staged route: the same sweep,
+    the float16 factor rounding included, gives the same results."""
+    (rep,) = run_sweep(fakes, 1, CRING_FAKE_NCCL_VERSION="22907")
+    assert rep["failures"] == [], "\n".join(rep["failures"])
+    assert rep["nccl"]["one_rank_guard"] is False
+    assert rep["cases"] > 900

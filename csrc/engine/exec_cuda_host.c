@@ -22,6 +22,8 @@
 
 #include "exec_cuda_host.h"
 
+#include "../reduce/reduce.h"
+
 int cring__cuda_host_route(const cring_engine_t *e, req_t *const *batch, int n, int nccl_version) {
     for (int b = 0; b < n; b++) {
         const req_t *r = batch[b];
@@ -35,6 +37,27 @@ int cring__cuda_host_route(const cring_engine_t *e, req_t *const *batch, int n, 
 }
 
 #define ALIGN64(x) (((x) + 63) & ~(size_t)63)
+
+/* At one rank this route stands in for NCCL's pre-multiplied sum (the
+ * one-rank defect): for float16/bfloat16 it scales as that does and as
+ * Horovod does on GPUs, by the one factor (prescale x postscale) rounded to
+ * the tensor's dtype, so a result does not depend on which NCCL is loaded.
+ * (The CPU path scales 16-bit floats by the float32 factor, as Horovod's CPU
+ * path does.) Only where every tensor of the request is of that one dtype. */
+static void one_rank_half_factors(const cring_engine_t *e, req_t *shadow) {
+    if (e->size != 1 || (shadow->prescale == 1.0 && shadow->postscale == 1.0)) return;
+    if (shadow->op != CRING_SUM && shadow->op != CRING_AVERAGE) return;
+    cring_dtype_t d = shadow->t[0].dtype;
+    if (d != CRING_FLOAT16 && d != CRING_BFLOAT16) return;
+    for (int i = 1; i < shadow->ntensors; i++)
+        if (shadow->t[i].dtype != d) return;
+    double factor = shadow->prescale * shadow->postscale, rounded = 0.0;
+    uint16_t bits = 0;
+    cring__convert(d, &bits, CRING_FLOAT64, &factor, 1, 1.0);
+    cring__convert(CRING_FLOAT64, &rounded, d, &bits, 1, 1.0);
+    shadow->prescale = rounded;
+    shadow->postscale = 1.0;
+}
 
 /* Rows of a reducescatter's result on this rank, in bytes. */
 static size_t scatter_bytes(const cring_engine_t *e, const tensor_spec_t *t) {
@@ -77,6 +100,7 @@ cring_status_t cring__cuda_host_run(cring_engine_t *e, cring__gpu_t *g, int devi
         shadows[b] = *r;
         ptrs[b] = &shadows[b];
         if (r->ghost && !r->handle) continue; /* its tensors are host zeros */
+        one_rank_half_factors(e, &shadows[b]);
         shadows[b].t = spec;
         for (int i = 0; i < r->ntensors && st == CRING_OK; i++, spec++) {
             *spec = r->t[i];

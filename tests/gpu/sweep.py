@@ -115,6 +115,38 @@ class _Sweep:
             self.compare(f"{what}[{k}]" if len(got) > 1 else what, g, np.asarray(w), close)
 
 
+def _half_factor_at_one_rank(s: _Sweep) -> None:
+    """Device tensors at world size 1 only: a scaled float16 Sum/Average is
+    x * factor with the factor (prescale x postscale) rounded to float16 first,
+    as NCCL's pre-multiplied sum and Horovod's GPU path compute it, whether
+    NCCL or the staged route (the one-rank defect's guard) ran it. The CPU path
+    scales float16 by the float32 factor (Horovod's CPU rule), and so do
+    process sets other than the global one, which go through host memory and
+    the CPU path (docs/gpu.md), so this is not compared with the CPU; 0.3 and
+    0.15 are not float16 numbers, so the two rules differ here."""
+    for pre, post in ((0.3, 1.0), (1.0, 0.3), (2.0, 0.15)):
+        factor = np.float32(np.float16(pre * post))
+        for op_name, op in OPS[:2]:
+            for in_place in (True, False):
+                x = values("float16", (17, 17, 17), 0, 1, 13)
+                want = (x.astype(np.float32) * factor).astype(np.float16)
+                where = "in place" if in_place else "out of place"
+                what = f"one-rank float16 {op_name} x{pre},{post} {where}"
+                s.log(f"case {what}", verbose=True)
+                kw = dict(op=op, prescale_factor=pre, postscale_factor=post)
+                try:
+                    t = s.dev(x)
+                    tensor_name = f"sweep.half.{pre}.{post}.{op_name}.{in_place}"
+                    if in_place:
+                        cring.allreduce_(t, name=tensor_name, **kw)
+                    else:
+                        t = cring.allreduce(t, name=tensor_name, **kw)
+                    s.compare(what, s.host(t), want)
+                except Exception as e:  # noqa: BLE001  (a failure, then the next case)
+                    s.cases += 1
+                    s.fail(what, repr(e))
+
+
 def _as_list(x: Any) -> list:
     return list(x) if isinstance(x, (tuple, list)) else [x]
 
@@ -254,6 +286,8 @@ def sweep(
             s.both(f"alltoall {dtype} even", a2e)
 
     # ---- a process set of one rank (each rank its own) ----
+    if p == 1:
+        _half_factor_at_one_rank(s)
     if process_sets and p > 1:
         sets = [cring.add_process_set([q]) for q in range(p)]
         mine = sets[r]

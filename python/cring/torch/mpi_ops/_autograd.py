@@ -257,9 +257,12 @@ class _GroupedReducescatterFunction(torch.autograd.Function):
         return (None, None, None, None, None, *grads)
 
 
-def _alltoall_result(result: tuple) -> tuple:
+def _alltoall_result(result: tuple, device: Any = None) -> tuple:
+    """(output, received splits as int32); the splits on `device`, the
+    device of the splits tensor the caller gave (Horovod's `splits.new()`),
+    else on the CPU."""
     output, received = result
-    return output, torch.tensor(received, dtype=torch.int32)
+    return output, torch.tensor(received, dtype=torch.int32, device=device)
 
 
 class _AlltoallFunction(torch.autograd.Function):
@@ -268,10 +271,15 @@ class _AlltoallFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, tensor: torch.Tensor, splits: Optional[list], name: Optional[str], ps: Any = None
+        ctx: Any,
+        tensor: torch.Tensor,
+        splits: Optional[list],
+        name: Optional[str],
+        ps: Any = None,
+        device: Any = None,
     ) -> tuple:
         output, received = _alltoall_result(
-            _run(cring.alltoall, tensor, splits=splits, name=name, process_set=ps)
+            _run(cring.alltoall, tensor, splits=splits, name=name, process_set=ps), device
         )
         ctx.received, ctx.ps = received.tolist(), ps
         ctx.mark_non_differentiable(received)
@@ -282,4 +290,4 @@ class _AlltoallFunction(torch.autograd.Function):
         grad, _ = _run(
             cring.alltoall, _contiguous(grad_output), splits=ctx.received, process_set=ctx.ps
         )
-        return grad, None, None, None
+        return grad, None, None, None, None

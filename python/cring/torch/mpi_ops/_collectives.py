@@ -556,14 +556,17 @@ def alltoall(
     order) to rank j and receive every rank's rows for this one, in rank
     order. Without splits the first dimension is divided evenly by size()
     (it must divide). Returns the output tensor, and with `splits` also an
-    int32 tensor of how many rows came from each rank (Horovod's).
+    int32 tensor of how many rows came from each rank (Horovod's), on the
+    device of `splits` when that is a tensor, else on the CPU.
     Differentiable: the gradient goes back the way the rows came."""
     split_list = _splits_list(splits)
+    device = splits.device if isinstance(splits, torch.Tensor) else None
     if _wants_grad((tensor,)):
-        output, received = _AlltoallFunction.apply(tensor, split_list, name, process_set)
+        output, received = _AlltoallFunction.apply(tensor, split_list, name, process_set, device)
     else:
         output, received = _alltoall_result(
-            _run(cring.alltoall, tensor, splits=split_list, name=name, process_set=process_set)
+            _run(cring.alltoall, tensor, splits=split_list, name=name, process_set=process_set),
+            device,
         )
     return output if splits is None else (output, received)
 
@@ -575,7 +578,8 @@ def alltoall_async(
     process_set: ProcessSet = global_process_set,
 ) -> cring.Handle:
     """Start an alltoall; synchronize(handle) returns (output, received_splits),
-    the latter an int32 tensor."""
+    the latter an int32 tensor on the device of `splits` (CPU without one)."""
+    device = splits.device if isinstance(splits, torch.Tensor) else None
     handle = _run(
         cring.alltoall_async,
         tensor,
@@ -584,7 +588,7 @@ def alltoall_async(
         process_set=process_set,
     )
     finish = handle._finish
-    handle._finish = lambda h: _alltoall_result(finish(h))
+    handle._finish = lambda h: _alltoall_result(finish(h), device)
     return handle
 
 
