@@ -229,6 +229,32 @@ static int cuda_fast_ok(void) {
     return g && cring__gpu_nccl_path(g) && cring__gpu_cudart_path(g);
 }
 
+/* A tensor of a CUDA call on the general path. A plain torch tensor whose
+ * device's stream for cring (use_stream()'s, else torch's current one) is
+ * `raw` is exported without torch's __dlpack__(stream=): that handshake only
+ * makes `raw` wait for torch's current stream, which is then `raw` itself
+ * (the engine orders the collective after an event it records on `raw` at
+ * submission), and its Python cost tens of microseconds a call on a GPU
+ * machine (two exports an out-of-place call). Anything else goes through
+ * __dlpack__ with the stream. 0, or -1 with the error set. */
+static int acquire_cuda(PyObject *obj, PyObject *dl_stream, void *raw, const char *name,
+                        int writable, cring__dl_ref_t *ref) {
+    if (cring__dl_is_torch(obj)) {
+        int got = cring__dl_acquire_fast(obj, name, writable, 1, ref);
+        if (got < 0) return -1;
+        if (got) {
+            void *current = NULL;
+            if (ref->t->device.device_type == CRING_DL_CUDA &&
+                cring__pyext_cuda_stream((int)ref->t->device.device_id, 1, NULL, &current) == 0 &&
+                current == raw)
+                return 0;
+            PyErr_Clear();
+            cring__dl_release(ref);
+        }
+    }
+    return cring__dl_acquire(obj, dl_stream, name, writable, CRING__DL_CUDA, ref);
+}
+
 /* The request of an in-place allreduce of one tensor view. */
 static void one_tensor_request(cring_request_t *req, cring_tensor_t *t, int64_t *one,
                                const cring__dl_ref_t *ref, const char *name, int op) {
@@ -626,13 +652,19 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
         int needs_write = coll != CRING_COLL_ALLGATHER && coll != CRING_COLL_ALLTOALL && in_place &&
                           !(coll == CRING_COLL_BROADCAST && rank == root);
         cring__dl_ref_t *in = &refs[nrefs];
-        if (cring__dl_acquire(send_obj, dl_stream, name, needs_write, kind, in) < 0) goto done;
+        if ((kind == CRING__DL_CUDA
+                 ? acquire_cuda(send_obj, dl_stream, device.stream, name, needs_write, in)
+                 : cring__dl_acquire(send_obj, dl_stream, name, needs_write, kind, in)) < 0)
+            goto done;
         nrefs++;
         if (kind == CRING__DL_CUDA && cuda_device(in, i, &device, name) < 0) goto done;
         cring__dl_ref_t *out = in;
         if (!in_place && recv_obj != Py_None) {
             out = &refs[nrefs];
-            if (cring__dl_acquire(recv_obj, dl_stream, name, 1, kind, out) < 0) goto done;
+            if ((kind == CRING__DL_CUDA
+                     ? acquire_cuda(recv_obj, dl_stream, device.stream, name, 1, out)
+                     : cring__dl_acquire(recv_obj, dl_stream, name, 1, kind, out)) < 0)
+                goto done;
             nrefs++;
             if (kind == CRING__DL_CUDA && cuda_device(out, 1, &device, name) < 0) goto done;
             if (coll == CRING_COLL_ALLGATHER) { /* room lent for the result (CUDA) */

@@ -276,6 +276,11 @@ def raw_stream(x: Any) -> int:
         return override
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
+        # the builtin behind torch.cuda.current_stream(x.device).cuda_stream,
+        # without its several Python calls (a CUDA build of torch has it)
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return int(raw(x.device.index))
         return int(torch.cuda.current_stream(x.device).cuda_stream)
     cupy = sys.modules.get("cupy")
     if cupy is not None and isinstance(x, cupy.ndarray):
@@ -295,7 +300,7 @@ def device_guard(x: Any) -> Any:
         torch is not None
         and isinstance(x, torch.Tensor)
         and x.is_cuda
-        and x.device.index != torch.cuda.current_device()
+        and x.device.index != getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)()
     ):
         return torch.cuda.device(x.device.index)
     return contextlib.nullcontext()
