@@ -284,3 +284,55 @@ def test_c_fast_path_for_torch_cuda_tensors(fakes, tmp_path):
     assert cuda.count("eventrecord") == out["events"]
     assert "eventrecord event=1 stream=0x4242" in cuda  # the producer's, on its stream
     assert "streamwait stream=0x4242 " in cuda  # the caller's stream after the result
+
+
+ALLGATHER_FAST = (
+    FAST_PATH.split("x = torch.ones(6)")[0]
+    + """
+x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+frames = []
+
+
+def profile(frame, event, arg):
+    if event == "call":
+        frames.append(frame.f_code.co_filename + ":" + frame.f_code.co_name)
+
+
+before = _gpu.stats()
+sys.setprofile(profile)
+ys = [cring.allgather(x, name="fast_gather") for _ in range(3)]
+sys.setprofile(None)
+after = _gpu.stats()
+cring.shutdown()
+print(json.dumps({"values": [y.tolist() for y in ys], "kinds": [type(y).__name__ for y in ys],
+                  "frames": frames,
+                  "device_allocs": after["device_allocs"] - before["device_allocs"],
+                  "stream_waits": after["stream_waits"] - before["stream_waits"]}))
+"""
+)
+
+
+def test_c_fast_path_of_allgather_for_torch_cuda_tensors(fakes, tmp_path):
+    """cring.allgather of a (pretend) torch CUDA tensor runs from C: no frame
+    of cring's Python code, the result is room from torch's allocator
+    (x.new_empty, so no cudaMalloc), right, and the caller's stream waits on
+    it (cring's stream on the producer's event, the caller's on the result)."""
+    pytest.importorskip("torch")
+    cuda_log = tmp_path / "cuda.log"
+    env = fake_env(fakes, CRING_FAKE_CUDA_LOG=str(cuda_log))
+    proc = subprocess.run(
+        [sys.executable, "-c", ALLGATHER_FAST],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["values"] == [[[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]] * 3
+    assert out["kinds"] == ["Tensor"] * 3
+    cring_frames = [f for f in out["frames"] if "/cring/" in f]
+    assert cring_frames == [], cring_frames
+    assert out["device_allocs"] == 0
+    assert out["stream_waits"] == 6
+    assert "streamwait stream=0x4242 " in cuda_log.read_text()

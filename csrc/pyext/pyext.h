@@ -136,6 +136,37 @@ int cring__pyext_noname(const char *kind, char *out, size_t cap, int consume);
 int cring__pyext_submit_wait_here(module_state *s, cring_engine_t *engine,
                                   const cring_request_t *req, cring__dl_ref_t *views, int *nviews);
 
+/* cring__pyext_submit_wait_here, and on success the completed handle in
+ * *keep (the caller frees it) when keep is not NULL. */
+int cring__pyext_submit_wait_keep(module_state *s, cring_engine_t *engine,
+                                  const cring_request_t *req, cring__dl_ref_t *views, int *nviews,
+                                  cring_handle_t **keep);
+
+/* ---- submit_cuda.c ------------------------------------------------------------- */
+/* May a torch CUDA tensor take a C fast path? Only on the NCCL path
+ * (CRING_GPU_OPERATIONS unset or nccl) once the Python path has loaded NCCL
+ * and the CUDA runtime (its first call does, with the errors worded there). */
+int cring__pyext_cuda_fast_ok(void);
+/* For a taken CUDA view: its device and the caller's stream, read once.
+ * 0, or -1 with the error set. */
+int cring__pyext_cuda_device_of(const cring__dl_ref_t *ref, cring_device_t *device);
+/* A tensor of a CUDA call on the general path: a plain torch tensor whose
+ * device's stream for cring (use_stream()'s, else torch's current one) is
+ * `raw` is exported without torch's __dlpack__(stream=); anything else goes
+ * through __dlpack__ with dl_stream. 0, or -1 with the error set. */
+int cring__pyext_acquire_cuda(PyObject *obj, PyObject *dl_stream, void *raw, const char *name,
+                              int writable, cring__dl_ref_t *ref);
+/* cring.allgather of torch CUDA tensor x on the global set, the NCCL path
+ * (cring__pyext_cuda_fast_ok): room of size x rows from x.new_empty lent
+ * for the result, submitted and waited on here, the caller's stream ordered
+ * after it; the room (or its first rows) returned, or the engine's memory as
+ * x's kind through the module's `allgather_cuda_view`. *declined (NULL, no
+ * error) when x is no CUDA tensor, is empty or no room could be made: the
+ * Python path takes the call. `unnamed`: name is the peeked generated one,
+ * counted here once the call is taken. */
+PyObject *cring__pyext_torch_cuda_allgather(PyObject *module, module_state *s, PyObject *x,
+                                            const char *name, int unnamed, int *declined);
+
 /* Is x absent, or the int or float 1 (a scale factor that scales nothing)? */
 int cring__pyext_is_one(PyObject *x);
 

@@ -11,7 +11,6 @@
 #include <Python.h>
 #include <string.h>
 
-#include "../gpu/gpu.h"
 #include "pyext.h"
 
 #define STACK_TENSORS 4
@@ -76,6 +75,12 @@ static void drop_views(module_state *s, cring_handle_t *h, cring__dl_ref_t *view
  * with the error set. */
 int cring__pyext_submit_wait_here(module_state *s, cring_engine_t *engine,
                                   const cring_request_t *req, cring__dl_ref_t *views, int *nviews) {
+    return cring__pyext_submit_wait_keep(s, engine, req, views, nviews, NULL);
+}
+
+int cring__pyext_submit_wait_keep(module_state *s, cring_engine_t *engine,
+                                  const cring_request_t *req, cring__dl_ref_t *views, int *nviews,
+                                  cring_handle_t **keep) {
     cring_handle_t *handle;
     if (s->dropped) cring__pyext_sweep(s, 0);
     cring_status_t st = cring_engine_submit(engine, req, &handle);
@@ -96,7 +101,8 @@ int cring__pyext_submit_wait_here(module_state *s, cring_engine_t *engine,
         cring__pyext_raise_handle(s, handle, st, req->collective, req->name);
         rc = -1;
     }
-    cring_handle_free(handle);
+    if (keep && rc == 0) *keep = handle;
+    else cring_handle_free(handle);
     return rc;
 }
 
@@ -219,42 +225,6 @@ static PyObject *fall_back(PyObject *module, PyObject **attr_name, const char *a
     return res;
 }
 
-/* May a torch CUDA tensor take the C fast path? Only on the NCCL path
- * (CRING_GPU_OPERATIONS unset or nccl) once the Python path has loaded NCCL
- * and the CUDA runtime (its first call does, with the errors worded there). */
-static int cuda_fast_ok(void) {
-    const char *mode = getenv("CRING_GPU_OPERATIONS");
-    if (mode && *mode && strcmp(mode, "nccl") != 0) return 0;
-    cring__gpu_t *g = cring__gpu_global();
-    return g && cring__gpu_nccl_path(g) && cring__gpu_cudart_path(g);
-}
-
-/* A tensor of a CUDA call on the general path. A plain torch tensor whose
- * device's stream for cring (use_stream()'s, else torch's current one) is
- * `raw` is exported without torch's __dlpack__(stream=): that handshake only
- * makes `raw` wait for torch's current stream, which is then `raw` itself
- * (the engine orders the collective after an event it records on `raw` at
- * submission), and its Python cost tens of microseconds a call on a GPU
- * machine (two exports an out-of-place call). Anything else goes through
- * __dlpack__ with the stream. 0, or -1 with the error set. */
-static int acquire_cuda(PyObject *obj, PyObject *dl_stream, void *raw, const char *name,
-                        int writable, cring__dl_ref_t *ref) {
-    if (cring__dl_is_torch(obj)) {
-        int got = cring__dl_acquire_fast(obj, name, writable, 1, ref);
-        if (got < 0) return -1;
-        if (got) {
-            void *current = NULL;
-            if (ref->t->device.device_type == CRING_DL_CUDA &&
-                cring__pyext_cuda_stream((int)ref->t->device.device_id, 1, NULL, &current) == 0 &&
-                current == raw)
-                return 0;
-            PyErr_Clear();
-            cring__dl_release(ref);
-        }
-    }
-    return cring__dl_acquire(obj, dl_stream, name, writable, CRING__DL_CUDA, ref);
-}
-
 /* The request of an in-place allreduce of one tensor view. */
 static void one_tensor_request(cring_request_t *req, cring_tensor_t *t, int64_t *one,
                                const cring__dl_ref_t *ref, const char *name, int op) {
@@ -272,15 +242,6 @@ static void one_tensor_request(cring_request_t *req, cring_tensor_t *t, int64_t 
                              .compression = CRING_DTYPE_COUNT,
                              .ntensors = 1,
                              .tensors = t};
-}
-
-/* For a taken CUDA view: its device and the caller's stream, read once. */
-static int cuda_device_of(const cring__dl_ref_t *ref, cring_device_t *device) {
-    void *stream = NULL;
-    int id = ref->t->device.device_id;
-    if (cring__pyext_cuda_stream(id, 1, NULL, &stream) < 0) return -1;
-    *device = (cring_device_t){.type = CRING_DEVICE_CUDA, .id = id, .stream = stream};
-    return 0;
 }
 
 /* allreduce_(tensor, op=Average, name=None, compression=None, prescale_factor=1.0,
@@ -312,7 +273,7 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
         cring__dl_ref_t ref;
         int taken = cring__dl_acquire_fast(v[0], name, 1, 1, &ref);
         if (taken < 0) return NULL;
-        if (taken && ref.t->device.device_type == CRING_DL_CUDA && !cuda_fast_ok()) {
+        if (taken && ref.t->device.device_type == CRING_DL_CUDA && !cring__pyext_cuda_fast_ok()) {
             cring__dl_release(&ref); /* the Python path loads NCCL or stages through the host */
             taken = 0;
         }
@@ -324,7 +285,7 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
             one_tensor_request(&req, &t, &one, &ref, name, op);
             req.flags = CRING_REQUEST_CALLER_WAITS | (unnamed ? CRING_REQUEST_SEQUENCED : 0);
             if (ref.t->device.device_type == CRING_DL_CUDA &&
-                cuda_device_of(&ref, &req.device) < 0) {
+                cring__pyext_cuda_device_of(&ref, &req.device) < 0) {
                 cring__dl_release(&ref);
                 return NULL;
             }
@@ -362,7 +323,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     } else if (cring__dl_is_torch(v[0])) {
         PyObject *is_cuda = PyObject_GetAttr(v[0], is_cuda_name);
         cuda = is_cuda == Py_True;
-        fast = is_cuda != NULL && (!cuda || cuda_fast_ok());
+        fast = is_cuda != NULL && (!cuda || cring__pyext_cuda_fast_ok());
         Py_XDECREF(is_cuda);
         PyErr_Clear();
     } else {
@@ -398,7 +359,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     cring_request_t req;
     one_tensor_request(&req, &t, &one, ref, name, op);
     if (unnamed) req.flags = CRING_REQUEST_SEQUENCED;
-    if (cuda && cuda_device_of(ref, &req.device) < 0) goto fail;
+    if (cuda && cring__pyext_cuda_device_of(ref, &req.device) < 0) goto fail;
     if (s->dropped) cring__pyext_sweep(s, 0);
     cring_handle_t *handle;
     cring_status_t st = cring_engine_submit(s->engine, &req, &handle);
@@ -653,7 +614,8 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                           !(coll == CRING_COLL_BROADCAST && rank == root);
         cring__dl_ref_t *in = &refs[nrefs];
         if ((kind == CRING__DL_CUDA
-                 ? acquire_cuda(send_obj, dl_stream, device.stream, name, needs_write, in)
+                 ? cring__pyext_acquire_cuda(send_obj, dl_stream, device.stream, name, needs_write,
+                                             in)
                  : cring__dl_acquire(send_obj, dl_stream, name, needs_write, kind, in)) < 0)
             goto done;
         nrefs++;
@@ -662,7 +624,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
         if (!in_place && recv_obj != Py_None) {
             out = &refs[nrefs];
             if ((kind == CRING__DL_CUDA
-                     ? acquire_cuda(recv_obj, dl_stream, device.stream, name, 1, out)
+                     ? cring__pyext_acquire_cuda(recv_obj, dl_stream, device.stream, name, 1, out)
                      : cring__dl_acquire(recv_obj, dl_stream, name, 1, kind, out)) < 0)
                 goto done;
             nrefs++;

@@ -1,5 +1,6 @@
 /* submit_small.c: the C fast paths of cring.broadcast_ (NumPy arrays and CPU
- * torch tensors) and cring.allgather (NumPy arrays): arguments bound without
+ * torch tensors) and cring.allgather (NumPy arrays; torch CUDA tensors in
+ * submit_cuda.c): arguments bound without
  * a Python frame, the request submitted and waited on here; a small one
  * rides the engine's negotiation round. And cring.allreduce_async, the
  * out-of-place form (NumPy arrays and CPU torch tensors): the output
@@ -194,8 +195,8 @@ done:
 }
 
 /* allgather(tensor, name=None): cring.allgather itself. A NumPy array is
- * gathered here; the rest goes to cring._collectives._allgather_general
- * (`allgather_fallback`). */
+ * gathered here, a torch CUDA tensor on the NCCL path in submit_cuda.c; the
+ * rest goes to cring._collectives._allgather_general (`allgather_fallback`). */
 static PyObject *py_allgather(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames) {
     static const char *const names[] = {"tensor", "name"};
@@ -243,6 +244,15 @@ static PyObject *py_allgather(PyObject *module, PyObject *const *args, Py_ssize_
             cring__dl_release(&ref);
             return res;
         }
+    } else if (fast && v[0] && name_ok(v[1]) && s->engine && cring__dl_is_torch(v[0]) &&
+               cring__pyext_cuda_fast_ok()) {
+        char generated[64];
+        int unnamed, declined;
+        const char *name = call_name(v[1], "allgather", generated, sizeof generated, &unnamed);
+        if (!name) return NULL;
+        PyObject *res =
+            cring__pyext_torch_cuda_allgather(module, s, v[0], name, unnamed, &declined);
+        if (!declined) return res;
     }
     return fall_back(module, &fallback_name, "allgather_fallback", args, nargs, kwnames);
 }

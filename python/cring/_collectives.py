@@ -619,9 +619,13 @@ def _allgather_general(tensor: Any, name: Optional[str] = None, process_set: Any
 # cring.allgather(tensor, name=None, process_set=None) (the docstring is
 # _C.allgather's): a NumPy array is gathered by _C.allgather without a Python
 # frame (small results copied into a new array, large ones lent through
-# _C.allgather_view); the rest comes back to _allgather_general.
+# _C.allgather_view), and so is a torch CUDA tensor on the NCCL path (its
+# result in room from x.new_empty, or, where it did not fit, through
+# _C.allgather_cuda_view); the rest comes back to _allgather_general.
 _C.allgather_fallback = _allgather_general
 _C.allgather_view = lambda x, h, shape: result_like(x, h, 0, shape, "")
+# a torch CUDA tensor's result the engine kept in its own memory (uneven)
+_C.allgather_cuda_view = lambda x, h, shape: _gpu.result_like(x, h, 0, shape, _gpu.info(x, "")[1])
 allgather = _C.allgather
 
 
