@@ -107,7 +107,12 @@ PyObject *cring__pyext_torch_cuda_allgather(PyObject *module, module_state *s, P
     *declined = 0;
     cring__dl_ref_t views[2];
     int taken = cring__dl_acquire_fast(x, name, 0, 1, &views[0]);
-    if (taken < 0) return NULL;
+    if (taken < 0 && !PyErr_ExceptionMatches(PyExc_ValueError)) return NULL;
+    if (taken < 0) { /* e.g. strided: the Python path copies it (or words the error) */
+        PyErr_Clear();
+        *declined = 1;
+        return NULL;
+    }
     if (!taken || views[0].t->device.device_type != CRING_DL_CUDA || views[0].numel == 0) {
         if (taken) cring__dl_release(&views[0]);
         *declined = 1; /* a CPU or empty tensor: the Python path's business */
