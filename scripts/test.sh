@@ -50,4 +50,4 @@ make SANITIZE=1 test
 echo "== Python tests"
 cd tests
 # pytest exits 5 when it collected nothing: set -e treats that as the failure it is.
-python3 -m pytest -q -p no:cacheprovider --durations=25
+python3 -m pytest -q -p no:cacheprovider --durations=40
