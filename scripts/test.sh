@@ -31,6 +31,21 @@ if [ -n "$APT_PACKAGES" ]; then
     # shellcheck disable=SC2086  # a list of package names
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $APT_PACKAGES >/dev/null
 fi
+# The C tests need no Python: they build and run (plain, then under ASan and
+# UBSan) while pip installs below, into their own log, shown once both are done.
+C_LOG=build/c-tests.log
+mkdir -p build
+(
+    set -e
+    echo "== C tests (no Python)"
+    make -j2 all >/dev/null
+    make test
+    echo "== C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+    make -j2 SANITIZE=1 all >/dev/null
+    make SANITIZE=1 test
+) >"$C_LOG" 2>&1 &
+C_PID=$!
+trap 'kill "$C_PID" 2>/dev/null || true' EXIT # a failed install stops them too
 # torch is pinned: an unpinned torch pulls several GB of CUDA packages.
 # Lightning and Ray are only needed for the cring.lightning and cring.ray tests
 # (ray[serve] for examples/serve_ray.py).
@@ -39,13 +54,13 @@ $PIP install -q "torch==2.13.0" "mpi4py==4.1.2" "numpy" "pytest" "hypothesis" \
     "lightning==2.6.6" "ray[train,serve]==2.58.0" "ruff==0.17.6"
 $PIP install -q .
 
-echo "== C tests (no Python)"
-make -j2 all >/dev/null
-make test
-
-echo "== C tests under AddressSanitizer + UndefinedBehaviorSanitizer"
-make -j2 SANITIZE=1 all >/dev/null
-make SANITIZE=1 test
+C_STATUS=0
+wait "$C_PID" || C_STATUS=$?
+cat "$C_LOG"
+if [ "$C_STATUS" -ne 0 ]; then
+    echo "== C tests failed (exit status $C_STATUS)"
+    exit "$C_STATUS"
+fi
 
 echo "== Python tests"
 cd tests
