@@ -16,7 +16,8 @@ each importing only those above it:
     _autograd     the autograd Functions (Horovod's gradients)
     _collectives  allreduce, allgather, broadcast, reducescatter, alltoall
                   (plain, async, in-place, grouped), join, barrier, poll,
-                  synchronize, broadcast_object, allgather_object
+                  synchronize
+    _objects      broadcast_object, allgather_object
     _sparse       sparse_allreduce_async (allgathers of indices and values)
 """
 
@@ -66,7 +67,6 @@ from ._basics import _run as _run
 from ._collectives import (
     allgather,
     allgather_async,
-    allgather_object,
     allreduce,
     allreduce_,
     allreduce_async,
@@ -78,7 +78,6 @@ from ._collectives import (
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    broadcast_object,
     grouped_allgather,
     grouped_allgather_async,
     grouped_allreduce,
@@ -100,6 +99,7 @@ from ._compression import (
     FP16Compressor,
     NoneCompressor,
 )
+from ._objects import allgather_object, broadcast_object
 from ._sparse import sparse_allreduce_async
 
 __all__ = [

@@ -1,6 +1,7 @@
 """cring.torch's collectives, as horovod.torch names them: allreduce,
 allgather, broadcast, reducescatter, alltoall (plain, async, in-place,
-grouped), join, barrier, poll/synchronize and the object collectives. Each
+grouped), join, barrier and poll/synchronize (the object collectives are
+in _objects). Each
 translates Horovod's arguments (`average=`, `process_set=`, compressors),
 picks the autograd Function when a gradient is wanted and calls cring's
 engine through _run; nothing here communicates on its own.
@@ -9,8 +10,6 @@ engine through _run; nothing here communicates on its own.
 from __future__ import annotations
 
 import functools
-import io
-import pickle
 import warnings
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -18,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 import cring
-from cring import _C, _core
+from cring import _C
 
 from ._autograd import (
     _AllgatherFunction,
@@ -38,7 +37,6 @@ from ._basics import (
     _internal_error,
     _run,
     global_process_set,
-    rank,
 )
 from ._compression import Compression, _compress_all, _plan_compression, _python_compressor
 
@@ -620,93 +618,3 @@ def synchronize(handle: cring.Handle) -> Any:
     """Wait for an asynchronous collective and return its result (a tensor,
     or a list for grouped ones); raise its error."""
     return _run(cring.synchronize, handle)
-
-
-def _pickler() -> Any:
-    try:
-        import cloudpickle
-
-        return cloudpickle
-    except ImportError:  # a dependency of cring; plain pickle still takes named objects
-        return pickle
-
-
-def _pickled(obj: Any, what: str) -> bytes:
-    """`obj`'s bytes, or a clear error: without cloudpickle (a dependency of
-    cring, as of Horovod) lambdas and local functions cannot be pickled."""
-    buffer = io.BytesIO()
-    pickler = _pickler()
-    try:
-        pickler.dump(obj, buffer)
-    except Exception as e:
-        if pickler is not pickle:
-            raise
-        raise pickle.PicklingError(
-            f"{what}: cannot pickle {type(obj).__name__} object ({e}); install cloudpickle "
-            "(a dependency of cring: pip install cloudpickle), which pickles lambdas and "
-            "local functions"
-        ) from e
-    return buffer.getvalue()
-
-
-def broadcast_object(
-    obj: Any,
-    root_rank: int = 0,
-    name: Optional[str] = None,
-    process_set: ProcessSet = global_process_set,
-) -> Any:
-    """Return root_rank's `obj` on every rank: pickled with cloudpickle, its
-    size broadcast, then its bytes. Unnamed calls get deterministic names, so
-    every rank must make them in the same order (any `obj` is fine on the
-    other ranks, e.g. None). When the root cannot pickle `obj`, every rank
-    raises (the root the pickling error, the others a RuntimeError)."""
-    ps = _core._ps_id(process_set)
-    base = _core._name("broadcast_object", name, ps)
-    is_root = rank() == int(root_rank)
-    failure: Optional[BaseException] = None
-    if is_root:
-        try:
-            data = _pickled(obj, "broadcast_object")
-        except Exception as e:
-            failure, data = e, b""
-        length = torch.tensor([-1 if failure else len(data)], dtype=torch.int64)
-    else:
-        length = torch.zeros(1, dtype=torch.int64)
-    _run(cring.broadcast_, length, root_rank, name=f"{base}.sz", process_set=process_set)
-    if failure is not None:
-        raise failure
-    if int(length[0]) < 0:
-        raise RuntimeError(
-            f"broadcast_object: root rank {root_rank} could not pickle its object (see its error)"
-        )
-    if is_root:
-        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    else:
-        payload = torch.empty(int(length[0]), dtype=torch.uint8)
-    _run(cring.broadcast_, payload, root_rank, name=f"{base}.t", process_set=process_set)
-    if is_root:
-        return obj
-    return _pickler().load(io.BytesIO(payload.numpy().tobytes()))
-
-
-def allgather_object(
-    obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set
-) -> list:
-    """Return the list of every rank's `obj`, in rank order (pickled with
-    cloudpickle; sizes and bytes gathered together)."""
-    base = _core._name("allgather_object", name, _core._ps_id(process_set))
-    payload = torch.frombuffer(bytearray(_pickled(obj, "allgather_object")), dtype=torch.uint8)
-    sizes_handle = _run(
-        cring.allgather_async,
-        torch.tensor([payload.numel()], dtype=torch.int64),
-        name=f"{base}.sz",
-        process_set=process_set,
-    )
-    bytes_handle = _run(cring.allgather_async, payload, name=f"{base}.t", process_set=process_set)
-    sizes = [int(n) for n in _run(cring.synchronize, sizes_handle)]
-    gathered = _run(cring.synchronize, bytes_handle).numpy()
-    objects, start = [], 0
-    for n in sizes:
-        objects.append(_pickler().load(io.BytesIO(gathered[start : start + n].tobytes())))
-        start += n
-    return objects
