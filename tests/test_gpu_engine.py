@@ -206,16 +206,17 @@ cring.shutdown()
     assert len(calls) == 1 and f"stream={cring_stream} " in calls[0]
 
 
-FAST_PATH = """
+# torch without CUDA, dressed as a CUDA build for cring's C fast paths: the
+# export it calls (torch._C._to_dlpack_versioned) hands over the CPU memory
+# as kDLCUDA, the current stream is 0x4242, and tensors say is_cuda; `frames`
+# collects the Python frames that run while `profile` is set
+STAND_INS = """
 import json, sys
 import torch, cring
 import cring.torch as hvd
 from cring import _gpu
 from fake_cuda import FakeCudaTensor as F
 
-# torch without CUDA, dressed as a CUDA build for cring's C fast path: the
-# export it calls (torch._C._to_dlpack_versioned) hands over the CPU memory
-# as kDLCUDA, the current stream is 0x4242, and tensors say is_cuda
 keep = []
 
 
@@ -230,15 +231,18 @@ torch._C._cuda_getCurrentRawStream = lambda index: 0x4242
 torch.Tensor.is_cuda = property(lambda self: True)
 cring.init(rank=0, size=1)
 assert cring.nccl_available() and cring.cuda_available()  # what the first CUDA call does
-x = torch.ones(6)
 frames = []
 
 
 def profile(frame, event, arg):
     if event == "call":
         frames.append(frame.f_code.co_filename + ":" + frame.f_code.co_name)
+"""
 
-
+FAST_PATH = (
+    STAND_INS
+    + """
+x = torch.ones(6)
 before = _gpu.stats()
 sys.setprofile(profile)
 r1 = cring.allreduce_(x, op=cring.Sum, name="fast")
@@ -254,50 +258,12 @@ print(json.dumps({"same": r1 is x and r2 is x, "x": x.tolist(), "frames": frames
                   "events": after["events"] - before["events"],
                   "stream_waits": after["stream_waits"] - before["stream_waits"]}))
 """
-
-
-def test_c_fast_path_for_torch_cuda_tensors(fakes, tmp_path):
-    """cring.allreduce_ and allreduce_async_ (and cring.torch's) of a (pretend) torch CUDA tensor
-    reach the queue from C: no frame of cring's Python code runs (the only
-    frames are this test's stand-ins for torch's CUDA functions), the current
-    stream is read and gets the producer's event, and it waits on the result."""
-    pytest.importorskip("torch")
-    cuda_log = tmp_path / "cuda.log"
-    env = fake_env(fakes, CRING_FAKE_CUDA_LOG=str(cuda_log))
-    proc = subprocess.run(
-        [sys.executable, "-c", FAST_PATH],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["same"] and out["x"] == [1.0] * 6  # sums over one rank, in place
-    cring_frames = [f for f in out["frames"] if "/cring/" in f]
-    assert cring_frames == [], cring_frames
-    # a producer's event per call (4), a completion event per batch (calls that were
-    # ready together share one)
-    assert 6 <= out["events"] <= 8
-    assert out["stream_waits"] == 8  # cring's stream on the producer, 0x4242 on the result
-    cuda = cuda_log.read_text()
-    assert cuda.count("eventrecord") == out["events"]
-    assert "eventrecord event=1 stream=0x4242" in cuda  # the producer's, on its stream
-    assert "streamwait stream=0x4242 " in cuda  # the caller's stream after the result
-
+)
 
 ALLGATHER_FAST = (
-    FAST_PATH.split("x = torch.ones(6)")[0]
+    STAND_INS
     + """
 x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
-frames = []
-
-
-def profile(frame, event, arg):
-    if event == "call":
-        frames.append(frame.f_code.co_filename + ":" + frame.f_code.co_name)
-
-
 before = _gpu.stats()
 sys.setprofile(profile)
 ys = [cring.allgather(x, name="fast_gather") for _ in range(3)]
@@ -312,27 +278,51 @@ print(json.dumps({"values": [y.tolist() for y in ys], "kinds": [type(y).__name__
 )
 
 
-def test_c_fast_path_of_allgather_for_torch_cuda_tensors(fakes, tmp_path):
-    """cring.allgather of a (pretend) torch CUDA tensor runs from C: no frame
-    of cring's Python code, the result is room from torch's allocator
-    (x.new_empty, so no cudaMalloc), right, and the caller's stream waits on
-    it (cring's stream on the producer's event, the caller's on the result)."""
+def run_stand_in_script(fakes, tmp_path, script: str) -> tuple[dict, str]:
+    """Run a STAND_INS script against the fakes: (its JSON line, the fake
+    runtime's log)."""
     pytest.importorskip("torch")
     cuda_log = tmp_path / "cuda.log"
     env = fake_env(fakes, CRING_FAKE_CUDA_LOG=str(cuda_log))
     proc = subprocess.run(
-        [sys.executable, "-c", ALLGATHER_FAST],
+        [sys.executable, "-c", script],
         env=env,
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]), cuda_log.read_text()
+
+
+def test_c_fast_path_for_torch_cuda_tensors(fakes, tmp_path):
+    """cring.allreduce_ and allreduce_async_ (and cring.torch's) of a (pretend) torch CUDA tensor
+    reach the queue from C: no frame of cring's Python code runs (the only
+    frames are this test's stand-ins for torch's CUDA functions), the current
+    stream is read and gets the producer's event, and it waits on the result."""
+    out, cuda = run_stand_in_script(fakes, tmp_path, FAST_PATH)
+    assert out["same"] and out["x"] == [1.0] * 6  # sums over one rank, in place
+    cring_frames = [f for f in out["frames"] if "/cring/" in f]
+    assert cring_frames == [], cring_frames
+    # a producer's event per call (4), a completion event per batch (calls that were
+    # ready together share one)
+    assert 6 <= out["events"] <= 8
+    assert out["stream_waits"] == 8  # cring's stream on the producer, 0x4242 on the result
+    assert cuda.count("eventrecord") == out["events"]
+    assert "eventrecord event=1 stream=0x4242" in cuda  # the producer's, on its stream
+    assert "streamwait stream=0x4242 " in cuda  # the caller's stream after the result
+
+
+def test_c_fast_path_of_allgather_for_torch_cuda_tensors(fakes, tmp_path):
+    """cring.allgather of a (pretend) torch CUDA tensor runs from C: no frame
+    of cring's Python code, the result is room from torch's allocator
+    (x.new_empty, so no cudaMalloc), right, and the caller's stream waits on
+    it (cring's stream on the producer's event, the caller's on the result)."""
+    out, cuda = run_stand_in_script(fakes, tmp_path, ALLGATHER_FAST)
     assert out["values"] == [[[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]] * 3
     assert out["kinds"] == ["Tensor"] * 3
     cring_frames = [f for f in out["frames"] if "/cring/" in f]
     assert cring_frames == [], cring_frames
     assert out["device_allocs"] == 0
     assert out["stream_waits"] == 6
-    assert "streamwait stream=0x4242 " in cuda_log.read_text()
+    assert "streamwait stream=0x4242 " in cuda

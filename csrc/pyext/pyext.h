@@ -142,6 +142,9 @@ int cring__pyext_submit_wait_keep(module_state *s, cring_engine_t *engine,
                                   const cring_request_t *req, cring__dl_ref_t *views, int *nviews,
                                   cring_handle_t **keep);
 
+/* Is x absent, or the int or float 1 (a scale factor that scales nothing)? */
+int cring__pyext_is_one(PyObject *x);
+
 /* ---- submit_cuda.c ------------------------------------------------------------- */
 /* May a torch CUDA tensor take a C fast path? Only on the NCCL path
  * (CRING_GPU_OPERATIONS unset or nccl) once the Python path has loaded NCCL
@@ -167,9 +170,6 @@ int cring__pyext_acquire_cuda(PyObject *obj, PyObject *dl_stream, void *raw, con
 PyObject *cring__pyext_torch_cuda_allgather(PyObject *module, module_state *s, PyObject *x,
                                             const char *name, int unnamed, int *declined);
 
-/* Is x absent, or the int or float 1 (a scale factor that scales nothing)? */
-int cring__pyext_is_one(PyObject *x);
-
 /* ---- submit_small.c ---------------------------------------------------------- */
 /* broadcast_ and allgather for NumPy arrays (and broadcast_ for CPU torch
  * tensors) bound and run in C, and allreduce_async (out of place) for NumPy
@@ -180,6 +180,15 @@ extern PyMethodDef cring__pyext_small_functions[];
  * postscale_factor, process_set): a cring.Handle, or the fallback's result. */
 PyObject *cring__pyext_allreduce_async(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                        PyObject *kwnames);
+/* The shape of an allgather result of `rows` rows whose other dimensions are
+ * ref's (a 0-d ref gathers as one row: (rows,)); NULL with the error set. */
+PyObject *cring__pyext_rows_shape(const cring__dl_ref_t *ref, int64_t rows);
+/* The completed allgather h lent without a copy through the module's
+ * attribute `attr` (interned into *attr_name once), called as (x, handle,
+ * shape) with a Handle that owns h (also on failure) and holds no views. */
+PyObject *cring__pyext_lend_result(PyObject *module, module_state *s, cring_handle_t *h,
+                                   const char *name, PyObject **attr_name, const char *attr,
+                                   PyObject *x, PyObject *shape);
 extern PyMethodDef cring__pyext_region_functions[]; /* region_bindings.c */
 
 /* ---- process_sets.c ---------------------------------------------------------- */

@@ -78,27 +78,14 @@ static PyObject *gathered(PyObject *module, module_state *s, PyObject *x, PyObje
         if (rows == room_rows) return Py_NewRef(room);
         return PyObject_CallMethod(room, "narrow", "iLL", 0, 0LL, (long long)rows);
     }
-    int ndim = in->t->ndim ? in->t->ndim : 1;
-    PyObject *shape = PyTuple_New(ndim);
-    for (int d = 0; shape && d < ndim; d++) {
-        PyObject *dim = PyLong_FromLongLong(d ? in->t->shape[d] : rows);
-        if (!dim) Py_CLEAR(shape);
-        else PyTuple_SET_ITEM(shape, d, dim);
+    PyObject *shape = cring__pyext_rows_shape(in, rows);
+    if (!shape) {
+        cring_handle_free(h);
+        return NULL;
     }
-    PyObject *hobj =
-        shape ? cring__pyext_handle_new(s, h, NULL, 0, CRING_COLL_ALLGATHER, name) : NULL;
-    if (!shape) cring_handle_free(h);
-    PyObject *res = NULL;
-    if (hobj) {
-        ((HandleObject *)hobj)->released = 1; /* it holds no views */
-        if (view_name || (view_name = PyUnicode_InternFromString("allgather_cuda_view"))) {
-            PyObject *view = PyObject_GetAttr(module, view_name);
-            if (view) res = PyObject_CallFunctionObjArgs(view, x, hobj, shape, NULL);
-            Py_XDECREF(view);
-        }
-        Py_DECREF(hobj);
-    }
-    Py_XDECREF(shape);
+    PyObject *res =
+        cring__pyext_lend_result(module, s, h, name, &view_name, "allgather_cuda_view", x, shape);
+    Py_DECREF(shape);
     return res;
 }
 
@@ -126,12 +113,7 @@ PyObject *cring__pyext_torch_cuda_allgather(PyObject *module, module_state *s, P
     int size = cring_comm_size(cring_engine_comm(s->engine));
     int ndim = views[0].t->ndim ? views[0].t->ndim : 1;
     int64_t rows = views[0].t->ndim ? views[0].t->shape[0] : 1;
-    PyObject *shape = PyTuple_New(ndim), *room = NULL;
-    for (int d = 0; shape && d < ndim; d++) {
-        PyObject *dim = PyLong_FromLongLong(d ? views[0].t->shape[d] : (int64_t)size * rows);
-        if (!dim) Py_CLEAR(shape);
-        else PyTuple_SET_ITEM(shape, d, dim);
-    }
+    PyObject *shape = cring__pyext_rows_shape(&views[0], (int64_t)size * rows), *room = NULL;
     if (shape) room = new_empty(x, shape);
     Py_XDECREF(shape);
     taken = room ? cring__dl_acquire_fast(room, name, 1, 1, &views[1]) : -1;

@@ -130,6 +130,34 @@ static PyObject *py_broadcast_(PyObject *module, PyObject *const *args, Py_ssize
     return fall_back(module, &fallback_name, "broadcast_fallback", args, nargs, kwnames);
 }
 
+PyObject *cring__pyext_rows_shape(const cring__dl_ref_t *ref, int64_t rows) {
+    int ndim = ref->t->ndim ? ref->t->ndim : 1;
+    PyObject *shape = PyTuple_New(ndim);
+    for (int d = 0; shape && d < ndim; d++) {
+        PyObject *dim = PyLong_FromLongLong(d ? ref->t->shape[d] : rows);
+        if (!dim) Py_CLEAR(shape);
+        else PyTuple_SET_ITEM(shape, d, dim);
+    }
+    return shape;
+}
+
+PyObject *cring__pyext_lend_result(PyObject *module, module_state *s, cring_handle_t *h,
+                                   const char *name, PyObject **attr_name, const char *attr,
+                                   PyObject *x, PyObject *shape) {
+    if (!*attr_name && !(*attr_name = PyUnicode_InternFromString(attr))) {
+        cring_handle_free(h);
+        return NULL;
+    }
+    PyObject *hobj = cring__pyext_handle_new(s, h, NULL, 0, CRING_COLL_ALLGATHER, name);
+    if (!hobj) return NULL;               /* it freed h */
+    ((HandleObject *)hobj)->released = 1; /* it holds no views: the caller releases them */
+    PyObject *res = NULL, *view = PyObject_GetAttr(module, *attr_name);
+    if (view) res = PyObject_CallFunctionObjArgs(view, x, hobj, shape, NULL);
+    Py_XDECREF(view);
+    Py_DECREF(hobj);
+    return res;
+}
+
 /* The completed allgather h as a NumPy array like x: small results copied
  * into a new array, large ones lent without a copy through the module's
  * `allgather_view(x, handle, shape)` (the handle object keeps the memory). */
@@ -140,15 +168,9 @@ static PyObject *allgather_result(PyObject *module, module_state *s, PyObject *x
     const int64_t *dims;
     const void *src = cring_handle_output(h, 0, &bytes, &dims);
     int size = cring_comm_size(cring_engine_comm(s->engine));
-    int ndim = ref->t->ndim ? ref->t->ndim : 1;
-    PyObject *shape = PyTuple_New(ndim);
     int64_t rows = 0;
     for (int q = 0; q < size; q++) rows += dims[q];
-    for (int d = 0; shape && d < ndim; d++) {
-        PyObject *dim = PyLong_FromLongLong(d ? ref->t->shape[d] : rows);
-        if (!dim) Py_CLEAR(shape);
-        else PyTuple_SET_ITEM(shape, d, dim);
-    }
+    PyObject *shape = cring__pyext_rows_shape(ref, rows);
     if (!shape || !src) {
         cring_handle_free(h);
         if (shape && !src) PyErr_SetString(PyExc_RuntimeError, "allgather returned no result");
@@ -157,15 +179,8 @@ static PyObject *allgather_result(PyObject *module, module_state *s, PyObject *x
     }
     PyObject *res = NULL;
     if (bytes > COPY_RESULT_MAX_BYTES) {
-        if (!view_name && !(view_name = PyUnicode_InternFromString("allgather_view"))) goto done;
-        PyObject *hobj = cring__pyext_handle_new(s, h, NULL, 0, CRING_COLL_ALLGATHER, name);
+        res = cring__pyext_lend_result(module, s, h, name, &view_name, "allgather_view", x, shape);
         h = NULL; /* the handle object owns it, even on failure */
-        if (!hobj) goto done;
-        ((HandleObject *)hobj)->released = 1; /* it holds no views: the caller releases them */
-        PyObject *view = PyObject_GetAttr(module, view_name);
-        if (view) res = PyObject_CallFunctionObjArgs(view, x, hobj, shape, NULL);
-        Py_XDECREF(view);
-        Py_DECREF(hobj);
         goto done;
     }
     if (!np_empty) {
