@@ -102,8 +102,15 @@ AREAS = {
     ),
     "multihost": ("test_launcher_hosts", "test_multihost"),
 }
-# Modules marked `slow` as a whole here (rather than in the file) because
-# another issue owns the file this round (the fake-GPU tests).
+# Tests that use one of these fixtures (in these modules) are slow: the fixture
+# starts the Ray tests' shared cluster, or every Lightning scenario at once.
+SLOW_FIXTURES = {
+    "cluster": AREAS["ray"],
+    "runs": ("test_lightning", "test_lightning_amp"),
+}
+# Modules marked `slow` as a whole here rather than in the file, because
+# another issue owns the file this round (the fake-GPU model-scale replays and
+# sweep). Elsewhere a slow test is marked where it is written.
 SLOW_MODULES = ("test_gpu_buckets", "test_gpu_sweep")
 # pytest-xdist (--dist loadgroup) groups: every test of a group runs on one
 # worker, in collection order. The Ray modules share one Ray cluster per worker
@@ -139,7 +146,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         for area, modules in AREAS.items():
             if module in modules:
                 item.add_marker(getattr(pytest.mark, area))
-        if module in SLOW_MODULES:
+        fixtures = getattr(item, "fixturenames", ())
+        if module in SLOW_MODULES or any(
+            name in fixtures and module in modules for name, modules in SLOW_FIXTURES.items()
+        ):
             item.add_marker(pytest.mark.slow)
         group = GROUPS.get(module) or (module if module in grouped_modules else None)
         if group is not None:

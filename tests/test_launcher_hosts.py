@@ -346,6 +346,7 @@ def test_environment_is_forwarded_only_with_x(hosts, tmp_path) -> None:
 
 
 @needs_hosts
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["2x2", "3x2-hostfile"])
 def test_every_collective_and_dtype_across_hosts(hosts, tmp_path, layout) -> None:
     if layout == "2x2":
@@ -624,6 +625,7 @@ FLAKY_HOST_WORKER = """
 
 
 @needs_hosts
+@pytest.mark.slow
 def test_elastic_failing_host_is_blacklisted_for_its_cooldown(hosts, tmp_path) -> None:
     """Every worker on hostC fails after 3 steps; hostA and hostB are healthy.
     With --blacklist-cooldown-range 1 2, hostC gets no new worker until its

@@ -73,24 +73,26 @@ def _jobs(out: Path) -> dict:
             ],
             {},
         )
-    torchrun = shutil.which("torchrun")
-    if torchrun:
-        jobs["torchrun"] = (
+    # torchrun as `python -m torch.distributed.run`: this Python's torch, never
+    # another torchrun found first on PATH (whose Python may lack cring)
+    jobs["torchrun"] = (
+        [
             [
-                [
-                    torchrun,
-                    "--standalone",
-                    "--nproc-per-node",
-                    "2",
-                    FIT,
-                    str(out),
-                    "torchrun",
-                    "--devices",
-                    "1",
-                ]
-            ],
-            {},
-        )
+                py,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                FIT,
+                str(out),
+                "torchrun",
+                "--devices",
+                "1",
+            ]
+        ],
+        {},
+    )
     return jobs
 
 

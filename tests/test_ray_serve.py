@@ -28,8 +28,11 @@ from ray_cluster import (  # noqa: E402
     CRING_PATH,
     MARKER_VARIABLE,
     RAY_CLEANUP_TIMEOUT_S,
+    RAY_SETTINGS,
     ray_processes,
 )
+
+pytestmark = pytest.mark.slow
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "serve_ray.py"
 TIMEOUT_S = 600  # training, Serve's start and one query on a loaded 2-core machine (~3 min)
@@ -37,7 +40,7 @@ TIMEOUT_S = 600  # training, Serve's start and one query on a loaded 2-core mach
 
 def test_serve_example_trains_serves_and_answers_over_http(tmp_path):
     marker = f"{os.getpid()}-{uuid.uuid4().hex}"
-    env = dict(os.environ, **{MARKER_VARIABLE: marker})
+    env = {**RAY_SETTINGS, **os.environ, MARKER_VARIABLE: marker}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CRING_PATH), env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
         [sys.executable, str(EXAMPLE), "--storage-path", str(tmp_path / "results")],
