@@ -151,7 +151,7 @@ wait_for() { # $1: pid, $2: what, $3: log
 wait_for "$WHEEL_PID" "scripts/build_wheel.sh" "$WHEEL_LOG"
 wait_for "$NCCL_PID" "installing nvidia-nccl-cu13" "$NCCL_LOG"
 WHEELS=("$WHEEL_DIR"/cring-*.whl)
-$PIP install -q --no-deps "${WHEELS[@]}"
+$PIP install -q "${WHEELS[@]}" # with its dependencies (cloudpickle), as a user gets it
 stamp "cring installed from ${WHEELS[*]}"
 export CRING_TEST_WHEEL_DIR="$PWD/$WHEEL_DIR" CRING_TEST_NCCL_SITE="$PWD/$NCCL_SITE"
 

@@ -765,7 +765,20 @@ def test_ctrl_c_reaches_remote_ranks_as_sigint(hosts, tmp_path) -> None:
             if line is None:
                 break
             stdout_lines.append(line)
-        launcher.wait(timeout=max(1.0, deadline - time.monotonic()))
+        try:
+            launcher.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            on_hosts = {h: [(p, _cmdline(p)) for p in processes_on(hosts, h)] for h in HOSTS}
+            tree = subprocess.run(
+                ["ps", "-o", "pid,ppid,stat,wchan:24,args", "-g", str(launcher.pid)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
+            pytest.fail(
+                f"cringrun still runs {CTRL_C_EXIT_S} s after SIGINT\nits output: "
+                f"{stdout_lines}\nits processes:\n{tree}\non the hosts: {on_hosts}"
+            )
         for t in readers:
             t.join(timeout=30)
     finally:
