@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -70,6 +72,25 @@ def rank_results(tmp_path: Path, np_: int) -> list[dict]:
         with open(tmp_path / f"rank{r}.json") as f:
             out.append(json.load(f))
     return out
+
+
+# ------------------------------------------------------------------------------------ signals
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Undo ignored SIGINT, SIGTERM and SIGHUP in this process, so that every
+    process a test starts begins with them at their defaults. A runner that
+    starts the suite as a background job of a non-interactive shell (SIGINT
+    ignored) or under nohup (SIGHUP ignored) passes that on to every child; a
+    cringrun started so keeps ignoring it, as a launcher should, and the tests
+    that send it Ctrl-C then wait for nothing (the simulated-host Ctrl-C test
+    hung for its 300 s twice that way)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            signal.signal(signum, default)
 
 
 # --------------------------------------------------------------------------- markers and groups
