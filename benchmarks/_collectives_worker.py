@@ -180,7 +180,14 @@ def make_backend(library: str) -> Backend:
     raise ValueError(f"unknown library {library!r}")
 
 
-def measure(b: Backend, collective: str, nbytes: int, reps: int, rotate_bytes: int) -> dict:
+def measure(
+    b: Backend,
+    collective: str,
+    nbytes: int,
+    reps: int,
+    rotate_bytes: int,
+    rotate_from_bytes: int = ROTATE_FROM_BYTES,
+) -> dict:
     """Time one collective at one size; returns this rank's seconds per call
     for each repetition."""
     n = b.size
@@ -202,7 +209,7 @@ def measure(b: Backend, collective: str, nbytes: int, reps: int, rotate_bytes: i
     # call's data no longer fits in a core's own caches; smaller messages stay
     # cache-resident in real use too (and an index per call would cost more
     # than the collective).
-    count = 1 if footprint < ROTATE_FROM_BYTES else max(2, math.ceil(rotate_bytes / footprint))
+    count = 1 if footprint < rotate_from_bytes else max(2, math.ceil(rotate_bytes / footprint))
     name = f"bench.{collective}.{nbytes}"
     calls = []
     for _ in range(count):
@@ -312,7 +319,12 @@ def worker(args: argparse.Namespace) -> None:
                 f.flush()
                 continue
             result = measure(
-                b, request["collective"], request["bytes"], request["reps"], request["rotate_bytes"]
+                b,
+                request["collective"],
+                request["bytes"],
+                request["reps"],
+                request["rotate_bytes"],
+                request.get("rotate_from_bytes", ROTATE_FROM_BYTES),
             )
             f.write(json.dumps(result) + "\n")
             f.flush()

@@ -26,8 +26,8 @@ enum {
      * each block out while it is in L1, instead of re-reading the slice. */
     SHM_P_BLOCK,
     /* From this many output bytes on, copies into user buffers use streaming
-     * stores: such outputs are mostly not in cache and not read again at
-     * once, and streaming saves the read-for-ownership. */
+     * stores: such outputs do not stay in this core's share of the L3
+     * anyway, and streaming saves the read-for-ownership. */
     SHM_P_STREAM,
     /* shm_inplace.c: bytes per round over mapped buffers, and the copy size
      * from which its copies stream. */

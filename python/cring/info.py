@@ -191,7 +191,12 @@ _SHM_SIZES = (
     ("round_bytes", "rounds", "CRING_SHM_ROUND_BYTES", "L2 / 4"),
     ("small_allreduce_bytes", "one-exchange allreduce up to", "CRING_SHM_SMALL_BYTES", "L1d / 3"),
     ("reduce_block_bytes", "reduce blocks", "CRING_SHM_REDUCE_BLOCK_BYTES", "L1d x 2/3"),
-    ("stream_min_bytes", "streaming stores from", "CRING_SHM_STREAM_MIN_BYTES", "L2"),
+    (
+        "stream_min_bytes",
+        "streaming stores from",
+        "CRING_SHM_STREAM_MIN_BYTES",
+        "L3 per CPU sharing it / 2",
+    ),
     ("inplace_round_bytes", "shared-region rounds", "CRING_SHM_INPLACE_ROUND_BYTES", "L3 / 8"),
     (
         "inplace_stream_min_bytes",

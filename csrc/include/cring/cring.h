@@ -435,7 +435,7 @@ typedef struct cring_shm_tuning {
     size_t round_bytes;                   /* CRING_SHM_ROUND_BYTES: L2 / 4 */
     size_t small_allreduce_bytes;         /* CRING_SHM_SMALL_BYTES: L1d / 3 */
     size_t reduce_block_bytes;            /* CRING_SHM_REDUCE_BLOCK_BYTES: L1d * 2/3 */
-    size_t stream_min_bytes;              /* CRING_SHM_STREAM_MIN_BYTES: L2 */
+    size_t stream_min_bytes;              /* CRING_SHM_STREAM_MIN_BYTES: L3 per CPU / 2 */
     size_t inplace_round_bytes;           /* CRING_SHM_INPLACE_ROUND_BYTES: L3 / 8 */
     size_t inplace_stream_min_bytes;      /* CRING_SHM_INPLACE_STREAM_MIN_BYTES: L2 / 4 */
 } cring_shm_tuning_t;
