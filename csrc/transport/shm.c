@@ -21,7 +21,8 @@
 #include "../common/auth.h"
 #include "transport.h"
 
-#define SHM_MAGIC 0x43524e4753484d31ull /* "CRNGSHM1" */
+/* "CRNGSHM2": the header carries the algorithms' parameters since issue 35 */
+#define SHM_MAGIC 0x43524e4753484d32ull
 #define PAGE_BYTES 4096
 /* A spinning waiter yields the core once every this many pauses (about
  * 0.7 us here): a peer usually answers a small collective within that, so
