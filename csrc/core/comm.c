@@ -157,6 +157,9 @@ static cring_status_t choose_transport(cring_comm_t *c, const cring_config_t *cf
         .timeout_s = c->timeout_s,
         .err = &c->err,
     };
+    uint64_t shm_params[CRING__SHM_PARAMS];
+    cring__shm_tuning_params(shm_params);
+    init.shm_params = shm_params;
     int one_host = c->local_size == c->size;
     if (cfg->transport == CRING_TRANSPORT_SHM && !one_host)
         return cring__fail(&c->err, CRING_ERR_NOT_SUPPORTED,

@@ -289,7 +289,7 @@ def _plain(compression: Any, prescale_factor: float, postscale_factor: float) ->
     )
 
 
-def allreduce(
+def _allreduce_out_general(
     tensor: Any,
     op: int = Average,
     name: Optional[str] = None,
@@ -298,9 +298,8 @@ def allreduce(
     postscale_factor: float = 1.0,
     process_set: Any = None,
 ) -> Any:
-    """Return a new tensor of the caller's kind holding the reduction of
-    `tensor` over all ranks; the input is unchanged.
-    op: cring.Average (default, as in Horovod), Sum, Min, Max or Product."""
+    """allreduce for what _C.allreduce does not do itself (CUDA and other
+    libraries' tensors, strided ones, compression, scaling, process sets)."""
     ps = _ps_id(process_set)
     return synchronize(
         _allreduce_async(
@@ -316,6 +315,18 @@ def allreduce(
             True,
         )
     )
+
+
+# cring.allreduce(tensor, op=Average, name=None, compression=None,
+# prescale_factor=1.0, postscale_factor=1.0, process_set=None): return a new
+# tensor of the caller's kind holding the reduction of `tensor` over all
+# ranks; the input is unchanged. A contiguous NumPy array or CPU torch tensor
+# on the global set, without compression or scaling, is reduced by
+# _C.allreduce without a Python frame (the output made by empty_like in C,
+# the caller waiting as allreduce_ does); the rest comes back to
+# _allreduce_out_general.
+_C.allreduce_out_fallback = _allreduce_out_general
+allreduce = _C.allreduce
 
 
 def _allreduce_inplace_general(

@@ -427,6 +427,22 @@ CRING_API void cring_engine_timeline_mark_cycles(cring_engine_t *engine, int on)
  * ("avx512", "avx2", "scalar", ...). Thread-safe. */
 CRING_API const char *cring_reduce_isa(void);
 
+/* The sizes the shared-memory collectives work in on this machine, and the
+ * caches they come from (docs/performance.md, "Sizes from the machine").
+ * A job uses rank 0's. Cache sizes are 0 where the machine reports none. */
+typedef struct cring_shm_tuning {
+    size_t l1d_bytes, l2_bytes, l3_bytes; /* per core (L3: as reported) */
+    size_t round_bytes;                   /* CRING_SHM_ROUND_BYTES: L2 / 4 */
+    size_t small_allreduce_bytes;         /* CRING_SHM_SMALL_BYTES: L1d / 3 */
+    size_t reduce_block_bytes;            /* CRING_SHM_REDUCE_BLOCK_BYTES: L1d * 2/3 */
+    size_t stream_min_bytes;              /* CRING_SHM_STREAM_MIN_BYTES: L3 per CPU / 2 */
+    size_t inplace_round_bytes;           /* CRING_SHM_INPLACE_ROUND_BYTES: L3 / 8 */
+    size_t inplace_stream_min_bytes;      /* CRING_SHM_INPLACE_STREAM_MIN_BYTES: L2 / 4 */
+} cring_shm_tuning_t;
+/* Fill *out from the caches and the environment (powers of two, clamped;
+ * a variable that is set wins). Reads sysfs; thread-safe. */
+CRING_API void cring_shm_tuning(cring_shm_tuning_t *out);
+
 #ifdef __cplusplus
 }
 #endif
