@@ -203,8 +203,12 @@ void cring__engine_mark_cycle(cring_engine_t *e) {
 
 cring_status_t cring__engine_transport_failed(cring_engine_t *e, cring_status_t st) {
     int expected = CRING_OK;
-    if (atomic_compare_exchange_strong(&e->broken, &expected, (int)st))
+    if (atomic_compare_exchange_strong(&e->broken, &expected, (int)st)) {
         snprintf(e->broken_msg, sizeof e->broken_msg, "%s", cring__comm_error(e->comm));
+        for (int t = 0; t < CRING__DEVICE_TYPES; t++)
+            if (e->backends[t] && e->backends[t]->abort)
+                e->backends[t]->abort(e, st, e->broken_msg);
+    }
     cring__negotiate_fail_all(e, st, e->broken_msg);
     return st;
 }
