@@ -540,17 +540,14 @@ static cring_status_t gather_counts(cring_engine_t *e, const req_t *r, int i, co
     const tensor_spec_t *t = &r->t[i];
     const size_t esize = cring_dtype_size(t->dtype), row = t->row_elems ? t->row_elems : 1;
     *total = 0;
-    for (int q = 0; q < e->size; q++) {
-        if (q == e->rank) {
-            counts[q] = t->count; /* a 0-d tensor gathers as one row */
-        } else if (rows[q] < 0 || (uint64_t)rows[q] > SIZE_MAX / row / esize) {
+    for (int q = 0; q < e->size; q++) { /* this rank's own too: every rank sees the same */
+        if (rows[q] < 0 || (uint64_t)rows[q] > SIZE_MAX / row / esize)
             return fail(e, CRING_ERR_PROTOCOL,
                         "'%s' (tensor %d): rank %d described %lld rows of %zu elements for the "
                         "allgather, which cannot be (a corrupted request record?)",
                         r->name, i, q, (long long)rows[q], t->row_elems);
-        } else {
-            counts[q] = (size_t)rows[q] * t->row_elems;
-        }
+        /* a 0-d tensor gathers as one row */
+        counts[q] = q == e->rank ? t->count : (size_t)rows[q] * t->row_elems;
         if (counts[q] > SIZE_MAX / esize - *total)
             return fail(e, CRING_ERR_PROTOCOL,
                         "'%s' (tensor %d): the allgather's parts up to rank %d exceed the "
