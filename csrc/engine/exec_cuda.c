@@ -1,6 +1,6 @@
 /* exec_cuda.c: the CUDA execution backend. At submission (prepare, on the
  * submitting thread) it records an event on the producer's stream. A
- * negotiated batch runs on cring's own stream of its device (csrc/gpu/stream.c):
+ * negotiated batch runs on the engine's own cring stream of its device:
  * that stream first waits on the batch's producer events, then the batch's
  * allreduces (and broadcasts), large ones included (bucket.c makes a
  * training step's gradients a few such batches), are packed into the device
@@ -9,8 +9,8 @@
  * too large to share a buffer, runs in place. A
  * completion event recorded after the batch goes to every handle of it, for
  * consumers' streams to wait on. Returns once the work is enqueued: it never
- * waits for the device (a growing fusion buffer's cudaFree aside), and knows
- * nothing of Python. A reduction NCCL cannot do as the CPU path does (a
+ * waits for the device (its device memory is stream-ordered: csrc/gpu/gpu.h),
+ * and knows nothing of Python. A reduction NCCL cannot do as the CPU path does (a
  * dtype or op NCCL lacks, scaled integers, a scaled reduction at one rank on
  * an NCCL with the one-rank defect) is the exception: it is staged through
  * host memory and reduced by the CPU backend (exec_cuda_host.c), which waits

@@ -400,8 +400,8 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, cring__gpu_comm_t *cm,
     CRING_CHECK(cring__gpu_check(c, err));
     pthread_mutex_lock(&cm->mu);
     /* after an earlier failure: ERR_BROKEN, with what broke it */
-    cring_status_t st = broken_status(cm, err) != CRING_OK ? CRING_ERR_BROKEN
-                                                           : check_locked(g, cm, err);
+    cring_status_t st =
+        broken_status(cm, err) != CRING_OK ? CRING_ERR_BROKEN : check_locked(g, cm, err);
     if (st == CRING_OK && cm->destroyed)
         st = cring__fail(err, CRING_ERR_CLOSED, "the NCCL communicator was destroyed");
     if (st != CRING_OK) {

@@ -143,7 +143,7 @@ def gated(r: int, p: int, out: dict) -> None:
             count[0] += 1
             time.sleep(0.0005)
 
-    thread = threading.Thread(target=counter)
+    thread = threading.Thread(target=counter, daemon=True)  # a failure below must not hang
     thread.start()
     # checks cuda:0's communicator first; must not wait for the engine
     cring.synchronize(h1, block_host=True)
