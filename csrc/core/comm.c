@@ -333,6 +333,15 @@ static cring_status_t finish(cring_comm_t *c, cring_status_t st) {
     return st;
 }
 
+void cring__comm_abort(cring_comm_t *c, cring_status_t st, const char *why) {
+    if (atomic_load(&c->broken) != CRING_OK) return;
+    if (st == CRING_OK || st == CRING_ERR_MISMATCH || st == CRING_ERR_INVALID_ARGUMENT ||
+        st == CRING_ERR_NOT_SUPPORTED)
+        st = CRING_ERR_BROKEN; /* finish() keeps the communicator for these */
+    cring__fail(&c->err, st, "rank %d stopped its collectives: %s", c->rank, why ? why : "");
+    finish(c, st);
+}
+
 static cring_status_t check_usable(cring_comm_t *c) {
     int broken = atomic_load(&c->broken);
     if (broken == CRING_OK) return CRING_OK;

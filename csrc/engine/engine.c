@@ -203,8 +203,18 @@ void cring__engine_mark_cycle(cring_engine_t *e) {
 
 cring_status_t cring__engine_transport_failed(cring_engine_t *e, cring_status_t st) {
     int expected = CRING_OK;
-    if (atomic_compare_exchange_strong(&e->broken, &expected, (int)st))
+    if (atomic_compare_exchange_strong(&e->broken, &expected, (int)st)) {
+        /* A failure of this rank's own (out of memory): the communicator still
+         * works, and the peers would wait for this rank until their time-out.
+         * Abort it, so they stop at once with this rank's reason. */
+        if (cring__comm_broken(e->comm) == CRING_OK)
+            cring__comm_abort(e->comm, st,
+                              e->exec.error[0] ? e->exec.error : cring_status_string(st));
         snprintf(e->broken_msg, sizeof e->broken_msg, "%s", cring__comm_error(e->comm));
+        for (int t = 0; t < CRING__DEVICE_TYPES; t++)
+            if (e->backends[t] && e->backends[t]->abort)
+                e->backends[t]->abort(e, st, e->broken_msg);
+    }
     cring__negotiate_fail_all(e, st, e->broken_msg);
     return st;
 }
@@ -516,6 +526,9 @@ void cring_engine_stop(cring_engine_t *e) {
     e->join.round = NULL;
     free(e->exec.fusion);
     e->exec.fusion = NULL;
+    free(e->exec.batch);
+    e->exec.batch = NULL;
+    e->exec.batch_cap = 0;
     cring__autotune_stop(e);
     cring_comm_destroy(e->comm);
     e->comm = NULL;

@@ -342,12 +342,17 @@ struct cring_engine {
         size_t ntimeouts, cap_timeouts;
     } table;
 
-    /* execute.c: fusion */
+    /* execute.c: fusion, the batch being run */
     struct {
         void *fusion;
         size_t fusion_cap;
         size_t threshold;
         char error[CRING__ERRMSG_BYTES]; /* a backend's message for its last failure */
+        req_t **batch;                   /* room for a round's responses, kept between rounds */
+        int batch_cap;
+        /* exec_cuda.c: this engine's CUDA devices (communicator, stream,
+         * device buffers each); NULL until its first CUDA batch */
+        struct cring__cuda_state *cuda;
     } exec;
 
     /* bucket.c: the CUDA gradient bucket plan (bucket.c describes it) */

@@ -101,7 +101,7 @@ void cring__negotiate_fail_all(cring_engine_t *e, cring_status_t st, const char 
         if (e->cache.slot_state[i] == 2) e->cache.slot_state[i] = 1;
     }
     for (size_t i = 0; i < n; i++) {
-        if (st == CRING_ERR_PEER_FAILURE) { /* say which of this rank's tensors it hit */
+        if (st != CRING_ERR_CLOSED) { /* say which of this rank's tensors it hit */
             char full[CRING__ERRMSG_BYTES + CRING__MAX_NAME_BYTES + 32];
             snprintf(full, sizeof full, "%s ('%s' was pending)", msg, list[i]->name);
             cring__engine_complete(e, list[i], st, full);

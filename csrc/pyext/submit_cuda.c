@@ -65,7 +65,7 @@ static PyObject *new_empty(PyObject *x, PyObject *shape) {
  * `allgather_cuda_view(x, handle, shape)` (cring._gpu.result_like). */
 static PyObject *gathered(PyObject *module, module_state *s, PyObject *x, PyObject *room,
                           const cring__dl_ref_t *in, const cring__dl_ref_t *out, cring_handle_t *h,
-                          const char *name) {
+                          const char *name, const cring_device_t *device) {
     static PyObject *view_name;
     size_t bytes;
     const int64_t *dims;
@@ -83,8 +83,8 @@ static PyObject *gathered(PyObject *module, module_state *s, PyObject *x, PyObje
         cring_handle_free(h);
         return NULL;
     }
-    PyObject *res =
-        cring__pyext_lend_result(module, s, h, name, &view_name, "allgather_cuda_view", x, shape);
+    PyObject *res = cring__pyext_lend_result(module, s, h, name, &view_name, "allgather_cuda_view",
+                                             x, shape, device);
     Py_DECREF(shape);
     return res;
 }
@@ -153,7 +153,8 @@ PyObject *cring__pyext_torch_cuda_allgather(PyObject *module, module_state *s, P
     int nviews = 2;
     cring_handle_t *h = NULL;
     int rc = cring__pyext_submit_wait_keep(s, s->engine, &req, views, &nviews, &h);
-    PyObject *res = rc < 0 ? NULL : gathered(module, s, x, room, &views[0], &views[1], h, name);
+    PyObject *res =
+        rc < 0 ? NULL : gathered(module, s, x, room, &views[0], &views[1], h, name, &device);
     for (int i = 0; i < nviews; i++) cring__dl_release(&views[i]);
     Py_DECREF(room);
     return res;

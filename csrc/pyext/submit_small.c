@@ -144,7 +144,7 @@ PyObject *cring__pyext_rows_shape(const cring__dl_ref_t *ref, int64_t rows) {
 
 PyObject *cring__pyext_lend_result(PyObject *module, module_state *s, cring_handle_t *h,
                                    const char *name, PyObject **attr_name, const char *attr,
-                                   PyObject *x, PyObject *shape) {
+                                   PyObject *x, PyObject *shape, const cring_device_t *cuda) {
     if (!*attr_name && !(*attr_name = PyUnicode_InternFromString(attr))) {
         cring_handle_free(h);
         return NULL;
@@ -152,6 +152,11 @@ PyObject *cring__pyext_lend_result(PyObject *module, module_state *s, cring_hand
     PyObject *hobj = cring__pyext_handle_new(s, h, NULL, 0, CRING_COLL_ALLGATHER, name);
     if (!hobj) return NULL;               /* it freed h */
     ((HandleObject *)hobj)->released = 1; /* it holds no views: the caller releases them */
+    if (cuda) {
+        ((HandleObject *)hobj)->cuda_device = cuda->id;
+        ((HandleObject *)hobj)->cuda_torch = 1;
+        ((HandleObject *)hobj)->cuda_stream = cuda->stream;
+    }
     PyObject *res = NULL, *view = PyObject_GetAttr(module, *attr_name);
     if (view) res = PyObject_CallFunctionObjArgs(view, x, hobj, shape, NULL);
     Py_XDECREF(view);
@@ -180,7 +185,8 @@ static PyObject *allgather_result(PyObject *module, module_state *s, PyObject *x
     }
     PyObject *res = NULL;
     if (bytes > COPY_RESULT_MAX_BYTES) {
-        res = cring__pyext_lend_result(module, s, h, name, &view_name, "allgather_view", x, shape);
+        res = cring__pyext_lend_result(module, s, h, name, &view_name, "allgather_view", x, shape,
+                                       NULL);
         h = NULL; /* the handle object owns it, even on failure */
         goto done;
     }

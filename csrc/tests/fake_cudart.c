@@ -6,8 +6,12 @@
  * whether they were recorded (a wait on one that never was fails); streams
  * cring creates are numbers from 0xc0de0000. Call counters for C tests:
  * fake_cuda_count("event_record" | "stream_wait" | "event_sync" | "memcpy_d2d"
- * | "stream_create" | "event_create"). Never used outside tests.
- *   CRING_FAKE_CUDA_DEVICES  device count (default 1); "error": no driver */
+ * | "stream_create" | "event_create" | "malloc" | "free" | "malloc_async" |
+ * "free_async"). Never used outside tests.
+ *   CRING_FAKE_CUDA_DEVICES  device count (default 1); "error": no driver
+ *   CRING_FAKE_CUDA_ASYNC_ALLOC  "unsupported": cudaMallocAsync answers
+ *                            cudaErrorNotSupported, as on a device without
+ *                            memory pools */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -28,6 +32,7 @@ enum {
     ERROR_INSUFFICIENT_DRIVER = 35,
     ERROR_INVALID_DEVICE = 101,
     ERROR_INVALID_RESOURCE_HANDLE = 400,
+    ERROR_NOT_SUPPORTED = 801,
 };
 
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -59,7 +64,7 @@ static int device_count(void) {
 static __thread int current_device = 0;
 
 static _Atomic long n_event_record, n_stream_wait, n_event_sync, n_memcpy_d2d, n_stream_create,
-    n_event_create;
+    n_event_create, n_malloc, n_free, n_malloc_async, n_free_async;
 
 EXPORT long fake_cuda_count(const char *what) {
     if (!strcmp(what, "event_record")) return atomic_load(&n_event_record);
@@ -68,6 +73,10 @@ EXPORT long fake_cuda_count(const char *what) {
     if (!strcmp(what, "memcpy_d2d")) return atomic_load(&n_memcpy_d2d);
     if (!strcmp(what, "stream_create")) return atomic_load(&n_stream_create);
     if (!strcmp(what, "event_create")) return atomic_load(&n_event_create);
+    if (!strcmp(what, "malloc")) return atomic_load(&n_malloc);
+    if (!strcmp(what, "free")) return atomic_load(&n_free);
+    if (!strcmp(what, "malloc_async")) return atomic_load(&n_malloc_async);
+    if (!strcmp(what, "free_async")) return atomic_load(&n_free_async);
     return -1;
 }
 
@@ -102,6 +111,7 @@ EXPORT const char *cudaGetErrorString(int error) {
         return "CUDA driver version is insufficient for CUDA runtime version";
     case ERROR_INVALID_DEVICE: return "invalid device ordinal";
     case ERROR_INVALID_RESOURCE_HANDLE: return "invalid resource handle";
+    case ERROR_NOT_SUPPORTED: return "operation not supported";
     default: return "unknown error";
     }
 }
@@ -136,27 +146,56 @@ EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t bytes, int kind, v
  * header before the block remembers its size). */
 #define FAKE_HEADER 256 /* keeps the block 256-byte aligned */
 #define FAKE_FREED 0xDB
-EXPORT int cudaMalloc(void **ptr, size_t bytes) {
+static void *device_block(size_t bytes) {
     unsigned char *base = aligned_alloc(256, FAKE_HEADER + (bytes + 255) / 256 * 256);
-    *ptr = NULL;
-    if (base) {
-        memcpy(base, &bytes, sizeof bytes);
-        *ptr = base + FAKE_HEADER;
-        memset(*ptr, 0xA5, bytes);
-    }
+    if (!base) return NULL;
+    memcpy(base, &bytes, sizeof bytes);
+    memset(base + FAKE_HEADER, 0xA5, bytes);
+    return base + FAKE_HEADER;
+}
+
+static void device_block_free(void *ptr) {
+    if (!ptr) return;
+    unsigned char *base = (unsigned char *)ptr - FAKE_HEADER;
+    size_t bytes;
+    memcpy(&bytes, base, sizeof bytes);
+    memset(ptr, FAKE_FREED, bytes);
+    free(base);
+}
+
+EXPORT int cudaMalloc(void **ptr, size_t bytes) {
+    *ptr = device_block(bytes);
+    atomic_fetch_add(&n_malloc, 1);
     log_line("malloc device=%d bytes=%zu", current_device, bytes);
     return *ptr ? SUCCESS : ERROR_MEMORY_ALLOCATION;
 }
 
 EXPORT int cudaFree(void *ptr) {
-    if (ptr) {
-        unsigned char *base = (unsigned char *)ptr - FAKE_HEADER;
-        size_t bytes;
-        memcpy(&bytes, base, sizeof bytes);
-        memset(ptr, FAKE_FREED, bytes);
-        free(base);
-    }
+    device_block_free(ptr);
+    atomic_fetch_add(&n_free, 1);
     log_line("free");
+    return SUCCESS;
+}
+
+/* Stream-ordered allocation (CUDA 11.2): the memory is valid from the
+ * allocation's position in the stream on, and freed (poisoned) when the
+ * stream reaches the free. Streams here run work when it is queued, so both
+ * happen at the call. */
+EXPORT int cudaMallocAsync(void **ptr, size_t bytes, void *stream) {
+    const char *mode = getenv("CRING_FAKE_CUDA_ASYNC_ALLOC");
+    *ptr = NULL;
+    if (mode && !strcmp(mode, "unsupported")) return ERROR_NOT_SUPPORTED;
+    *ptr = device_block(bytes);
+    atomic_fetch_add(&n_malloc_async, 1);
+    log_line("mallocasync device=%d bytes=%zu stream=0x%lx", current_device, bytes,
+             (unsigned long)(uintptr_t)stream);
+    return *ptr ? SUCCESS : ERROR_MEMORY_ALLOCATION;
+}
+
+EXPORT int cudaFreeAsync(void *ptr, void *stream) {
+    device_block_free(ptr);
+    atomic_fetch_add(&n_free_async, 1);
+    log_line("freeasync stream=0x%lx", (unsigned long)(uintptr_t)stream);
     return SUCCESS;
 }
 

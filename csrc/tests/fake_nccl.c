@@ -29,6 +29,11 @@
  *                                report an asynchronous remote error
  *   CRING_FAKE_NCCL_TIMEOUT_S    barrier time-out (default 30): a missing peer
  *                                fails the call instead of hanging
+ *   CRING_FAKE_NCCL_INIT_GATE    a path: every ncclCommInitRank of a process
+ *                                but its first logs "initstart", then waits
+ *                                until that file exists (at most the time-out
+ *                                above, then fails), so a test can hold an
+ *                                engine inside communicator set-up
  * fake_nccl_calls() (exported, for C tests): collectives this process called.
  * Build with -DFAKE_NCCL_WITHOUT_ALLGATHER for a library lacking ncclAllGather. */
 #ifndef _GNU_SOURCE
@@ -336,6 +341,20 @@ EXPORT int ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int ra
         return fail(INVALID_ARGUMENT, "fake NCCL: the unique id was not made by ncclGetUniqueId");
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return fail(INVALID_ARGUMENT, "fake NCCL: rank %d of %d", rank, nranks);
+    static _Atomic int inits; /* of this process: the first is never gated */
+    const char *gate = getenv("CRING_FAKE_NCCL_INIT_GATE");
+    if (atomic_fetch_add(&inits, 1) > 0 && gate && *gate) {
+        log_line("initstart rank=%d nranks=%d", rank, nranks);
+        double deadline = now_s() + env_double("CRING_FAKE_NCCL_TIMEOUT_S", 30);
+        while (access(gate, F_OK) != 0) {
+            if (now_s() > deadline) {
+                log_line("initfail rank=%d (the gate never opened)", rank);
+                return fail(SYSTEM_ERROR, "fake NCCL: the init gate %s never opened", gate);
+            }
+            struct timespec pause = {0, 2000000};
+            nanosleep(&pause, NULL);
+        }
+    }
     ncclComm_t c = calloc(1, sizeof *c);
     if (!c) return fail(SYSTEM_ERROR, "fake NCCL: out of memory");
     c->rank = rank;

@@ -136,7 +136,7 @@ def _allreduce_async(
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
         _require_init()
-        if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
+        if _gpu.host_staged(tensors, name):
             wires = {_wire(compression, _gpu.info(x, name)[1]) for x in tensors}
             return _gpu.host_reduce_like(
                 _submit,
@@ -492,7 +492,7 @@ def _broadcast_async(
         n = _ps_size_rank(0)[0]
         if not ps and not 0 <= root < n:
             raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size {n}")
-        if ps or _gpu.host_staged([tensor], name):  # another process set: staged (docs)
+        if _gpu.host_staged([tensor], name):
             return _gpu.host_reduce_like(
                 _submit,
                 _C.BROADCAST,
@@ -586,7 +586,7 @@ def _allgather_async(
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     cuda = _gpu.any_cuda(tensors)
     if cuda:
-        if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
+        if _gpu.host_staged(tensors, name):
             return _gpu.host_allgather(
                 _submit, list(tensors), name, grouped, p, caller_waits=caller_waits, process_set=ps
             )

@@ -396,7 +396,11 @@ typedef void (*cring_output_free_fn)(void *ctx, void *ptr, size_t bytes);
  * `index` (engine-allocated, not lent) out of the handle, so the caller owns
  * the memory (a DLPack export's deleter, for one) and frees it with
  * *free_out(*ctx_out, ptr, *bytes_out) whenever it likes, before or after
- * cring_handle_free or the engine's stop. NULL (nothing moved) for host
+ * cring_handle_free or the engine's stop. That free never waits: it is
+ * ordered on the engine's stream (after the work queued there so far), so
+ * the caller must have ordered that stream after its own use of the memory
+ * on other streams first (the Python binding frees on the consumer's stream
+ * instead, through the GPU layer). NULL (nothing moved) for host
  * results, results in room the caller lent, a result already taken, a handle
  * not complete, or a zero-byte result. Not thread-safe against another
  * take of the same handle. */
