@@ -228,7 +228,7 @@ static void drive(cring_engine_t *e, cring_handle_t *until, double deadline_s) {
         uint64_t token = cring__comm_wake_token(e->comm);
         cring__engine_drain(e);
         if (until && atomic_load(&until->done)) return;
-        int local = e->neg.pending.count > 0 || e->join.req != NULL || e->bucket.nheld > 0;
+        int local = e->neg.pending.count > 0 || e->join.req != NULL || e->bucket.plan.nheld > 0;
         if (!local && !cring__comm_peer_waiting(e->comm, e->drive.rounds_done)) return;
         int progress = 0;
         if (cring__negotiate_round(e, &progress) != CRING_OK) continue;
