@@ -116,7 +116,10 @@ void cring__bucket_round(cring_engine_t *e, response_list_t *l, int release_all,
         }
         free(x.owned_dims); /* only an allgather reads it */
         free(x.error);
+        if (taken == CRING__BPLAN_HELD) cring__engine_stats_add(&e->stats.bucket_held, 1);
     }
+    if (release_all && cut && p->nheld > 0)
+        cring__engine_stats_add(&e->stats.bucket_idle_releases, 1);
     cring__bplan_round_end(p, release_all, cut, now, &sink);
 append:
     l->n = kept;

@@ -545,6 +545,8 @@ void cring_engine_get_stats(cring_engine_t *e, cring_engine_stats_t *out) {
     out->fused_tensors = atomic_load(&e->stats.fused_tensors);
     out->cache_hits = atomic_load(&e->stats.cache_hits);
     out->errors = atomic_load(&e->stats.errors);
+    out->bucket_held = atomic_load(&e->stats.bucket_held);
+    out->bucket_idle_releases = atomic_load(&e->stats.bucket_idle_releases);
     cring__comm_traffic_t traffic;
     cring__comm_traffic(e->comm, &traffic);
     out->tcp_bytes_sent = traffic.tcp_bytes_sent;

@@ -337,6 +337,7 @@ struct cring_engine {
     /* introspection (relaxed atomics: counters only) */
     struct {
         _Atomic uint64_t cycles, collectives, tensors, fused_tensors, cache_hits, errors;
+        _Atomic uint64_t bucket_held, bucket_idle_releases; /* bucket.c */
     } stats;
     pthread_mutex_t timeline_mu;
     cring__timeline_t *timeline;

@@ -336,6 +336,11 @@ typedef struct cring_engine_stats {
     uint64_t fused_tensors; /* tensors that went through the fusion buffer */
     uint64_t cache_hits;    /* requests negotiated from the response cache */
     uint64_t errors;        /* requests that completed with an error */
+    /* Gradient buckets (docs/gpu.md, "Gradient buckets"): CUDA allreduces
+     * that waited for the rest of their bucket, and releases of everything
+     * held by the idle rule rather than by complete buckets or a waiting
+     * thread. */
+    uint64_t bucket_held, bucket_idle_releases;
     /* Payload bytes this rank moved since init, per transport: TCP as sent
      * and received on its sockets, shared memory as given to and taken from
      * its collectives (a hierarchical communicator uses both). */
