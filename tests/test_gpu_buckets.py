@@ -14,7 +14,9 @@ against the test doubles (csrc/tests/fake_*.c, built by test_gpu_loader's
   would show 100 times over), nor does a step missing a name hang, whether
   its handles are waited on or only polled;
 - a rank that dies after submitting half of a bucket makes the others'
-  held gradients raise PeerFailureError instead of hanging.
+  held gradients raise PeerFailureError instead of hanging;
+- half of a bucket, only polled while another thread runs CPU allreduces,
+  completes while that traffic flows (issue 33, finding 4).
 """
 
 from __future__ import annotations
@@ -115,3 +117,16 @@ def test_a_dead_peer_fails_held_gradients_instead_of_hanging(fakes):
         assert r["returncode"] == 0, r["stderr"]
         assert r["raised"] == "PeerFailureError", r
         assert r["after_s"] < 40, r
+
+
+def test_a_held_half_bucket_completes_while_other_traffic_flows(fakes):
+    # issue 33, finding 4: CPU allreduces running all the while (async and
+    # polled, as a metrics thread's would be) must not keep a polled, held
+    # half of a bucket waiting: the hold depends on the step's gradients
+    # (docs/gpu.md, "Gradient buckets": released within HOLD_MAX_S at most)
+    for r in start(2, ["traffic"], env_for(fakes)):
+        assert r["returncode"] == 0, r["stderr"]
+        assert r["held"] == 12, r  # the half was held for its bucket...
+        assert r["completed_during_traffic"], r  # ...and went while the traffic flowed
+        assert r["traffic_stopped"] and r["exact"], r
+        assert r["cpu_calls_while_held"] > 0, r

@@ -13,10 +13,13 @@
  * Which requests take part: CUDA allreduces of one dtype, without
  * compression. Every rank holds and releases the same requests at the same
  * point: the ready order, the sizes and keys, the threshold and the release
- * flags are agreed. The planner votes to release everything once nothing
- * arrived, left or ran for CRING__HOLD_IDLE_S (0.2 s); a thread waiting
- * while a bucket misses a name this rank has not submitted votes at once.
- * While some rank has joined, nothing is held and the plan starts over. */
+ * flags are agreed. Nothing is held forever: the planner votes to release
+ * everything once no gradient of the plan became ready, went or ran for
+ * CRING__HOLD_IDLE_S (0.2 s; no other work counts), and at the latest
+ * CRING__HOLD_MAX_S (2 s) after a request was held, whatever else runs; a
+ * thread waiting while a bucket misses a name this rank has not submitted
+ * votes at once. While some rank has joined, nothing is held and the plan
+ * starts over. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

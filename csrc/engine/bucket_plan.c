@@ -17,7 +17,11 @@
  * held. Held requests go when (1) their bucket is complete ("complete"),
  * (2) a new step begins, or a name of their bucket comes a second time in
  * one filling ("step"), or (3) the agreed release flag is set ("wanted",
- * "idle"), for which cring__bplan_vote gives this rank's vote. */
+ * "idle"), for which cring__bplan_vote gives this rank's vote. The idle vote
+ * looks only at the plan's own names, so no other work (CPU collectives,
+ * other CUDA names, unnamed calls) can keep a bucket held; and it comes at
+ * the latest CRING__HOLD_MAX_S after a request was held, whatever else runs:
+ * nothing is held longer than that plus a negotiation round. */
 #include "bucket_plan.h"
 
 #include <stdint.h>
@@ -222,9 +226,9 @@ int cring__bplan_ready(cring__bplan_t *p, const cring__bplan_req_t *r, size_t th
         rec_clear(p);
     }
     record(p, r);
-    p->last_plan_s = now_s; /* something arrived */
     int id = entry_of(p, r->name, r->name_hash);
-    if (id < 0) return 0; /* not in the plan: no company to wait for */
+    if (id < 0) return 0; /* not in the plan: no company to wait for, and no step's activity */
+    p->last_plan_s = now_s;
     p->touched = 1;
     cring__bplan_entry_t *pe = &p->entries[id];
     const int b = pe->bucket;
@@ -263,7 +267,7 @@ void cring__bplan_round_end(cring__bplan_t *p, int release_all, int idle, double
 }
 
 void cring__bplan_executed(cring__bplan_t *p, double now_s) {
-    if (p->nheld > 0) p->last_plan_s = now_s;
+    if (p->touched) p->last_plan_s = now_s;
     p->touched = 0;
 }
 
@@ -284,7 +288,9 @@ static int misses_local(const cring__bplan_t *p, int b, int skip, const cring__b
 
 int cring__bplan_vote(const cring__bplan_t *p, double now_s, const cring__bplan_waiter_t *w) {
     if (p->nentries == 0) return 0;
-    if (p->nheld > 0 && now_s - p->last_plan_s > CRING__HOLD_IDLE_S) return CRING__RELEASE_IDLE;
+    if (p->nheld > 0 && (now_s - p->last_plan_s > CRING__HOLD_IDLE_S ||
+                         now_s - p->entries[p->held[0]].held_s > CRING__HOLD_MAX_S))
+        return CRING__RELEASE_IDLE;
     if (!w) return 0; /* nobody here waits */
     /* A thread here waits, so this rank submits nothing more for now: a
      * bucket missing a name this rank has not submitted would not fill. The

@@ -24,9 +24,12 @@
  * than the earlier start of smaller buckets gains. */
 #define CRING__BUCKET_BYTES ((size_t)25 << 20)
 #define CRING__STEP_BUCKETS 8
-/* Held requests with nothing arriving, leaving or running this long: a
- * rank votes to release them (docs/gpu.md, "Gradient buckets"). */
+/* The release bounds (docs/gpu.md, "Gradient buckets"): a rank votes to
+ * release everything held once no name of the plan became ready, went or
+ * ran here for CRING__HOLD_IDLE_S, and in any case once a held request
+ * became ready CRING__HOLD_MAX_S ago, whatever else runs. */
 #define CRING__HOLD_IDLE_S 0.2
+#define CRING__HOLD_MAX_S 2.0
 
 /* What must be equal for two requests to share a bucket (the fusion key but
  * the device ordinal, which differs between ranks). */
@@ -75,7 +78,7 @@ typedef struct cring__bplan {
     int cut;                    /* the next recorded name starts a new bucket */
     int *held;                  /* entry indices of held requests, in the order held */
     int nheld;
-    double last_plan_s; /* the idle clock: the last arrival, release or run */
+    double last_plan_s; /* the idle clock: a name of the plan became ready, went or ran */
     int touched;        /* a name of the plan became ready or went since the last executed() */
     int round_ready;    /* a request came to ready() since the last round_end() */
 } cring__bplan_t;
@@ -127,8 +130,9 @@ int cring__bplan_ready(cring__bplan_t *p, const cring__bplan_req_t *r, size_t th
 void cring__bplan_round_end(cring__bplan_t *p, int release_all, int idle, double now_s,
                             const cring__bplan_sink_t *sink);
 
-/* The round's batch finished running at now_s: while something is held,
- * the idle clock restarts (a long collective is no idleness). */
+/* The round's batch finished running at now_s: if it held names of the plan
+ * (run or released), the idle clock restarts (a long collective of the step
+ * is no idleness). Other work never touches the clock. */
 void cring__bplan_executed(cring__bplan_t *p, double now_s);
 
 /* What this rank knows of a thread waiting on one of its handles. */
@@ -145,8 +149,10 @@ enum { CRING__RELEASE_WAITER = 1, CRING__RELEASE_IDLE = 2 };
 
 /* This rank's vote at now_s for releasing everything held (waiter NULL:
  * no thread here waits on an unfinished handle):
- *   CRING__RELEASE_IDLE    something is held, and nothing arrived, went or
- *                          ran for CRING__HOLD_IDLE_S;
+ *   CRING__RELEASE_IDLE    something is held, and no name of the plan became
+ *                          ready, went or ran for CRING__HOLD_IDLE_S, or the
+ *                          oldest held request became ready CRING__HOLD_MAX_S
+ *                          ago;
  *   CRING__RELEASE_WAITER  a thread waits (so this rank submits nothing more
  *                          for now) while a bucket with something held, or
  *                          the waited-on request's own (asked before it is

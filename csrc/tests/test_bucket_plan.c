@@ -4,8 +4,9 @@
  * a new name, names of different dtypes, scalings and devices, two process
  * sets' planners side by side, zero-byte tensors, one huge tensor,
  * thousands of small ones), which requests are held and in which order held
- * ones go, and the release votes with the time passed in: the idle vote
- * (its release cuts the plan) and the waiter's vote. */
+ * ones go, and the release votes with the time passed in: idle only by the
+ * plan's own names, never longer than CRING__HOLD_MAX_S whatever else
+ * arrives, and the waiter's vote. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,6 +416,77 @@ static void an_idle_release_cuts_the_plan(void) {
     cring__bplan_free(&p);
 }
 
+/* Only the plan's own names restart the idle clock (issue 33, finding 4):
+ * batches without them (CPU collectives, other CUDA names) and names
+ * outside the plan never do, so other traffic cannot keep a bucket held. */
+static void idle_counts_only_the_plan(void) {
+    cring__bplan_t p = {0};
+    step_of(&p, G, 10, 10 * MIB, 0.0, 0.01);
+    step_of(&p, G, 10, 10 * MIB, 1.0, 0.01);
+    log_clear();
+    CHECK(round_of(&p, G, 2, 10 * MIB, 10.0) == 2); /* g0 and g1 held at 10.0 */
+    CHECK(cring__bplan_vote(&p, 10.1, NULL) == 0);
+    for (double t = 10.0; t < 10.5; t += 0.01) { /* other work, every 10 ms */
+        cring__bplan_round_end(&p, 0, 0, t, &SINK);
+        cring__bplan_executed(&p, t);
+    }
+    CHECK(ready_at(&p, "other", F32, MIB, 0, 10.3) == 0); /* a name outside the plan */
+    cring__bplan_round_end(&p, 0, 0, 10.3, &SINK);
+    cring__bplan_executed(&p, 10.3);
+    CHECK(cring__bplan_vote(&p, 10.19, NULL) == 0);
+    CHECK(cring__bplan_vote(&p, 10.21, NULL) == CRING__RELEASE_IDLE);
+    CHECK(cring__bplan_vote(&p, 10.5, NULL) == CRING__RELEASE_IDLE);
+    cring__bplan_round_end(&p, 1, 1, 10.5, &SINK);
+    CHECK(log_is("g0 g1", "idle") && p.nheld == 0);
+    step_of(&p, &G[2], 8, 10 * MIB, 11.0, 0.01);
+    step_of(&p, G, 10, 10 * MIB, 12.0, 0.01);
+    step_of(&p, G, 10, 10 * MIB, 13.0, 0.01); /* the plan of an uncut step: [g0 g1 g2] */
+    /* a batch of the plan's names restarts the clock once it has run; other
+     * batches do not */
+    log_clear();
+    CHECK(round_of(&p, &G[0], 1, 10 * MIB, 20.0) == 1);
+    CHECK(round_of(&p, &G[1], 1, 10 * MIB, 20.1) == 1);
+    cring__bplan_executed(&p, 20.25); /* nothing of the plan: no restart */
+    CHECK(cring__bplan_vote(&p, 20.35, NULL) == CRING__RELEASE_IDLE);
+    CHECK(ready_at(&p, "g3", F32, 10 * MIB, 0, 20.35) == CRING__BPLAN_HELD);
+    cring__bplan_round_end(&p, 0, 0, 20.35, &SINK);
+    cring__bplan_executed(&p, 20.5); /* a long batch of the step: not idle */
+    CHECK(cring__bplan_vote(&p, 20.6, NULL) == 0);
+    CHECK(cring__bplan_vote(&p, 20.71, NULL) == CRING__RELEASE_IDLE);
+    cring__bplan_round_end(&p, 1, 0, 20.71, &SINK); /* another rank's waiter: "wanted" */
+    CHECK(log_is("g0 g1 g3", "wanted") && p.nheld == 0);
+    cring__bplan_free(&p);
+}
+
+/* The hard bound: the plan's names keep coming (every 0.15 s, never
+ * completing the held bucket), yet the held request goes CRING__HOLD_MAX_S
+ * after it was held. */
+static void held_at_most_hold_max(void) {
+    enum { N = 40 };
+    const char *n[N];
+    for (int i = 0; i < N; i++) n[i] = nm("m", i);
+    cring__bplan_t p = {0};
+    step_of(&p, n, N, 10 * MIB, 0.0, 0.01); /* 400 MiB: buckets of 50 MiB, five names */
+    step_of(&p, n, N, 10 * MIB, 1.0, 0.01);
+    CHECK(p.nbuckets == 8 && p.buckets[0].n == 5);
+    log_clear();
+    CHECK(round_of(&p, &n[0], 1, 10 * MIB, 10.0) == 1);
+    double t = 10.0;
+    int voted = 0;
+    for (int i = 5; i < N && !voted; i++) {
+        if (i % 5 == 4) continue; /* no bucket completes */
+        t += 0.15;
+        CHECK(round_of(&p, &n[i], 1, 10 * MIB, t) == 1);
+        int v = cring__bplan_vote(&p, t + 0.01, NULL);
+        CHECK(v == (t + 0.01 - 10.0 > CRING__HOLD_MAX_S ? CRING__RELEASE_IDLE : 0));
+        voted = v != 0;
+    }
+    CHECK(voted && t - 10.0 < CRING__HOLD_MAX_S + 0.2);
+    cring__bplan_round_end(&p, 1, 1, t + 0.01, &SINK);
+    CHECK(p.nheld == 0 && strcmp(LOG.name[0], "m0") == 0 && strcmp(LOG.why[0], "idle") == 0);
+    cring__bplan_free(&p);
+}
+
 /* The waiter's vote: a thread here waits while a bucket misses a name this
  * rank has not submitted (it submits nothing more while it waits). */
 static void the_waiters_vote(void) {
@@ -476,6 +548,8 @@ int main(void) {
     one_huge_tensor();
     thousands_of_small_ones();
     an_idle_release_cuts_the_plan();
+    idle_counts_only_the_plan();
+    held_at_most_hold_max();
     the_waiters_vote();
     printf("test_bucket_plan: %d checks passed\n", testutil_checks);
     return 0;

@@ -17,6 +17,10 @@ Prints one JSON line. argv: mode, then its arguments:
                       name, only polled
   kill                the last rank dies after submitting half of a bucket:
                       the others' held half fails with the peer's failure
+  traffic             after steps of a small model, half of its bucket
+                      submitted and only polled while another thread runs
+                      CPU allreduces (async, polled) for at least 2 s: does
+                      the held half complete while that traffic still flows?
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import signal
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +55,16 @@ BACKWARD_S = 1.0
 
 def nccl_calls() -> int:
     return int(_gpu.stats()["nccl_calls"])
+
+
+def held_for_buckets() -> int:
+    """Requests this rank's engine has held for their gradient bucket since init."""
+    return int(cring.engine_stats()["bucket_held"])
+
+
+def idle_releases() -> int:
+    """Releases of everything held by the idle rule on this rank since init."""
+    return int(cring.engine_stats()["bucket_idle_releases"])
 
 
 def template(k: int, n: int) -> np.ndarray:
@@ -193,6 +208,78 @@ def kill(r: int, p: int, out: dict) -> None:
     out["after_s"] = time.perf_counter() - t0
 
 
+def learn_small_model(r: int, n: int = 24) -> tuple[list, list]:
+    """Three steps of a small model (24 gradients of 4 KB: one bucket), each
+    waited on, so the next step has a plan; returns (names, gradients)."""
+    names = [f"small{k}" for k in range(n)]
+    grads = [F(np.full(1000, float(k + r), np.float32)) for k in range(n)]
+    cring.barrier()
+    for _ in range(3):
+        handles = [cring.allreduce_async_(x, op=cring.Sum, name=m) for x, m in zip(grads, names)]
+        for h in handles:
+            cring.synchronize(h)
+    cring.barrier()
+    return names, grads
+
+
+def traffic(r: int, p: int, out: dict) -> None:
+    """Half of a planned bucket is submitted and only polled while another
+    thread keeps CPU allreduces flowing (each polled until done, no thread
+    waiting on a handle). The held half must complete while that traffic
+    flows: the hold depends on the step's gradients, not on other work. The
+    traffic stops, on every rank at the same call, once every rank's half
+    completed (and at least 2 s passed), or after TRAFFIC_LIMIT_S."""
+    TRAFFIC_MIN_S, TRAFFIC_LIMIT_S = 2.0, 30.0
+    n = 24
+    names, grads = learn_small_model(r, n)
+    held_before = held_for_buckets()
+    state = {"held_done": False, "calls": 0, "calls_while_held": 0}
+    started = threading.Event()
+
+    def cpu_traffic() -> None:
+        t0 = time.perf_counter()
+        while True:
+            elapsed = time.perf_counter() - t0
+            done_here = state["held_done"]
+            flags = np.array(
+                [done_here, elapsed >= TRAFFIC_MIN_S, elapsed >= TRAFFIC_LIMIT_S], np.float64
+            )
+            h = cring.allreduce_async(flags, op=cring.Sum, name="cpu.traffic")
+            while not cring.poll(h):
+                time.sleep(0.0005)
+            total = cring.synchronize(h)
+            state["calls"] += 1
+            state["calls_while_held"] += not done_here
+            started.set()
+            if (total[0] == p and total[1] > 0) or total[2] > 0:
+                return
+
+    worker = threading.Thread(target=cpu_traffic)
+    worker.start()
+    started.wait(60.0)  # the traffic flows before the half is submitted
+    half = range(n // 2)
+    for k in half:
+        grads[k].array[:] = k + r
+    handles = [cring.allreduce_async_(grads[k], op=cring.Sum, name=names[k]) for k in half]
+    t0 = time.perf_counter()
+    while not all(cring.poll(h) for h in handles) and worker.is_alive():
+        time.sleep(0.001)
+    state["held_done"] = all(cring.poll(h) for h in handles)
+    out["held_s"] = time.perf_counter() - t0
+    out["completed_during_traffic"] = state["held_done"]
+    worker.join(120.0)
+    out["traffic_stopped"] = not worker.is_alive()
+    for h in handles:  # after the traffic, whatever happened before
+        cring.synchronize(h)
+    out["exact"] = all(
+        np.array_equal(grads[k].array, np.full(1000, p * k + p * (p - 1) / 2, np.float32))
+        for k in half
+    )
+    out["held"] = held_for_buckets() - held_before
+    out["cpu_calls"] = state["calls"]
+    out["cpu_calls_while_held"] = state["calls_while_held"]
+
+
 def main() -> None:
     mode = sys.argv[1]
     cring.init()
@@ -202,6 +289,8 @@ def main() -> None:
         replay(r, p, out, sys.argv[2], int(sys.argv[3]))
     elif mode == "kill":
         kill(r, p, out)
+    elif mode == "traffic":
+        traffic(r, p, out)
     else:
         lone(r, p, out)
     cring.shutdown()

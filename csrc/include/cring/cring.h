@@ -338,8 +338,8 @@ typedef struct cring_engine_stats {
     uint64_t errors;        /* requests that completed with an error */
     /* Gradient buckets (docs/gpu.md, "Gradient buckets"): CUDA allreduces
      * that waited for the rest of their bucket, and releases of everything
-     * held by the idle rule rather than by complete buckets or a waiting
-     * thread. */
+     * held by the idle rule (no gradient for 0.2 s, or one held for 2 s)
+     * rather than by complete buckets or a waiting thread. */
     uint64_t bucket_held, bucket_idle_releases;
     /* Payload bytes this rank moved since init, per transport: TCP as sent
      * and received on its sockets, shared memory as given to and taken from
