@@ -16,7 +16,9 @@ against the test doubles (csrc/tests/fake_*.c, built by test_gpu_loader's
 - a rank that dies after submitting half of a bucket makes the others'
   held gradients raise PeerFailureError instead of hanging;
 - half of a bucket, only polled while another thread runs CPU allreduces,
-  completes while that traffic flows (issue 33, finding 4).
+  completes while that traffic flows (issue 33, finding 4);
+- 200 unnamed CUDA allreduce_async calls, each synchronized before the
+  next, are never held for a bucket and none waits 50 ms (finding 9).
 """
 
 from __future__ import annotations
@@ -130,3 +132,15 @@ def test_a_held_half_bucket_completes_while_other_traffic_flows(fakes):
         assert r["completed_during_traffic"], r  # ...and went while the traffic flowed
         assert r["traffic_stopped"] and r["exact"], r
         assert r["cpu_calls_while_held"] > 0, r
+
+
+def test_unnamed_calls_are_never_held_for_a_bucket(fakes):
+    # issue 33, finding 9: generated names come round again (the response
+    # cache serves them), but an unnamed call is no gradient: it never waits
+    # for company. A held one would wait for a vote or the idle release (a
+    # round or 200 ms); each of these waits well under a millisecond alone.
+    for r in start(2, ["unnamed"], env_for(fakes)):
+        assert r["returncode"] == 0, r["stderr"]
+        assert r["exact"], r
+        assert r["held"] == 0, r
+        assert r["max_wait_s"] < 0.05, r

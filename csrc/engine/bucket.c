@@ -10,16 +10,18 @@
  * reached NCCL as a call per round (31-37), where DDP's reducer makes one per
  * 25 MB bucket (about 4).
  *
- * Which requests take part: CUDA allreduces of one dtype, without
- * compression. Every rank holds and releases the same requests at the same
- * point: the ready order, the sizes and keys, the threshold and the release
- * flags are agreed. Nothing is held forever: the planner votes to release
- * everything once no gradient of the plan became ready, went or ran for
- * CRING__HOLD_IDLE_S (0.2 s; no other work counts), and at the latest
- * CRING__HOLD_MAX_S (2 s) after a request was held, whatever else runs; a
- * thread waiting while a bucket misses a name this rank has not submitted
- * votes at once. While some rank has joined, nothing is held and the plan
- * starts over. */
+ * Which requests take part: named CUDA allreduces of one dtype, without
+ * compression. An unnamed call (CRING_REQUEST_SEQUENCED: its generated name
+ * comes round again every few dozen calls, for the response cache) is no
+ * gradient and never waits for company. Every rank holds and releases the
+ * same requests at the same point: the ready order, the sizes and keys, the
+ * threshold, the flag and the release flags are agreed. Nothing is held
+ * forever: the planner votes to release everything once no gradient of the
+ * plan became ready, went or ran for CRING__HOLD_IDLE_S (0.2 s; no other
+ * work counts), and at the latest CRING__HOLD_MAX_S (2 s) after a request
+ * was held, whatever else runs; a thread waiting while a bucket misses a
+ * name this rank has not submitted votes at once. While some rank has
+ * joined, nothing is held and the plan starts over. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +32,7 @@
 
 static int planned_kind(const req_t *r) {
     if (r->device.type != CRING_DEVICE_CUDA || r->coll != CRING_COLL_ALLREDUCE ||
-        r->compression != CRING_DTYPE_COUNT || !r->handle)
+        r->compression != CRING_DTYPE_COUNT || !r->handle || r->sequenced)
         return 0;
     for (int i = 1; i < r->ntensors; i++)
         if (r->t[i].dtype != r->t[0].dtype) return 0;

@@ -71,6 +71,7 @@ typedef struct req {
     size_t record_len;
     int cache_id; /* slot in the response cache, -1 when not cached */
     int wants_resend;
+    int sequenced; /* CRING_REQUEST_SEQUENCED: an unnamed call (never held: bucket.c) */
     double submit_s, ready_s;
     struct req *next;
     struct req *successor; /* CRING_REQUEST_SEQUENCED: the next request of this name */

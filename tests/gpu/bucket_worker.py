@@ -21,6 +21,10 @@ Prints one JSON line. argv: mode, then its arguments:
                       submitted and only polled while another thread runs
                       CPU allreduces (async, polled) for at least 2 s: does
                       the held half complete while that traffic still flows?
+  unnamed             200 unnamed allreduce_async calls on CUDA tensors, each
+                      synchronized before the next (the second hundred
+                      polled until done first): each call's wait, and how
+                      many requests the engine held for a bucket
 """
 
 from __future__ import annotations
@@ -280,6 +284,43 @@ def traffic(r: int, p: int, out: dict) -> None:
     out["cpu_calls_while_held"] = state["calls_while_held"]
 
 
+def unnamed(r: int, p: int, out: dict) -> None:
+    """200 unnamed allreduce_async calls on CUDA tensors, each synchronized
+    before the next (the second hundred polled until done first): their
+    generated names come round again every few dozen calls, and must never
+    make them wait for company like gradients. Then the same calls with new
+    names each (never in a plan), for benchmarks/buckets.py's baseline."""
+
+    def calls(names: list) -> list:
+        nonlocal exact
+        waits = []
+        for i, name in enumerate(names):
+            x = F(np.full(16, float(i + r), np.float32))
+            t0 = time.perf_counter()
+            h = cring.allreduce_async(x, op=cring.Sum, name=name)
+            if i >= len(names) // 2:  # polled until done: nobody waits, so a
+                while not cring.poll(h):  # held one would stay for the idle release
+                    time.sleep(0.0002)
+            y = cring.synchronize(h)
+            waits.append(time.perf_counter() - t0)
+            want = np.full(16, p * i + p * (p - 1) / 2, np.float32)
+            exact &= bool(np.array_equal(y.array, want))
+        return waits
+
+    exact = True
+    held_before = held_for_buckets()
+    cring.barrier()
+    waits = calls([None] * 200)
+    out["held"] = held_for_buckets() - held_before
+    out["max_wait_s"] = max(waits)
+    out["median_wait_s"] = statistics.median(waits)
+    out["slowest_call"] = waits.index(max(waits))
+    named = calls([f"once{i}" for i in range(200)])
+    out["named_median_wait_s"] = statistics.median(named)
+    out["named_max_wait_s"] = max(named)
+    out["exact"] = exact
+
+
 def main() -> None:
     mode = sys.argv[1]
     cring.init()
@@ -291,6 +332,8 @@ def main() -> None:
         kill(r, p, out)
     elif mode == "traffic":
         traffic(r, p, out)
+    elif mode == "unnamed":
+        unnamed(r, p, out)
     else:
         lone(r, p, out)
     cring.shutdown()

@@ -326,7 +326,9 @@ typedef struct cring_request {
 /* The name is one of a cycle that unnamed calls reuse in submission order
  * ("allreduce.noname.3"): a request whose name is still in flight on this
  * rank waits behind it (and is queued when it completes) instead of failing
- * as a duplicate, so the response cache serves unnamed calls too. */
+ * as a duplicate, so the response cache serves unnamed calls too. Such a
+ * request is no gradient: it is never held for a gradient bucket. Every rank
+ * must set the flag alike for a name. */
 #define CRING_REQUEST_SEQUENCED 2
 
 typedef struct cring_engine_stats {
