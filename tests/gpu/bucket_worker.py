@@ -12,9 +12,11 @@ Prints one JSON line. argv: mode, then its arguments:
   lone                after steps of a small model: lone allreduce_async_ +
                       synchronize calls (of each planned name in turn, whose
                       bucket-mates never come; of one name again and again;
-                      of new names; of a name right after a step), timed; a
-                      step missing one name, waited on; a step missing one
-                      name, only polled
+                      of new names; of a name right after a step): per
+                      phase, what the engine held, its idle releases, the
+                      NCCL calls, the times (benchmarks/buckets.py reports
+                      them); a step missing one name, waited on; a step
+                      missing one name, only polled
   kill                the last rank dies after submitting half of a bucket:
                       the others' held half fails with the peer's failure
   traffic             after steps of a small model, half of its bucket
@@ -156,19 +158,39 @@ def lone(r: int, p: int, out: dict) -> None:
     cring.barrier()
     for s in range(3):  # the plan: one bucket of all 24 names
         step(s)
+
+    def phase(label: str, calls: list) -> None:
+        """Time each lone call; count what the engine held for a bucket,
+        its idle releases, and the NCCL calls made."""
+        held, idle, launched = held_for_buckets(), idle_releases(), nccl_calls()
+        times = [single(name, value) for name, value in calls]
+        out[f"{label}_held"] = held_for_buckets() - held
+        out[f"{label}_idle_releases"] = idle_releases() - idle
+        out[f"{label}_calls"] = nccl_calls() - launched
+        out[f"{label}_median_s"] = statistics.median(times)
+        out[f"{label}_max_s"] = max(times)
+
     cring.barrier()
     # each name of the bucket alone, one after another: 23 names missing each time
-    planned = [single(name, float(i)) for i, name in enumerate(names)]
+    phase("planned", [(name, float(i)) for i, name in enumerate(names)])
     cring.barrier()
-    again = [single("lone", float(i)) for i in range(60)]
+    phase("again", [("lone", float(i)) for i in range(60)])
     cring.barrier()
-    fresh = [single(f"fresh{i}", float(i)) for i in range(60)]
+    phase("fresh", [(f"fresh{i}", float(i)) for i in range(60)])
     for s in range(3):
         step(20 + s)
-    after_step = []
+    after = {"held": 0, "idle_releases": 0, "calls": 0, "times": []}
     for i in range(12):  # a step, then one of its names alone
         step(30 + i)
-        after_step.append(single(names[i], float(i)))
+        phase("one", [(names[i], float(i))])
+        for k in ("held", "idle_releases", "calls"):
+            after[k] += out.pop(f"one_{k}")
+        after["times"].append(out.pop("one_median_s"))
+        out.pop("one_max_s")
+    for k in ("held", "idle_releases", "calls"):
+        out[f"after_step_{k}"] = after[k]
+    out["after_step_median_s"] = statistics.median(after["times"])
+    out["after_step_max_s"] = max(after["times"])
     for s in range(3):
         step(50 + s)
     cring.barrier()
@@ -176,11 +198,9 @@ def lone(r: int, p: int, out: dict) -> None:
     for s in range(3):
         step(70 + s)
     cring.barrier()
+    idle = idle_releases()
     out["skip_polled_s"] = step(80, skip=n // 2, poll=True)
-    out["planned_median_s"] = statistics.median(planned)
-    out["again_median_s"] = statistics.median(again)
-    out["fresh_median_s"] = statistics.median(fresh)
-    out["after_step_median_s"] = statistics.median(after_step)
+    out["skip_polled_idle_releases"] = idle_releases() - idle
     out["exact"] = exact
 
 
