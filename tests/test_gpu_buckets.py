@@ -16,7 +16,8 @@ against the test doubles (csrc/tests/fake_*.c, built by test_gpu_loader's
 - a rank that dies after submitting half of a bucket makes the others'
   held gradients raise PeerFailureError instead of hanging;
 - half of a bucket, only polled while another thread runs CPU allreduces,
-  completes while that traffic flows (issue 33, finding 4);
+  completes while that traffic flows, and completes after the thread that
+  drove the round holding it left (issue 33, finding 4);
 - 200 unnamed CUDA allreduce_async calls, each synchronized before the
   next, are never held for a bucket and none waits 50 ms (finding 9).
 """
@@ -138,6 +139,19 @@ def test_a_held_half_bucket_completes_while_other_traffic_flows(fakes):
         assert r["completed_during_traffic"], r  # ...and went while the traffic flowed
         assert r["traffic_stopped"] and r["exact"], r
         assert r["cpu_calls_while_held"] > 0, r
+
+
+def test_a_held_half_bucket_completes_after_its_driver_left(fakes):
+    # issue 33, finding 4: the thread that drove the round holding half a
+    # bucket (it waited on another call) leaves; the half is only polled.
+    # The engine thread must take the rounds over, or nothing ever votes to
+    # release it (before: 4 trials in 10 stuck until a waiter came). A cycle
+    # of 0 makes the engine thread step aside for the waiting thread at once.
+    for r in start(2, ["driver_leaves"], env_for(fakes, CRING_CYCLE_TIME="0")):
+        assert r["returncode"] == 0, r["stderr"]
+        assert r["exact"], r
+        assert r["held"] >= 12, r  # halves were held
+        assert all(r["completed"]), r
 
 
 def test_unnamed_calls_are_never_held_for_a_bucket(fakes):

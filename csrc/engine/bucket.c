@@ -20,8 +20,10 @@
  * plan became ready, went or ran for CRING__HOLD_IDLE_S (0.2 s; no other
  * work counts), and at the latest CRING__HOLD_MAX_S (2 s) after a request
  * was held, whatever else runs; a thread waiting while a bucket misses a
- * name this rank has not submitted votes at once. While some rank has
- * joined, nothing is held and the plan starts over. */
+ * name this rank has not submitted votes at once. Rounds go on while
+ * something is held (a driving thread that leaves then wakes the engine
+ * thread: engine.c). While some rank has joined, nothing is held and the
+ * plan starts over. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

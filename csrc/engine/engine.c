@@ -376,8 +376,12 @@ static int wait_until(cring_handle_t *h, double deadline_s) {
         atomic_fetch_sub(&e->drive.callers_waiting, 1);
         drive_locked(e, h, deadline_s);
         int stopped = atomic_load(&e->stop);
+        /* read as the driver: requests held for their bucket need rounds
+         * (their release votes) after this thread leaves, so the engine
+         * thread takes over (bucket.c: nothing is held forever) */
+        int holding = e->bucket.plan.nheld > 0;
         pthread_mutex_unlock(&e->drive.mu);
-        if (atomic_load(&e->drive.thread_parked)) cring__comm_wake(e->comm);
+        if (holding || atomic_load(&e->drive.thread_parked)) cring__comm_wake(e->comm);
         if (stopped && !atomic_load(&h->done)) wait_done_cv(e, h, 10 * 1000 * 1000);
         if (atomic_load(&h->done)) return 1;
         if (deadline_s > 0 && cring__now_coarse_s() >= deadline_s) return atomic_load(&h->done);

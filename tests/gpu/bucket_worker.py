@@ -23,6 +23,10 @@ Prints one JSON line. argv: mode, then its arguments:
                       submitted and only polled while another thread runs
                       CPU allreduces (async, polled) for at least 2 s: does
                       the held half complete while that traffic still flows?
+  driver_leaves       trials: half of a bucket submitted, then another call
+                      synchronized at once (its driver leaves right after
+                      the round that held the half): does the half, only
+                      polled, complete?
   unnamed             200 unnamed allreduce_async calls on CUDA tensors, each
                       synchronized before the next (the second hundred
                       polled until done first): each call's wait, and how
@@ -232,10 +236,10 @@ def kill(r: int, p: int, out: dict) -> None:
     out["after_s"] = time.perf_counter() - t0
 
 
-def learn_small_model(r: int, n: int = 24) -> tuple[list, list]:
+def learn_small_model(r: int, n: int = 24, prefix: str = "small") -> tuple[list, list]:
     """Three steps of a small model (24 gradients of 4 KB: one bucket), each
     waited on, so the next step has a plan; returns (names, gradients)."""
-    names = [f"small{k}" for k in range(n)]
+    names = [f"{prefix}{k}" for k in range(n)]
     grads = [F(np.full(1000, float(k + r), np.float32)) for k in range(n)]
     cring.barrier()
     for _ in range(3):
@@ -304,6 +308,36 @@ def traffic(r: int, p: int, out: dict) -> None:
     out["cpu_calls_while_held"] = state["calls_while_held"]
 
 
+def driver_leaves(r: int, p: int, out: dict) -> None:
+    """Trials, each with a model of its own: half of its bucket submitted
+    asynchronously, then another call (on the CPU) synchronized at once, so
+    this thread drives the round in which the half is held and then leaves.
+    The half, only polled, must still go: something must run the rounds
+    that release it."""
+    TRIALS, POLL_LIMIT_S = 10, 10.0
+    held_before = held_for_buckets()
+    completed, exact = [], True
+    for trial in range(TRIALS):
+        names, grads = learn_small_model(r, prefix=f"t{trial}.g")
+        half = range(len(names) // 2)
+        for k in half:
+            grads[k].array[:] = k + r
+        handles = [cring.allreduce_async_(grads[k], op=cring.Sum, name=names[k]) for k in half]
+        x = np.ones(4, np.float32)
+        cring.synchronize(cring.allreduce_async(x, op=cring.Sum, name=f"cpu.{trial}"))
+        t0 = time.perf_counter()
+        while not all(cring.poll(h) for h in handles) and time.perf_counter() - t0 < POLL_LIMIT_S:
+            time.sleep(0.001)
+        completed.append(all(cring.poll(h) for h in handles))
+        for h in handles:  # whatever happened: a waiter releases it
+            cring.synchronize(h)
+        for k in half:
+            exact &= bool(np.array_equal(grads[k].array, np.full(1000, p * k + p * (p - 1) / 2)))
+    out["completed"] = completed
+    out["held"] = held_for_buckets() - held_before
+    out["exact"] = exact
+
+
 def unnamed(r: int, p: int, out: dict) -> None:
     """200 unnamed allreduce_async calls on CUDA tensors, each synchronized
     before the next (the second hundred polled until done first): their
@@ -354,6 +388,8 @@ def main() -> None:
         traffic(r, p, out)
     elif mode == "unnamed":
         unnamed(r, p, out)
+    elif mode == "driver_leaves":
+        driver_leaves(r, p, out)
     else:
         lone(r, p, out)
     cring.shutdown()
