@@ -297,8 +297,8 @@ def traffic(r: int, p: int, out: dict) -> None:
     out["completed_during_traffic"] = state["held_done"]
     worker.join(120.0)
     out["traffic_stopped"] = not worker.is_alive()
-    for h in handles:  # after the traffic, whatever happened before
-        cring.synchronize(h)
+    for h in handles:  # after the traffic, whatever happened before; the
+        cring.synchronize(h, block_host=True)  # host reads the result next
     out["exact"] = all(
         np.array_equal(grads[k].array, np.full(1000, p * k + p * (p - 1) / 2, np.float32))
         for k in half
@@ -329,8 +329,8 @@ def driver_leaves(r: int, p: int, out: dict) -> None:
         while not all(cring.poll(h) for h in handles) and time.perf_counter() - t0 < POLL_LIMIT_S:
             time.sleep(0.001)
         completed.append(all(cring.poll(h) for h in handles))
-        for h in handles:  # whatever happened: a waiter releases it
-            cring.synchronize(h)
+        for h in handles:  # whatever happened: a waiter releases it (and the
+            cring.synchronize(h, block_host=True)  # host reads the result next)
         for k in half:
             exact &= bool(np.array_equal(grads[k].array, np.full(1000, p * k + p * (p - 1) / 2)))
     out["completed"] = completed
@@ -357,6 +357,7 @@ def unnamed(r: int, p: int, out: dict) -> None:
                     time.sleep(0.0002)
             y = cring.synchronize(h)
             waits.append(time.perf_counter() - t0)
+            cring.synchronize(h, block_host=True)  # the device is done: the host reads it
             want = np.full(16, p * i + p * (p - 1) / 2, np.float32)
             exact &= bool(np.array_equal(y.array, want))
         return waits
