@@ -238,7 +238,7 @@ static void drive(cring_engine_t *e, cring_handle_t *until, double deadline_s) {
         uint64_t token = cring__comm_wake_token(e->comm);
         cring__engine_drain(e);
         if (until && atomic_load(&until->done)) return;
-        int local = e->neg.pending.count > 0 || e->join.req != NULL || e->bucket.nheld > 0;
+        int local = e->neg.pending.count > 0 || e->join.req != NULL || e->bucket.plan.nheld > 0;
         if (!local && !cring__comm_peer_waiting(e->comm, e->drive.rounds_done)) return;
         int progress = 0;
         if (cring__negotiate_round(e, &progress) != CRING_OK) continue;
@@ -386,8 +386,12 @@ static int wait_until(cring_handle_t *h, double deadline_s) {
         atomic_fetch_sub(&e->drive.callers_waiting, 1);
         drive_locked(e, h, deadline_s);
         int stopped = atomic_load(&e->stop);
+        /* read as the driver: requests held for their bucket need rounds
+         * (their release votes) after this thread leaves, so the engine
+         * thread takes over (bucket.c: nothing is held forever) */
+        int holding = e->bucket.plan.nheld > 0;
         pthread_mutex_unlock(&e->drive.mu);
-        if (atomic_load(&e->drive.thread_parked)) cring__comm_wake(e->comm);
+        if (holding || atomic_load(&e->drive.thread_parked)) cring__comm_wake(e->comm);
         if (stopped && !atomic_load(&h->done)) wait_done_cv(e, h, 10 * 1000 * 1000);
         if (atomic_load(&h->done)) return 1;
         if (deadline_s > 0 && cring__now_coarse_s() >= deadline_s) return atomic_load(&h->done);
@@ -558,6 +562,8 @@ void cring_engine_get_stats(cring_engine_t *e, cring_engine_stats_t *out) {
     out->fused_tensors = atomic_load(&e->stats.fused_tensors);
     out->cache_hits = atomic_load(&e->stats.cache_hits);
     out->errors = atomic_load(&e->stats.errors);
+    out->bucket_held = atomic_load(&e->stats.bucket_held);
+    out->bucket_idle_releases = atomic_load(&e->stats.bucket_idle_releases);
     cring__comm_traffic_t traffic;
     cring__comm_traffic(e->comm, &traffic);
     out->tcp_bytes_sent = traffic.tcp_bytes_sent;

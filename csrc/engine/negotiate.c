@@ -401,7 +401,7 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
 static void fill_vector(cring_engine_t *e, uint8_t *v) {
     v[0] = e->neg.nuncached || e->table.ntimeouts ? 0 : 1;
     v[1] = e->neg.abort_requested ? 0 : 1;
-    v[2] = e->neg.pending.count || e->join.req || e->bucket.nheld ? 0 : 1;
+    v[2] = e->neg.pending.count || e->join.req || e->bucket.plan.nheld ? 0 : 1;
     int release = cring__bucket_release_wanted(e);
     v[3] = release == CRING__RELEASE_WAITER ? 0 : 1;
     v[4] = release == CRING__RELEASE_IDLE ? 0 : 1;
@@ -562,7 +562,8 @@ cring_status_t cring__negotiate_round(cring_engine_t *e, int *progress) {
     e->neg.cap_resp = l.cap;
     /* a request held this round that this rank already votes to release:
      * the next round releases it, so a waiting driver runs it at once */
-    *progress = *progress || l.n > 0 || (e->bucket.nheld > 0 && cring__bucket_release_wanted(e));
+    *progress =
+        *progress || l.n > 0 || (e->bucket.plan.nheld > 0 && cring__bucket_release_wanted(e));
     if (st != CRING_OK) return cring__engine_transport_failed(e, st);
     stall_check(e);
     if (e->tune.on && (st = cring__autotune_round(e)) != CRING_OK)

@@ -367,6 +367,7 @@ req_t *cring__req_make(cring_engine_t *e, const cring_request_t *q, int size) {
     r->compression = q->compression;
     r->ntensors = q->ntensors;
     r->device = q->device;
+    r->sequenced = (q->flags & CRING_REQUEST_SEQUENCED) != 0;
     r->cache_id = -1;
     if (nsplits) {
         r->splits = dims;

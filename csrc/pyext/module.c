@@ -85,9 +85,10 @@ static PyObject *py_engine_stats(PyObject *module, PyObject *unused) {
     cring_engine_get_stats(s->engine, &st);
     static const char *const autotune[] = {"off", "tuning", "settled"};
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:s}", "cycles", st.cycles, "collectives",
-        st.collectives, "tensors", st.tensors, "fused_tensors", st.fused_tensors, "cache_hits",
-        st.cache_hits, "errors", st.errors, "tcp_bytes_sent", st.tcp_bytes_sent,
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:s}", "cycles", st.cycles,
+        "collectives", st.collectives, "tensors", st.tensors, "fused_tensors", st.fused_tensors,
+        "cache_hits", st.cache_hits, "errors", st.errors, "bucket_held", st.bucket_held,
+        "bucket_idle_releases", st.bucket_idle_releases, "tcp_bytes_sent", st.tcp_bytes_sent,
         "tcp_bytes_received", st.tcp_bytes_received, "shm_bytes_sent", st.shm_bytes_sent,
         "shm_bytes_received", st.shm_bytes_received, "fusion_threshold_bytes",
         (unsigned long long)st.fusion_threshold_bytes, "cycle_time_ms", st.cycle_time_ms,

@@ -326,7 +326,9 @@ typedef struct cring_request {
 /* The name is one of a cycle that unnamed calls reuse in submission order
  * ("allreduce.noname.3"): a request whose name is still in flight on this
  * rank waits behind it (and is queued when it completes) instead of failing
- * as a duplicate, so the response cache serves unnamed calls too. */
+ * as a duplicate, so the response cache serves unnamed calls too. Such a
+ * request is no gradient: it is never held for a gradient bucket. Every rank
+ * must set the flag alike for a name. */
 #define CRING_REQUEST_SEQUENCED 2
 
 typedef struct cring_engine_stats {
@@ -336,6 +338,11 @@ typedef struct cring_engine_stats {
     uint64_t fused_tensors; /* tensors that went through the fusion buffer */
     uint64_t cache_hits;    /* requests negotiated from the response cache */
     uint64_t errors;        /* requests that completed with an error */
+    /* Gradient buckets (docs/gpu.md, "Gradient buckets"): CUDA allreduces
+     * that waited for the rest of their bucket, and releases of everything
+     * held by the idle rule (no gradient for 0.2 s, or one held for 2 s)
+     * rather than by complete buckets or a waiting thread. */
+    uint64_t bucket_held, bucket_idle_releases;
     /* Payload bytes this rank moved since init, per transport: TCP as sent
      * and received on its sockets, shared memory as given to and taken from
      * its collectives (a hierarchical communicator uses both). */
