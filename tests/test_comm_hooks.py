@@ -141,6 +141,28 @@ def test_grad_bucket_views_and_gradients_round_trip():
     assert torch.equal(params[1].grad, torch.zeros(4))
 
 
+def test_hooks_are_called_in_bucket_order_whatever_order_buckets_complete(monkeypatch):
+    monkeypatch.setenv("CRING_BUCKET_BYTES", "400")  # one 100-element parameter per bucket
+    params = _params([(100,), (100,), (100,)])
+    units = _comm_hook.make_units([(str(i), p) for i, p in enumerate(params)], "t", None, False)
+    seen = []
+
+    def hook(state, bucket):
+        seen.append(bucket.index())
+        return bucket.buffer() * 2  # a result of the buffer's size: copied back
+
+    runner = _comm_hook.HookRunner(hook, None, units, False, "test")
+    for p in params:
+        p.grad = torch.ones(100)
+    assert runner.ready(units[2]) == [] and runner.ready(units[1]) == []
+    started = runner.ready(units[0])
+    assert seen == [0, 1, 2] and [u for u, _ in started] == units
+    for _, pending in started:
+        runner.finish(pending)
+    assert all(torch.equal(p.grad, torch.full((100,), 2.0)) for p in params)
+    assert [u.bucket.index() for u, _ in runner.ready(units[0])] == [0]  # a new step
+
+
 def test_a_staged_hook_yields_handles_only():
     params = _params([(4,)])
     (unit,) = _comm_hook.make_units([("w", params[0])], "t", None, False)

@@ -157,8 +157,33 @@ def hooks_against_the_average():
         if not worst <= bound:
             problems.append(f"{label}: error {worst:.3g} > {bound}")
         opt.zero_grad()
+    # docs/hooks.md's example of a staged hook (sign and one scale per bucket, no error feedback)
+    opt = distributed(net, sign_hook, None, prefix="avg.sign")
+    for p, g in zip(net.parameters(), local):
+        p.grad = g.clone()
+    opt.synchronize()
+    local_of = {id(p): g for p, g in zip(net.parameters(), local)}
+    for u in opt._cring_units:
+        flat = torch.cat([local_of[id(p)].reshape(-1) for p in u.params])
+        every = cring.allgather(flat.view(1, -1), name=f"sign.check.{u.bucket.index()}")
+        expected = (torch.sign(every) * every.abs().mean(1, keepdim=True)).mean(0)
+        got = torch.cat([p.grad.reshape(-1) for p in u.params])
+        if not torch.allclose(got, expected, rtol=1e-6, atol=0):
+            problems.append(f"docs' sign_hook, bucket {u.bucket.index()}: not the expected mean")
     del os.environ["CRING_BUCKET_BYTES"]
     return "; ".join(problems) or None
+
+
+def sign_hook(state, bucket):  # as in docs/hooks.md, "Writing a hook"
+    buf, ps = bucket.buffer(), bucket.process_set
+    scale = buf.abs().mean().reshape(1)
+    signs = torch.sign(buf).to(torch.int8)
+    scales, gathered = yield (
+        cring.allgather_async(scale, name=f"{bucket.name()}.sign.scale", process_set=ps),
+        cring.allgather_async(signs, name=f"{bucket.name()}.sign.values", process_set=ps),
+    )
+    rows = gathered.view(ps.size(), -1).float() * scales.view(-1, 1)
+    buf.copy_(rows.mean(0))
 
 
 # ---- bytes on the wire ---------------------------------------------------------------------------
@@ -286,7 +311,7 @@ def state_survives():
     path = f"{outdir}/psgd{rank}.pt"
     torch.save(state.state_dict(), path)
     fresh = hooks.PowerSGDState(start_powerSGD_iter=2, matrix_approximation_rank=2)
-    fresh.load_state_dict(torch.load(path, weights_only=False))
+    fresh.load_state_dict(torch.load(path))  # weights_only: tensors and numbers only
     if not same(fresh.error_dict, state.error_dict) or fresh.iter != state.iter:
         return "state_dict() through torch.save/load lost the state"
     train(net, opt, data[:2])  # and training goes on from there

@@ -268,9 +268,13 @@ class Pending:
         results = tuple(cring.synchronize(h) for h in _handles(self._awaited))
         return results if isinstance(self._awaited, (tuple, list)) else results[0]
 
+    def done_waiting(self) -> bool:
+        """Whether the collectives it waits for (if any) have completed."""
+        return self._gen is None or all(cring.poll(h) for h in _handles(self._awaited))
+
     def _run(self, block: bool) -> None:
         while self._gen is not None:
-            if not block and not all(cring.poll(h) for h in _handles(self._awaited)):
+            if not block and not self.done_waiting():
                 return
             try:
                 value = self._resolve()
@@ -279,6 +283,23 @@ class Pending:
                 gen.close()
                 raise e
             self._step(lambda value=value: self._gen.send(value))
+
+    def staged(self) -> bool:
+        """Whether stages remain (and nothing failed)."""
+        return self._gen is not None and self._error is None
+
+    def wait_one(self) -> None:
+        """Wait for the collectives the current stage waits for (a failure
+        is raised by finish())."""
+        try:
+            for h in _handles(self._awaited):
+                cring.synchronize(h)  # the result stays with the handle for the stage
+        except BaseException as e:
+            with self._lock:
+                if self._gen is not None:
+                    gen, self._gen = self._gen, None
+                    gen.close()
+                self._error = e
 
     def advance(self) -> None:
         """Never waits for a peer (a collective not yet complete is left)."""
@@ -376,7 +397,11 @@ class HookRunner:
             self._next += 1
             for earlier in self._in_flight:
                 earlier.advance()
-            started.append((u, self._start(u.bucket)))
+            try:
+                started.append((u, self._start(u.bucket)))
+            except BaseException:  # the hook failed: the next step starts afresh
+                self.reset()
+                raise
         if self._next == len(self.units):  # every bucket started: the next step begins afresh
             self._ready = [False] * len(self.units)
             self._next = 0
@@ -389,6 +414,17 @@ class HookRunner:
         return pending
 
     def finish(self, pending: Pending) -> None:
+        """Wait for `pending` (the earliest bucket not finished): while it
+        waits, the later buckets' stages move on as their collectives
+        complete, so their next collectives start without waiting for it."""
+        while True:
+            pending.advance()
+            if not pending.staged():
+                break
+            for other in self._in_flight:
+                if other is not pending:
+                    other.advance()
+            pending.wait_one()
         if pending in self._in_flight:
             self._in_flight.remove(pending)
         pending.finish()

@@ -76,7 +76,7 @@ class Int8State:
 
     def load_state_dict(self, state: dict) -> None:
         self.iter = int(state["iter"])
-        keep = self._owner.keeps(state.get("error_owner"))
+        keep = self._owner.take(state.get("error_owner"))
         self.error_dict = dict(state["error"]) if keep else {}
         self.slice_error_dict = dict(state["slice_error"]) if keep else {}
 
@@ -149,6 +149,7 @@ def _int8_stages(state: Int8State, bucket: Any, ps: Any) -> Any:
     slice_rows = quantize(average)
     if state.use_error_feedback:
         state.slice_error_dict[index] = (average - dequantize(slice_rows, size)).view(-1)
+        state._owner.wrote()
 
     # 2: every rank's averaged slice to every rank
     gathered = yield cring.allgather_async(slice_rows, name=f"{name}.int8.gather", process_set=ps)

@@ -134,7 +134,7 @@ class PowerSGDState:
     def state_dict(self) -> dict:
         return {
             "iter": self.iter,
-            "rng": self.rng.get_state(),
+            "rng": _rng_state(self.rng),
             "p_memory": dict(self.p_memory_dict),
             "q_memory": dict(self.q_memory_dict),
             "error": dict(self.error_dict),
@@ -146,10 +146,10 @@ class PowerSGDState:
 
     def load_state_dict(self, state: dict) -> None:
         self.iter = int(state["iter"])
-        self.rng.set_state(state["rng"])
+        _set_rng_state(self.rng, state["rng"])
         self.p_memory_dict = dict(state["p_memory"])
         self.q_memory_dict = dict(state["q_memory"])
-        keep = self._owner.keeps(state.get("error_owner"))
+        keep = self._owner.take(state.get("error_owner"))
         self.error_dict = dict(state["error"]) if keep else {}
         self.total_numel_before_compression = state["total_numel_before_compression"]
         self.total_numel_after_compression = state["total_numel_after_compression"]
@@ -160,6 +160,24 @@ class PowerSGDState:
             f"PowerSGDState(rank={self.matrix_approximation_rank}, "
             f"start_powerSGD_iter={self.start_powerSGD_iter}, iter={self.iter})"
         )
+
+
+def _rng_state(rng: np.random.RandomState) -> dict:
+    """The generator's state as tensors and numbers (what torch.load(weights_only=True),
+    Lightning's default, reads back)."""
+    kind, keys, pos, has_gauss, cached = rng.get_state()
+    return {
+        "kind": str(kind),
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
+
+
+def _set_rng_state(rng: np.random.RandomState, state: dict) -> None:
+    keys = state["keys"].numpy().astype(np.uint32)
+    rng.set_state((state["kind"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"]))
 
 
 def powerSGD_hook(state: PowerSGDState, bucket: Any) -> Any:
@@ -326,6 +344,7 @@ def _powersgd_stages(state: PowerSGDState, bucket: Any, ps: Any) -> Any:
 
     if residual_base is not None:
         state.error_dict[index] = residual_base - buf
+        state._owner.wrote()
     if not state.warm_start:
         state.p_memory_dict.clear()
         state.q_memory_dict.clear()

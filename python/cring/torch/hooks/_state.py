@@ -59,19 +59,28 @@ class ErrorOwner:
 
     def __init__(self) -> None:
         self.token = uuid.uuid4().hex
+        self.rank_size: tuple = (None, None)  # where the buffers were last written
+
+    def wrote(self) -> None:
+        """A hook wrote this rank's buffers (called while cring runs)."""
+        self.rank_size = (cring.rank(), cring.size())
 
     def stamp(self) -> dict:
-        here = cring.is_initialized()
-        return {
-            "token": self.token,
-            "rank": cring.rank() if here else 0,
-            "size": cring.size() if here else 1,
-        }
+        rank, size = self.rank_size
+        return {"token": self.token, "rank": rank, "size": size}
 
     def keeps(self, stamp: Any) -> bool:
         if not isinstance(stamp, dict):
             return False
         if stamp.get("token") == self.token:
             return True
-        here = cring.is_initialized()
-        return here and (stamp.get("rank"), stamp.get("size")) == (cring.rank(), cring.size())
+        if not cring.is_initialized() or stamp.get("rank") is None:
+            return False
+        return (stamp.get("rank"), stamp.get("size")) == (cring.rank(), cring.size())
+
+    def take(self, stamp: Any) -> bool:
+        """keeps(stamp), remembering where kept buffers came from."""
+        if not self.keeps(stamp):
+            return False
+        self.rank_size = (stamp.get("rank"), stamp.get("size"))
+        return True
