@@ -123,7 +123,8 @@ def test_buckets_split_by_dtype_and_follow_cring_bucket_bytes(monkeypatch):
     monkeypatch.setenv("CRING_BUCKET_BYTES", "800")
     first, cap = _comm_hook.bucket_limits()
     assert (first, cap) == (800, 800)
-    assert [len(p) for p in _comm_hook.plan_buckets(params, first, cap)] == [1, 2, 1]
+    # reversed: float32 x300 (full at once), float64 x100 (full), then the two float32 x100
+    assert [len(p) for p in _comm_hook.plan_buckets(params, first, cap)] == [1, 1, 2]
 
 
 def test_grad_bucket_views_and_gradients_round_trip():

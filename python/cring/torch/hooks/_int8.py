@@ -89,16 +89,19 @@ def quantize(blocks: torch.Tensor) -> torch.Tensor:
     [-127, 127] and rounded, then the block's scale's four bytes. A block
     holding inf or NaN gets a non-finite scale, so it dequantises to
     non-finite values (a gradient scaler still sees the overflow)."""
-    scale = blocks.abs().amax(dim=1, keepdim=True) / _QMAX
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    values = torch.round(blocks / scale).clamp_(-_QMAX, _QMAX).nan_to_num_(0.0).to(torch.int8)
-    return torch.cat([values, scale.contiguous().view(torch.int8)], dim=1)
+    k, size = blocks.shape
+    peak = torch.maximum(blocks.amax(dim=1, keepdim=True), blocks.amin(dim=1, keepdim=True).neg_())
+    scale = peak.div_(_QMAX).masked_fill_(peak == 0, 1.0)
+    rows = torch.empty(k, size + _SCALE_BYTES, dtype=torch.int8, device=blocks.device)
+    rows[:, :size] = torch.div(blocks, scale).round_().clamp_(-_QMAX, _QMAX)
+    rows[:, size:] = scale.view(torch.int8)
+    return rows
 
 
 def dequantize(rows: torch.Tensor, block_size: int) -> torch.Tensor:
     """(k, B + 4) int8 rows -> (k, B) float32."""
     scale = rows[:, block_size:].contiguous().view(torch.float32)
-    return rows[:, :block_size].to(torch.float32) * scale
+    return torch.mul(rows[:, :block_size], scale)
 
 
 def _blocks_per_rank(blocks: int, world: int) -> list:
@@ -123,8 +126,12 @@ def _int8_stages(state: Int8State, bucket: Any, ps: Any) -> Any:
     index, buf, name = bucket.index(), bucket.buffer(), bucket.name()
     n, size = buf.numel(), state.block_size
     blocks = -(-n // size)
-    x = torch.zeros(blocks * size, device=buf.device, dtype=torch.float32)
-    x[:n] = buf
+    if n == blocks * size:  # whole blocks: work in the bucket (its result overwrites it)
+        x = buf if buf.dtype == torch.float32 else buf.float()
+    else:
+        x = torch.empty(blocks * size, device=buf.device, dtype=torch.float32)
+        x[:n] = buf
+        x[n:] = 0
     if state.use_error_feedback:
         error = state.error_dict.get(index)
         if error is not None:
