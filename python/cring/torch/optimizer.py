@@ -23,7 +23,7 @@ import torch
 
 import cring
 
-from . import _adasum, _buckets
+from . import _adasum, _buckets, _trainable
 from . import sharded as _sharded
 from .functions import broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import sparse_allreduce_async as _sparse_allreduce_async
@@ -227,6 +227,8 @@ class _DistributedOptimizer:
         compressor = self._cring_torch_compression
         sparse_submitted: list = []  # gathers of sparse gradients, started as met
         for p in unit.params:
+            if not p.requires_grad and not isinstance(self, _sharded.ShardedMixin):
+                continue  # frozen since the optimizer was built: left alone, as under DDP
             grad = p.grad
             if grad is None:
                 grad = p.grad = torch.zeros_like(p.detach())
@@ -316,6 +318,7 @@ class _DistributedOptimizer:
         error: Optional[BaseException] = None
         with self._cring_lock:
             try:
+                _trainable.adopt_unfrozen(self, _Unit)
                 for unit in self._cring_units:
                     if unit not in self._cring_handles:
                         self._cring_submit(unit)
@@ -625,9 +628,15 @@ def DistributedOptimizer(
             Average/Sum the usual path is taken. Parameters added later with
             add_param_group are reduced the usual way.
 
-    Parameters that do not require grad are left alone. A trainable
-    parameter with no gradient at step() gets a zero gradient that is
-    reduced like the others (another rank may have one), as in Horovod.
+    Parameters that do not require grad are left alone, judged at each step:
+    one frozen (requires_grad_(False)) after the optimizer was built gets no
+    gradient and no reduction, so the wrapped optimizer skips it, as under
+    DDP; one frozen when it was built and trainable later is reduced from
+    then on. Every rank must freeze and unfreeze the same parameters in the
+    same step. (With shard_state the trainable set stays the one the
+    optimizer was built with.) A trainable parameter with no gradient at step() gets a zero
+    gradient that is reduced like the others (another rank may have one), as
+    in Horovod.
     With one rank the wrapped optimizer runs unchanged.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
