@@ -23,7 +23,7 @@ import torch
 
 import cring
 
-from . import _adasum, _buckets, _trainable
+from . import _adasum, _buckets, _compiled_sync, _trainable
 from . import sharded as _sharded
 from .functions import broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import sparse_allreduce_async as _sparse_allreduce_async
@@ -178,6 +178,8 @@ class _DistributedOptimizer:
             if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
 
                 def hook(param: torch.Tensor) -> None:
+                    if torch.compiler.is_compiling():
+                        return  # compiled autograd: step() reduces (_compiled_sync.py)
                     opt = me()
                     if opt is not None:
                         opt._cring_grad_ready(param)
@@ -312,6 +314,8 @@ class _DistributedOptimizer:
         (parameters whose gradient did not arrive by a hook, and gradients
         accumulated fewer than backward_passes_per_step times), then wait for
         all of them. Afterwards every .grad holds the reduced gradient."""
+        if torch.compiler.is_compiling() and _compiled_sync.traceable(self):
+            return _compiled_sync.synchronize(self)  # one operator per dtype in the graph
         if cring.size() == 1 or self._cring_outside:
             self._cring_synchronized = True
             return
@@ -389,6 +393,8 @@ class _DistributedOptimizer:
         while gradients are being reduced or accumulated for a step."""
         if self._cring_handles or self._cring_touched:
             raise AssertionError(_ZERO_GRAD_IN_FLIGHT)
+        if set_to_none and torch.compiler.is_compiling():
+            return _compiled_sync.zero_grad(self)
         return super().zero_grad(set_to_none)  # type: ignore[misc]
 
     def add_param_group(self, param_group: dict) -> None:
