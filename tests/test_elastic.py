@@ -604,22 +604,39 @@ def test_elastic_generation_names_the_rendezvous_key():
 # ---- ElasticSampler (tests/workers/elastic_sampler.py) -------------------------------------
 
 
-def test_elastic_sampler_partitions_and_repartitions_the_rest():
+def _samplers(n_ranks, n=30, state=None):
+    """n_ranks samplers of one dataset, each told its rank by hand (cring is
+    not initialised here)."""
+    from cring.torch.elastic import ElasticSampler
+
+    out = []
+    for r in range(n_ranks):
+        s = ElasticSampler(list(range(n)), shuffle=True, seed=5)
+        s.num_replicas, s.rank = n_ranks, r
+        if state is None:
+            s.set_epoch(0)  # every rank makes the same partition
+        else:
+            s.load_state_dict(copy.deepcopy(state))
+            s.reset()
+        out.append(s)
+    return out
+
+
+def _sync(samplers, monkeypatch):
+    """TorchState.sync() of `samplers` as ranks 0..n-1: their allgather answered here."""
+    import cring.torch.elastic.sampler as module
+
+    records = [(s.epoch, s.processed_indices | s._witnessed) for s in samplers]
+    monkeypatch.setattr(module, "allgather_object", lambda obj, name=None: list(records))
+    for s in samplers:
+        s._sync("sampler")
+
+
+def test_elastic_sampler_partitions_and_repartitions_the_rest(monkeypatch):
     pytest.importorskip("torch")
     from cring.torch.elastic import ElasticSampler
 
-    def samplers(n_ranks, state=None):
-        out = []
-        for r in range(n_ranks):  # cring is not initialised here: set the ranks by hand
-            s = ElasticSampler(list(range(30)), shuffle=True, seed=5)
-            s.num_replicas, s.rank = n_ranks, r
-            if state is not None:
-                s.load_state_dict(copy.deepcopy(state))
-            s.reset()
-            out.append(s)
-        return out
-
-    three = samplers(3)
+    three = _samplers(3)
     parts = [list(iter(s)) for s in three]
     assert sorted(sum(parts, [])) == list(range(30)), "a partition of the dataset"
     assert parts[0] != sorted(parts[0]), "shuffled"
@@ -627,20 +644,59 @@ def test_elastic_sampler_partitions_and_repartitions_the_rest():
         s.record_batch(0, 4)
         s.record_batch(1, 4)
     done = set(sum((p[:8] for p in parts), []))
-    assert all(s.processed_indices == done for s in three), "every rank records every rank's batch"
-    two = samplers(2, three[0].state_dict())
+    for s, p in zip(three, parts):  # each rank counts its own batches (Horovod's processed_num)
+        assert s.processed_indices == set(p[:8]) and s.processed_num == 8
+        # and notes the others' (the ranks share the partition since set_epoch)
+        assert s.state_dict()["witnessed_indices"] == done - set(p[:8])
+    _sync(three, monkeypatch)  # what the ranks processed, on every rank
+    assert all(s.processed_indices == done and s.processed_num == 24 for s in three)
+    two = _samplers(2, state=three[0].state_dict())
     rest = [list(iter(s)) for s in two]
     assert len(rest[0]) == len(rest[1]) == 3
     assert sorted(sum(rest, []) + sorted(done)) == list(range(30)), "the rest, once"
-    # Horovod's later state_dict (a count of the order's first indices) loads too
-    (s,) = samplers(1, {"epoch": 0, "processed_num": 24})
+    # Horovod's state_dict (a count of the order's first indices) loads too
+    (s,) = _samplers(1, state={"epoch": 0, "processed_num": 24})
+    assert s.processed_num == 24
     assert sorted(iter(s)) == sorted(
         set(range(30)) - set(ElasticSampler(list(range(30)), seed=5)._order()[:24])
     )
     s.set_epoch(1)
-    assert len(s) == 30 and list(iter(s)) != parts[0]
+    assert len(s) == 30 and s.processed_num == 0 and list(iter(s)) != parts[0]
     with pytest.raises(KeyError, match="processed_indices"):
         s.load_state_dict({"epoch": 0})
+
+
+def test_elastic_sampler_restore_and_sync_as_horovods_test(monkeypatch):
+    """Horovod's test_elastic_sampler, in our words, at 2 simulated ranks:
+    counts per rank until a sync, a restore that keeps the batch numbers, a
+    sync that gives every rank what all processed, and a partition of the rest."""
+    pytest.importorskip("torch")
+    a, b = pair = _samplers(2, n=16)
+    for s in pair:
+        s.set_epoch(2)
+        for batch in range(2):
+            s.record_batch(batch, 2)
+    committed = [copy.deepcopy(s.state_dict()) for s in pair]
+    for s in pair:
+        s.record_batch(2, 2)
+        s.record_batch(3, 2)
+        assert s.processed_num == 8
+    for s, state in zip(pair, committed):  # TorchState.restore()
+        s.load_state_dict(copy.deepcopy(state))
+        assert s.processed_num == 4 and len(s) == 6  # the record's count, at once
+        s.record_batch(2, 2)  # still batch 2 of the epoch's partition
+        assert s.processed_num == 6
+    assert not a.processed_indices & b.processed_indices
+    _sync(pair, monkeypatch)
+    assert a.processed_num == b.processed_num == 12 and a.epoch == 2
+    rest = [list(iter(s)) for s in pair]
+    assert len(rest[0]) == len(rest[1]) == 2
+    assert set(rest[0] + rest[1]) | a.processed_indices == set(range(16))
+    # iterating again without a new partition repeats it (Horovod's behaviour)
+    assert list(iter(a)) == rest[0]
+    for s in pair:
+        s.set_epoch(3)
+        assert len(s) == 8 and s.processed_num == 0
 
 
 def test_elastic_sampler_across_a_reset_from_3_to_2_ranks(tmp_path):

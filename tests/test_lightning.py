@@ -277,10 +277,19 @@ def test_validate_test_predict(runs):
         assert r["predict"] == {"count": 32}  # each rank predicts its half of 64 samples
 
 
-def test_cring_is_shut_down_after_each_run(runs):
-    for r in job(runs, "spawn"):
-        assert r["fit"]["cring_initialized_after"] is False
-        assert r["validate_cring_after"] is False and r["predict_cring_after"] is False
+def test_cring_stays_initialised_after_each_run_and_collectives_work(runs):
+    """As Horovod's strategy left hvd, and DDP its process group: after fit,
+    validate, test and predict cring is still up (hvd.size() is 2), and the
+    strategy's all_gather, reduce and broadcast still communicate, as DDP's."""
+    ranks, ddp = job(runs, "spawn"), job(runs, "ddp")
+    for r, d in zip(ranks, ddp):
+        assert r["fit"]["cring_initialized_after"] is True
+        assert r["validate_cring_after"] is True and r["predict_cring_after"] is True
+        after = r["after_run"]
+        assert after["all_gather"] == [[0, 32], [1, 32]]  # every rank's predictions counted
+        assert after["reduce_sum"] == 2.0 and after["broadcast"] == "rank 1"
+        assert after["hvd_size"] == 2
+        assert {k: v for k, v in after.items() if k != "hvd_size"} == d["after_run"]
 
 
 # ---- one rank per process: external launchers, and num_nodes > 1 --------------------------------
@@ -297,7 +306,7 @@ def test_devices_1_under_an_external_launcher_matches_ddp(runs, label):
         assert fit["metrics"]["rank_mean"] == 0.5
         assert fit["seen"] == d["fit"]["seen"]
         assert fit["current_epoch"] == d["fit"]["current_epoch"]
-        assert fit["cring_initialized_after"] is False
+        assert fit["cring_initialized_after"] is True
     writers = list(runs["_out"].glob(f"{label}.saves.*.txt"))
     assert len(writers) == 1 and writers[0].read_text().startswith("0 ")
 
@@ -393,17 +402,23 @@ def test_unsupported_settings_raise(pl):
 
 
 def test_one_process_fit_and_a_user_initialised_cring(pl, monkeypatch):
-    """devices=1 with no launcher is a job of one rank; the strategy shuts cring
-    down after the run unless the user had initialised it."""
+    """devices=1 with no launcher is a job of one rank. cring stays initialised
+    after a run (the next run joins the same job); a failed run shuts down the
+    job the strategy started; a job the user initialised is always left alone."""
     import torch
     from lightning.pytorch.demos.boring_classes import BoringModel
 
     import cring
+    from cring import _api
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # or Lightning sets it (and torch's threads)
 
-    def fit():
-        model = BoringModel()
+    class Failing(BoringModel):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("step failed")
+
+    def fit(model_class=BoringModel):
+        model = model_class()
         before = model.layer.weight.detach().clone()
         trainer = pl.Trainer(
             strategy="cring",
@@ -418,12 +433,25 @@ def test_one_process_fit_and_a_user_initialised_cring(pl, monkeypatch):
         trainer.fit(model)
         assert not torch.equal(before, model.layer.weight)
         assert trainer.world_size == 1
+        return trainer
 
-    fit()
-    assert not cring.is_initialized()
-    cring.init()
+    if cring.is_initialized():
+        cring.shutdown()
     try:
+        trainer = fit()
+        assert cring.is_initialized() and cring.size() == 1  # kept, as Horovod's strategy did
+        generation = _api._generation
+        assert trainer.strategy.reduce(torch.tensor(2.0), reduce_op="sum") == 2.0
         fit()
+        assert _api._generation == generation, "the second run joined the same job"
+        with pytest.raises(RuntimeError, match="step failed"):
+            fit(Failing)
+        assert not cring.is_initialized(), "a failed run shuts down the job it started"
+        cring.init()
+        fit()
+        with pytest.raises(RuntimeError, match="step failed"):
+            fit(Failing)
         assert cring.is_initialized()  # the user's, left alone
     finally:
-        cring.shutdown()
+        if cring.is_initialized():
+            cring.shutdown()

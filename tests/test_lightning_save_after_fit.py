@@ -1,7 +1,7 @@
 """trainer.save_checkpoint() after fit() with CRingStrategy(shard_state=1 | 2)
-when the strategy joined cring itself (so fit() ends by shutting it down):
-the checkpoint holds the whole optimizer state, equal to an unsharded run's,
-and a new Trainer resumes from it (tests/workers/lightning_save_after_fit.py,
+when the strategy joined cring itself (which stays initialised after fit), on
+rank 0 alone: the checkpoint holds the whole optimizer state, equal to an
+unsharded run's, and a new Trainer resumes from it (tests/workers/lightning_save_after_fit.py,
 2 ranks under cringrun, hard timeout)."""
 
 import pytest

@@ -160,9 +160,12 @@ def test_horovods_elastic_spellings_build_the_same_executor():
     with pytest.raises(ValueError, match="max_workers"):
         ElasticRayExecutor(ElasticRayExecutor.create_settings(min_num_proc=3, max_num_proc=2))
     hs.discovery = object()
-    with pytest.raises(NotImplementedError, match="discovery"):
+    with pytest.raises(ValueError, match="find_available_hosts_and_slots"):
         ElasticRayExecutor(hs, override_discovery=False)
-    assert ElasticRayExecutor(hs).max_workers == 3, "override_discovery=True ignores it"
+    hs.discovery = _Hosts({})
+    with pytest.warns(UserWarning, match="discovery is ignored"):
+        assert ElasticRayExecutor(hs).max_workers == 3, "override_discovery=True ignores it"
+    assert ElasticRayExecutor(hs, override_discovery=False)._discovery is hs.discovery
 
 
 def _executor(spelling: str):
@@ -279,3 +282,152 @@ def test_reset_limit_ends_the_run(cluster, tmp_path):
         error = box.get("error")
         assert isinstance(error, RayWorkerError), box
         assert "worker 1 (rank 1 of 2) died; reset_limit=0 reached" in str(error)
+
+
+# ---- host discovery (settings.discovery with override_discovery=False) -------------------------
+
+
+class _Hosts:
+    """A discovery whose {host: slots} the test changes while the job runs."""
+
+    def __init__(self, hosts: dict) -> None:
+        self.hosts = dict(hosts)
+        self.calls = 0
+
+    def find_available_hosts_and_slots(self) -> dict:
+        self.calls += 1
+        return dict(self.hosts)
+
+
+def test_discovery_plan_and_ray_host_discovery(monkeypatch):
+    from cring.ray import _hosts
+    from cring.ray.elastic import RayHostDiscovery, TestDiscovery
+    from cring.ray.elastic_v2 import RayHostDiscovery as RayHostDiscoveryV2
+
+    plan = _hosts.plan
+    # free slots filled in discovery order, up to max_workers
+    assert plan({"a": 2, "b": 1}, [], [], None) == ([], [], ["a", "a", "b"])
+    assert plan({"a": 2, "b": 1}, [("w0", "a")], [("r0", "b")], 2) == ([], [], [])
+    assert plan({"a": 2, "b": 2}, [("w0", "a")], [], 3) == ([], [], ["a", "b"])
+    # a host with fewer slots: its requests go first, then its newest workers
+    assert plan({"a": 1}, [("w0", "a"), ("w1", "a")], [("r0", "a")], None) == (["w1"], ["r0"], [])
+    assert plan({}, [("w0", "a")], [("r0", "b")], None) == (["w0"], ["r0"], [])
+    assert RayHostDiscoveryV2 is RayHostDiscovery
+    nodes = [
+        {"alive": True, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 8, "GPU": 2}},
+        {"alive": True, "NodeManagerAddress": "10.0.0.2", "Resources": {"CPU": 3}},
+        {"alive": False, "NodeManagerAddress": "10.0.0.3", "Resources": {"CPU": 8}},
+    ]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    assert RayHostDiscovery().find_available_hosts_and_slots() == {"10.0.0.1": 8, "10.0.0.2": 3}
+    assert RayHostDiscovery(cpus_per_slot=2).find_available_hosts_and_slots() == {
+        "10.0.0.1": 4,
+        "10.0.0.2": 1,
+    }
+    gpu = RayHostDiscovery(use_gpu=True, gpus_per_worker=2)
+    assert gpu.find_available_hosts_and_slots() == {"10.0.0.1": 1}
+    with pytest.raises(NotImplementedError, match="graceful"):
+        TestDiscovery(1, 2, 1.0, _graceful=False)
+
+
+def discovery_train(outdir: str) -> dict:
+    """Steps (counting the workers at each) until the test writes `stop`."""
+    import json
+    import os
+    import time
+
+    import numpy as np
+
+    import cring
+    import cring.elastic
+
+    cring.init()
+
+    @cring.elastic.run
+    def loop(state):
+        while not os.path.exists(os.path.join(outdir, "stop")):
+            count = cring.allreduce(np.ones(1), op=cring.Sum)
+            state.sizes.append(int(count[0]))
+            state.step += 1
+            state.commit()
+            if cring.rank() == 0:
+                with open(os.path.join(outdir, "progress.jsonl"), "a") as f:
+                    f.write(json.dumps({"step": state.step, "size": cring.size()}) + "\n")
+            time.sleep(0.05)
+        return {"sizes": state.sizes, "worker": int(os.environ["CRING_ELASTIC_WORKER_ID"])}
+
+    return loop(cring.elastic.ObjectState(step=0, sizes=[]))
+
+
+def test_discovery_places_grows_and_shrinks_the_job(cluster, tmp_path, monkeypatch):
+    """The discovery's slots on this node (Ray's node:<ip> resource) decide the
+    workers: 1, then 2 (one added), then 1 (the newest stopped, the survivor
+    goes on from its commit), then 2 again; start() waits for min_workers."""
+    from cring.ray import _hosts
+    from cring.ray.elastic import ElasticRayExecutor
+
+    monkeypatch.setattr(_hosts, "DISCOVER_HOSTS_FREQUENCY_SECS", 0.2)
+    ip = ray.util.get_node_ip_address()
+    hosts = _Hosts({ip: 1})
+    settings = ElasticRayExecutor.create_settings(min_num_proc=1, timeout_s=30)
+    settings.discovery = hosts
+    executor = ElasticRayExecutor(settings, cpus_per_slot=1, override_discovery=False)
+    try:
+        executor.start()
+        assert len(executor.workers) == 1 and [m.host for m in executor.members] == [ip]
+        thread, box = _run_in_thread(executor, discovery_train, [str(tmp_path)])
+
+        def steps_at(size, n):
+            _wait_for(
+                lambda: sum(p["size"] == size for p in _progress(tmp_path)) >= n or box,
+                f"{n} steps on {size} workers",
+            )
+
+        steps_at(1, 5)
+        hosts.hosts = {ip: 2}
+        steps_at(2, 5)
+        assert executor.generation == 1 and len(executor.workers) == 2
+        hosts.hosts = {ip: 1}
+        _wait_for(lambda: executor.generation == 2 or box, "the newest worker stopped")
+        steps_at(1, 10)
+        assert len(executor.workers) == 1
+        hosts.hosts = {ip: 2}
+        _wait_for(lambda: executor.generation == 3 or box, "a worker added again")
+        steps_at(2, 10)
+        (tmp_path / "stop").write_text("")
+        thread.join(RUN_TIMEOUT_S)
+        assert not thread.is_alive(), "run() did not return"
+        if "error" in box:
+            raise box["error"]
+        results = box["result"]
+    finally:
+        executor.shutdown()
+    # workers 0 (all along), 1 (added, then stopped), 2 (added): the last two remain
+    assert [r["worker"] for r in results] == [0, 2]
+    sizes = results[0]["sizes"]
+    assert results[1]["sizes"] == sizes  # the new worker received the committed state
+    runs = [sizes[0]] + [b for a, b in zip(sizes, sizes[1:]) if a != b]
+    assert runs == [1, 2, 1, 2], sizes
+
+
+def test_start_time_out_names_what_each_worker_asks_for(cluster):
+    """Too few workers placed within the time-out: the error names the
+    request of each worker (and, with a discovery, what it offered), not only
+    what the cluster has."""
+    from cring.ray import ElasticRayExecutor, RayExecutor
+
+    settings = RayExecutor.create_settings(timeout_s=10, placement_group_timeout_s=2)
+    executor = ElasticRayExecutor(settings, min_workers=2, cpus_per_worker=1.5)
+    with pytest.raises(TimeoutError) as caught:
+        executor.start()
+    message = str(caught.value)
+    assert "placed 1 of min_workers=2" in message
+    assert "each worker asks for {'CPU': 1.5}" in message and "available of" in message
+    hs = ElasticRayExecutor.create_settings(min_num_proc=1, elastic_timeout=1)
+    hs.discovery = _Hosts({})
+    executor = ElasticRayExecutor(hs, override_discovery=False)
+    with pytest.raises(TimeoutError) as caught:
+        executor.start()
+    message = str(caught.value)
+    assert "within 1 s (elastic_timeout)" in message and "the discovery offered no hosts" in message
+    assert hs.discovery.calls >= 1

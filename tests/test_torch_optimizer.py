@@ -130,6 +130,16 @@ def test_optimizer_controls(api, label):
     assert failures(results, label) == []
 
 
+def test_freezing_is_honoured_at_step_time(api):
+    """requires_grad_(False) after DistributedOptimizer was built: AdamW (weight
+    decay) leaves the layer exactly where it was, as DDP does, and every
+    parameter equals DDP's (plain and gradient_as_bucket_view). A layer frozen
+    when the optimizer was built and unfrozen later is averaged from then on."""
+    _, results = api
+    assert failures(results, "freezing") == []
+    assert failures(results, "unfreezing") == []
+
+
 @pytest.mark.parametrize("kind", ["adam", "sgd"])
 def test_broadcast_makes_ranks_equal_root(api, kind):
     """Different weights, data, learning rates and step counts (Adam's

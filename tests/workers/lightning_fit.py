@@ -212,6 +212,19 @@ if args.full:
     predictions = trainer.predict(model)
     result["predict"] = {"count": sum(len(p) for p in predictions)}
     result["predict_cring_after"] = cring.is_initialized()
+    # after the run, the strategy's collectives still communicate (as DDP's do): the
+    # usual gathering of every rank's predictions
+    count = torch.tensor([rank, sum(len(p) for p in predictions)])
+    result["after_run"] = {
+        "all_gather": trainer.strategy.all_gather(count).tolist(),
+        "reduce_sum": float(trainer.strategy.reduce(torch.tensor(1.0), reduce_op="sum")),
+        "broadcast": trainer.strategy.broadcast(f"rank {rank}", src=1),
+    }
+    trainer.strategy.barrier("after_run")
+    if CRING:
+        import cring.torch as hvd
+
+        result["after_run"]["hvd_size"] = hvd.size()  # Horovod's strategy left hvd running
 
     pl.seed_everything(11)
     acc_model = Model()

@@ -364,6 +364,91 @@ def mismatched_layout():
     return problem
 
 
+def _freeze_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    layers = [torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(8, 1)).double()
+
+
+def _train_freezing(how: str, steps: int = 5, freeze_at: int = 2) -> tuple:
+    """AdamW with weight decay on rank-specific data; layer 0 frozen (requires_grad
+    False) before step freeze_at, after the optimizer was built. how: "ddp" (torch's
+    DistributedDataParallel over gloo), "cring", "cring_buckets" (gradient_as_bucket_view)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = _freeze_model(seed=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+    if how == "ddp":
+        forward = DistributedDataParallel(model, find_unused_parameters=True)
+    else:
+        forward = model
+        opt = DistributedOptimizer(
+            opt,
+            named_parameters=model.named_parameters(),
+            gradient_as_bucket_view=how == "cring_buckets",
+        )
+    frozen_at = None
+    for step in range(steps):
+        if step == freeze_at:
+            model[0].requires_grad_(False)
+            frozen_at = [p.detach().clone() for p in model[0].parameters()]
+        x, y = batch(step, 0, rank)
+        opt.zero_grad()
+        F.mse_loss(forward(x).squeeze(1), y).backward()
+        opt.step()
+    return model, frozen_at
+
+
+def freezing():
+    """A layer frozen after DistributedOptimizer was built does not move, exactly as
+    under DDP, and the rest trains as under DDP (plain and bucket-view gradients)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(
+            "gloo", init_method=f"file://{sys.argv[1]}/ddp_store", rank=rank, world_size=size
+        )
+    ddp, _ = _train_freezing("ddp")
+    problems = []
+    for how in ("cring", "cring_buckets"):
+        model, frozen_at = _train_freezing(how)
+        for name, (p, before) in zip(("weight", "bias"), zip(model[0].parameters(), frozen_at)):
+            if not torch.equal(p.detach(), before):
+                problems.append(f"{how}: frozen layer 0 {name} moved by {(p - before).abs().max()}")
+        # DDP sums gradients divided by size, cring divides the sum: the same bits when
+        # size is a power of two, else within rounding
+        d = (vector(model) - vector(ddp)).abs().max().item()
+        tol = 0.0 if size & (size - 1) == 0 else 1e-12 * max(1.0, vector(ddp).abs().max().item())
+        if d > tol:
+            problems.append(f"{how}: parameters differ from DDP's by {d:.3g} (tolerance {tol})")
+    return "; ".join(problems) or None
+
+
+def unfreezing():
+    """A layer frozen when DistributedOptimizer is built and unfrozen later is
+    averaged from then on: it moves, and every rank ends with the same weights."""
+    model = _freeze_model(seed=5)
+    model[0].requires_grad_(False)
+    opt = DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    before = vector(model).clone()
+    for step in range(4):
+        if step == 1:
+            model[0].requires_grad_(True)
+        x, y = batch(step, 1, rank)
+        opt.zero_grad()
+        F.mse_loss(model(x).squeeze(1), y).backward()
+        opt.step()
+    mine = vector(model)
+    every = cring.allgather(mine.unsqueeze(0))
+    if (mine - before)[: model[0].weight.numel()].abs().max() == 0:
+        return "the unfrozen layer did not move"
+    if not all(torch.equal(every[r], mine) for r in range(size)):
+        return "ranks differ after training an unfrozen layer (its gradient was not averaged)"
+    return None
+
+
 checks.check("arguments", arguments)
 checks.check("wrapper is the optimizer", wrapper_is_the_optimizer)
 checks.check("zero_grad while in flight", zero_grad_while_in_flight)
@@ -375,6 +460,8 @@ checks.check("broadcast adam", lambda: broadcast_state("adam"))
 checks.check("broadcast sgd", lambda: broadcast_state("sgd"))
 checks.check("fresh everywhere", fresh_everywhere)
 checks.check("mismatched layout", mismatched_layout)
+checks.check("freezing", freezing)
+checks.check("unfreezing", unfreezing)
 checks.info["states"] = states
 cring.shutdown()
 checks.finish()

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 import cring
+from cring import _api
 
 from ._environment import _CRingEnvironmentBase
 from ._launch import CUDA_DEVICE_VARIABLE, cuda_device_index
@@ -76,6 +77,18 @@ def _check_group(group: Any) -> None:
 
 def _distributed() -> bool:
     return cring.is_initialized() and cring.size() > 1
+
+
+# The cring job a Lightning strategy joined (the init generation of this process), if
+# it is still the one running. cring stays initialised when a run ends, as Horovod's
+# strategy left hvd and Lightning's DDP leaves its process group: a later run that
+# needs another job (other ranks or size) replaces it; the user's own is never replaced.
+_joined_by_lightning: dict = {"generation": None}
+
+
+def _lightning_job() -> bool:
+    """Whether the running cring job is one a Lightning strategy started."""
+    return cring.is_initialized() and _joined_by_lightning["generation"] == _api._generation
 
 
 # the device kinds the strategy trains on (cring's collectives take CPU and CUDA tensors)
@@ -403,7 +416,9 @@ class StrategyMixin:
         self._timeout_s = timeout_s
         self._num_nodes = 1
         self._root_device_cache: Optional[tuple] = None  # (inputs, device)
-        self._owns_cring = False
+        self._owns_cring = False  # a Lightning strategy started the cring job this run uses
+        self._run_failed = False
+        self._in_run = False  # between setup_environment and teardown
 
     # ---- environment, devices, ranks -----------------------------------------------------------
 
@@ -489,8 +504,12 @@ class StrategyMixin:
     # ---- joining the job -----------------------------------------------------------------------
 
     def _init_cring(self, expected_by: str, hint: str = "") -> None:
-        if cring.is_initialized():  # the user (or cring.ray) joined already: theirs to shut down
-            self._owns_cring = False
+        if _lightning_job() and (cring.rank(), cring.size()) != (self.global_rank, self.world_size):
+            cring.shutdown()  # an earlier run's job, of another shape: this run starts its own
+        if cring.is_initialized():
+            # an earlier run's (kept running for this one), or the user's (or cring.ray's):
+            # theirs to shut down
+            self._owns_cring = _lightning_job()
         else:
             if self._external():
                 cring.init(timeout_s=self._timeout_s)
@@ -504,6 +523,8 @@ class StrategyMixin:
                     timeout_s=self._timeout_s,
                 )
             self._owns_cring = True
+            _joined_by_lightning["generation"] = _api._generation
+        self._in_run = True
         if cring.rank() != self.global_rank or cring.size() != self.world_size:
             raise RuntimeError(
                 f"cring is rank {cring.rank()} of {cring.size()}, but {expected_by} expects rank "
@@ -523,19 +544,34 @@ class StrategyMixin:
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         return reduce_boolean_decision(decision, all=all)
 
+    def _barrier(self) -> None:
+        """During a run, wait for every rank. Between runs, return at once, as
+        Horovod's strategy's barrier did: Lightning calls it inside
+        save_checkpoint() and a checkpoint restore, which scripts commonly call
+        on rank 0 alone once fit() has returned (cring.barrier() waits anywhere)."""
+        if self._in_run:
+            barrier()
+
     # ---- the end -------------------------------------------------------------------------------
 
     def _close_averagers(self) -> None:
         raise NotImplementedError
 
     def teardown(self) -> None:
+        """The run's end: cring stays initialised (hvd.size(), cring's
+        collectives and this strategy's all_gather/reduce/broadcast/barrier
+        keep working, as with Horovod's strategy and DDP), unless the run
+        failed (on_exception) and a strategy started it: then it is shut
+        down, so that the next run starts a fresh job."""
         self._close_averagers()
         try:
             super().teardown()  # type: ignore[misc]
         finally:
-            if self._owns_cring and cring.is_initialized():
+            if self._owns_cring and self._run_failed and _lightning_job():
                 cring.shutdown()
             self._owns_cring = False
+            self._run_failed = False
+            self._in_run = False
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

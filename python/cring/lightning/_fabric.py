@@ -111,7 +111,7 @@ class _CRingFabricStrategyBase(_sharded.FabricSharding, _common.StrategyMixin):
         return _common.reduce(tensor, group=group, reduce_op=reduce_op)
 
     def barrier(self, *args: Any, **kwargs: Any) -> None:
-        _common.barrier()
+        self._barrier()
 
     def _close_averagers(self) -> None:
         for averager in self._averagers.values():

@@ -105,15 +105,16 @@ class TrainerSharding:
     the step takes them as they are. Checkpoints: Lightning calls
     consolidate_state_dict() (the state is gathered on rank 0, which saves
     it) and load_state_dict() on every rank (each keeps its slices). A fit
-    that shuts cring down at its end (the strategy joined it) gathers the
-    state on rank 0 first, so trainer.save_checkpoint() after fit() still
-    writes the whole of it (Lightning's DDP and FSDP keep their process group
-    instead)."""
+    that ends normally gathers the state on rank 0, so that
+    trainer.save_checkpoint() after fit() writes the whole of it without
+    communicating (it also works when only rank 0 calls it, or after the
+    user shut cring down)."""
 
     _shard_state = 0
 
     def setup_optimizers(self, trainer: Any) -> None:
         super().setup_optimizers(trainer)  # type: ignore[misc]
+        self._zero_after_run = False
         if not self._shard_state:
             return
         _refuse_scaler(self._shard_state, getattr(self, "precision_plugin", None))
@@ -151,26 +152,26 @@ class TrainerSharding:
 
     def optimizer_state(self, optimizer: Any) -> dict:
         inner = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's own
-        if is_sharded(inner) and not cring.is_initialized():
+        after_run = getattr(self, "_zero_after_run", False) or not cring.is_initialized()
+        if is_sharded(inner) and after_run:
             kept = inner._zero_consolidated
             if kept is None:
                 raise RuntimeError(
-                    "the sharded optimizer state is spread over ranks that have left cring: "
-                    "save the checkpoint during fit (ModelCheckpoint, or trainer.save_checkpoint "
-                    "in a hook), or call cring.init() before the Trainer so it stays running"
+                    "the sharded optimizer state was not gathered at the end of fit (the run "
+                    "failed, or cring was shut down during it): save the checkpoint during fit "
+                    "(ModelCheckpoint, or trainer.save_checkpoint in a hook)"
                 )
             return kept[1] if self.global_rank == kept[0] else {}  # type: ignore[attr-defined]
         return super().optimizer_state(optimizer)  # type: ignore[misc]
 
     def teardown(self) -> None:
-        # after a fit that ends normally, and before cring goes down with the strategy:
-        # the whole state on rank 0 (in host memory, as Lightning moves optimizers to the
-        # CPU at teardown) for a save_checkpoint() after fit(). Not after a failure,
-        # where the peers may be gone.
+        # after a fit that ends normally: the whole state on rank 0 (in host memory, as
+        # Lightning moves optimizers to the CPU at teardown) for a save_checkpoint()
+        # after fit(), which then need not communicate. Not after a failure, where the
+        # peers may be gone.
         trainer = getattr(getattr(self, "lightning_module", None), "_trainer", None)
         if (
             trainer is not None
-            and getattr(self, "_owns_cring", False)
             and cring.is_initialized()
             and trainer.state.fn == "fit"
             and trainer.state.status == "running"
@@ -180,6 +181,7 @@ class TrainerSharding:
                     opt.consolidate_state_dict(0)
                     to, state = opt._zero_consolidated
                     opt._zero_consolidated = (to, _to_cpu(state))
+            self._zero_after_run = True
         super().teardown()  # type: ignore[misc]
 
 

@@ -219,12 +219,13 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
         return _common.reduce(tensor, group=group, reduce_op=reduce_op)
 
     def barrier(self, name: Optional[str] = None) -> None:
-        _common.barrier()
+        self._barrier()
 
     # ---- the end -------------------------------------------------------------------------------
 
     def on_exception(self, exception: BaseException) -> None:
         mark_failed()
+        self._run_failed = True  # teardown then shuts down the cring job it started
         super().on_exception(exception)
 
     def _close_averagers(self) -> None:

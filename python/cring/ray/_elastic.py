@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from cring import _C
 from cring import _elastic_protocol as protocol
 
-from . import _executor
+from . import _executor, _hosts
 from ._backend import worker_environments
 from ._executor import (
     _POLL_S,
@@ -53,9 +53,11 @@ class ElasticRaySettings(RaySettings):
     executor takes unless given its own min_workers/max_workers/reset_limit.
 
     Attributes (besides RaySettings'): min_num_proc, max_num_proc (None: as
-    many workers as the cluster's resources hold at start()), reset_limit,
-    elastic_timeout and verbose (kept for Horovod's code, unused), discovery
-    (Horovod's host-discovery object: None; a custom one is refused).
+    many workers as the cluster's resources hold at start(), or, with a
+    discovery, as many as it offers), reset_limit, elastic_timeout (with a
+    discovery: how long start() waits for min_num_proc workers), verbose
+    (kept for Horovod's code, unused), discovery (Horovod's host-discovery
+    object, used with ``override_discovery=False``; see ElasticRayExecutor).
     """
 
     min_num_proc: int = 1
@@ -72,6 +74,7 @@ class _Member:
     actor: Any
     group: PlacementGroup
     node_id: str = ""
+    host: str = ""  # the discovered host it was placed on (discovery mode)
     ref: Any = None  # the running call, while it runs
     added_in: int = 0  # the generation it was started for
     result: Any = field(default=None)
@@ -123,8 +126,21 @@ class ElasticRayExecutor:
     settings'. Horovod's names are accepted: ``cpus_per_slot``,
     ``gpus_per_slot`` (the same as the ``*_per_worker`` ones; not both),
     ``env_vars`` (added to every worker's environment) and
-    ``override_discovery`` (True; False with a ``settings.discovery`` object
-    is refused: cring places workers with Ray placement groups).
+    ``override_discovery``.
+
+    Host discovery (Horovod's ``settings.discovery`` with
+    ``override_discovery=False``): an object whose
+    ``find_available_hosts_and_slots()`` returns ``{host: slots}``, asked
+    every ``cring.ray.elastic.DISCOVER_HOSTS_FREQUENCY_SECS`` (1 s). Each
+    worker is placed on its host through the Ray resource ``node:<host>``
+    (every Ray node has one for its address; Horovod's convention, so a
+    cluster may also declare such custom resources), up to the host's slots
+    and ``max_workers`` in all; a host that leaves the map, or offers fewer
+    slots, has its newest workers stopped (a new generation, as for a death).
+    start() waits up to ``elastic_timeout`` for ``min_workers``. With the
+    default ``override_discovery=True`` a ``settings.discovery`` is ignored
+    (with a warning), as Horovod replaces it with its RayHostDiscovery:
+    without a discovery workers go wherever Ray's resources allow.
     """
 
     @staticmethod
@@ -202,14 +218,25 @@ class ElasticRayExecutor:
                 "ElasticRayExecutor: settings must come from ElasticRayExecutor.create_settings() "
                 f"or RayExecutor.create_settings(), got {type(settings).__name__}"
             )
-        if isinstance(settings, ElasticRaySettings):
-            if settings.discovery is not None and not override_discovery:
-                raise NotImplementedError(
-                    "ElasticRayExecutor: a custom settings.discovery "
-                    f"({type(settings.discovery).__name__}) is not supported: cring places "
-                    "workers with Ray placement groups and adds them back when Ray can place "
-                    "them; drop override_discovery=False"
+        discovery = getattr(settings, "discovery", None)
+        if not override_discovery:
+            if discovery is None or not callable(
+                getattr(discovery, "find_available_hosts_and_slots", None)
+            ):
+                raise ValueError(
+                    "ElasticRayExecutor: override_discovery=False needs settings.discovery, an "
+                    "object with find_available_hosts_and_slots() -> {host: slots}; got "
+                    f"{discovery!r}"
                 )
+        elif discovery is not None:
+            warnings.warn(
+                "ElasticRayExecutor: settings.discovery is ignored with override_discovery=True "
+                "(as in Horovod); pass override_discovery=False to use it",
+                stacklevel=2,
+            )
+            discovery = None
+        self._discovery = discovery
+        if isinstance(settings, ElasticRaySettings):
             min_workers = settings.min_num_proc if min_workers is None else min_workers
             max_workers = settings.max_num_proc if max_workers is None else max_workers
             reset_limit = settings.reset_limit if reset_limit is None else reset_limit
@@ -260,6 +287,10 @@ class ElasticRayExecutor:
         self.generation = -1
         self.resets = 0
         self._waiting: dict[Any, PlacementGroup] = {}  # ready() ref -> group not yet placed
+        self._group_host: dict[Any, str] = {}  # placement group id -> its host (discovery)
+        self._next_discovery_s = 0.0
+        self._discovered: dict = {}  # the discovery's last answer
+        self._discovery_failing = False
         self._next_worker_id = 0
         self._store: Any = None
         self._client: Optional[protocol.StoreClient] = None
@@ -291,12 +322,55 @@ class ElasticRayExecutor:
 
     # -- placement and generations -----------------------------------------------------
 
-    def _request_group(self) -> None:
+    def _bundle(self, host: str = "") -> dict:
+        """What one worker asks Ray for."""
         bundle = {"CPU": float(self.cpus_per_worker)}
         if self.gpus_per_worker:
             bundle["GPU"] = float(self.gpus_per_worker)
-        group = placement_group([bundle], strategy="PACK")
+        if host:
+            bundle.update(_hosts.host_resource(host))
+        return bundle
+
+    def _request_group(self, host: str = "") -> None:
+        group = placement_group([self._bundle(host)], strategy="PACK")
         self._waiting[group.ready()] = group
+        if host:
+            self._group_host[group.id] = host
+
+    def _cancel_group(self, ref: Any) -> None:
+        group = self._waiting.pop(ref)
+        self._group_host.pop(group.id, None)
+        remove_placement_group(group)
+
+    def _rediscover(self, running: list[tuple[Any, str]]) -> list:
+        """Discovery mode, when a poll is due: ask the discovery for hosts,
+        cancel the requests beyond each host's slots, request workers for
+        free slots up to max_workers, and return the keys of `running`
+        ((key, host) of the workers placed, oldest first) that must stop."""
+        now = time.monotonic()
+        if self._discovery is None or now < self._next_discovery_s:
+            return []
+        self._next_discovery_s = now + float(_hosts.DISCOVER_HOSTS_FREQUENCY_SECS)
+        try:
+            slots = dict(self._discovery.find_available_hosts_and_slots())
+        except Exception as exc:  # a flaky discovery: keep what we have, try again
+            log = logger.debug if self._discovery_failing else logger.warning
+            log("cring: host discovery failed (%r); keeping the workers, asking again", exc)
+            self._discovery_failing = True
+            return []
+        self._discovery_failing = False
+        self._discovered = slots
+        stop, cancel, hosts = _hosts.plan(
+            slots,
+            running,
+            [(ref, self._group_host.get(g.id, "")) for ref, g in self._waiting.items()],
+            self.max_workers,
+        )
+        for ref in cancel:
+            self._cancel_group(ref)
+        for host in hosts:
+            self._request_group(host)
+        return stop
 
     def _placed_groups(self, timeout_s: float) -> list[PlacementGroup]:
         """Groups Ray has placed (waiting at most timeout_s for the first)."""
@@ -312,13 +386,14 @@ class ElasticRayExecutor:
         actor_cls = ray.remote(_Worker)
         added = []
         for group in groups:
+            host = self._group_host.pop(group.id, "")
             actor = actor_cls.options(
                 num_cpus=self.cpus_per_worker,
                 num_gpus=self.gpus_per_worker,
                 max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0),
             ).remote()
-            added.append(_Member(self._next_worker_id, actor, group))
+            added.append(_Member(self._next_worker_id, actor, group, host=host))
             self._next_worker_id += 1
         for member, node in zip(added, ray.get([m.actor.node_id.remote() for m in added])):
             member.node_id = node
@@ -390,7 +465,7 @@ class ElasticRayExecutor:
             dict(executable_kwargs or {}),
         )
         self._extra_env = {**self.env_vars, **dict(extra_env_vars or {})}
-        if self._max_workers_given is None:
+        if self._max_workers_given is None and self._discovery is None:
             self.max_workers = self._cluster_capacity()
         self._secret = secrets.token_hex(16)
         self._job_id = f"ray-elastic-{uuid.uuid4().hex[:12]}"
@@ -401,19 +476,31 @@ class ElasticRayExecutor:
             self._client = protocol.StoreClient(
                 self._addr, int(self._store.port), self._secret, 10.0
             )
-            for _ in range(self.max_workers):
-                self._request_group()
+            if self._discovery is None:
+                for _ in range(self.max_workers):
+                    self._request_group()
+                timeout_s = self.settings.placement_group_timeout_s
+                what = "placement_group_timeout_s"
+            else:
+                self._next_discovery_s = 0.0
+                timeout_s = getattr(self.settings, "elastic_timeout", 600.0)
+                what = "elastic_timeout"
             placed: list[PlacementGroup] = []
-            deadline = time.monotonic() + self.settings.placement_group_timeout_s
+            deadline = time.monotonic() + timeout_s
             while len(placed) < self.min_workers:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(
-                        f"ElasticRayExecutor.start: Ray placed {len(placed)} of min_workers="
-                        f"{self.min_workers} workers within "
-                        f"{self.settings.placement_group_timeout_s:g} s; the cluster has "
-                        f"{ray.available_resources()} available"
-                    )
+                    raise TimeoutError(self._unplaced_message(len(placed), timeout_s, what))
+                if self._discovery is not None:
+                    gone = set(self._rediscover([(g, self._group_host[g.id]) for g in placed]))
+                    for g in gone:
+                        self._group_host.pop(g.id, None)
+                        remove_placement_group(g)
+                    placed = [g for g in placed if g not in gone]
+                    left = min(left, max(0.0, self._next_discovery_s - time.monotonic()))
+                    if not self._waiting:
+                        time.sleep(left)  # nothing to wait for until the next poll
+                        continue
                 placed += self._placed_groups(left)
             # the others get a short grace, so that a free cluster starts at max_workers
             grace_end = min(deadline, time.monotonic() + _START_GRACE_S)
@@ -423,6 +510,22 @@ class ElasticRayExecutor:
         except BaseException:
             self.shutdown()
             raise
+
+    def _unplaced_message(self, placed: int, timeout_s: float, what: str) -> str:
+        per_worker = self._bundle()
+        hosts = ""
+        if self._discovery is not None:
+            hosts = (
+                f"; the discovery offered {self._discovered or 'no hosts'} (each worker also "
+                "asks for 0.01 of the resource node:<host>)"
+            )
+        return (
+            f"ElasticRayExecutor.start: Ray placed {placed} of min_workers={self.min_workers} "
+            f"workers within {timeout_s:g} s ({what}); each worker asks for {per_worker}"
+            f"{hosts}; the cluster has {ray.available_resources()} available of "
+            f"{ray.cluster_resources()}. Ask for fewer workers or resources per worker, or "
+            "add nodes."
+        )
 
     # -- running ----------------------------------------------------------------------
 
@@ -484,12 +587,15 @@ class ElasticRayExecutor:
                 return [m.result for m in self.members]
             growing = not finishing and self._may_reset()
             waits = list(running) + (list(self._waiting) if growing else [])
-            ready, _ = ray.wait(waits, num_returns=1, timeout=_POLL_S)
+            poll_s = _POLL_S
+            if self._discovery is not None and growing:
+                poll_s = min(poll_s, max(0.0, self._next_discovery_s - time.monotonic()))
+            ready, _ = ray.wait(waits, num_returns=1, timeout=poll_s)
             if relay is not None:
                 relay.drain()
             if ready:
                 ready, _ = ray.wait(waits, num_returns=len(waits), timeout=0)
-            dead: list[tuple[_Member, BaseException]] = []
+            dead: list[tuple[_Member, Optional[BaseException], str]] = []
             for ref in ready:
                 m = running.get(ref)
                 if m is None or m not in self.members:  # a group ref, or a worker stopped
@@ -497,7 +603,7 @@ class ElasticRayExecutor:
                 try:
                     m.result, m.done = ray.get(ref), True
                 except RayActorError as exc:
-                    dead.append((m, exc))
+                    dead.append((m, exc, "died"))
                     continue
                 except RayTaskError as exc:
                     self._broken = f"worker {m.worker_id} raised"
@@ -505,13 +611,17 @@ class ElasticRayExecutor:
                 if not finishing:
                     finishing = True
                     self._finish(m)
+            if growing and not finishing:
+                for m in self._rediscover([(m, m.host) for m in self.members if not m.done]):
+                    ray.kill(m.actor)  # its host left the discovered set, or has fewer slots
+                    dead.append((m, None, f"stopped (host {m.host} offers fewer slots)"))
             if dead:
                 ranks = {id(m): r for r, m in enumerate(self.members)}
                 what = "; ".join(
-                    f"worker {m.worker_id} (rank {ranks[id(m)]} of {len(self.members)}) died"
-                    for m, _ in dead
+                    f"worker {m.worker_id} (rank {ranks[id(m)]} of {len(self.members)}) {verb}"
+                    for m, _, verb in dead
                 )
-                for m, _ in dead:
+                for m, _, _ in dead:
                     self.members.remove(m)
                     remove_placement_group(m.group)
                 if finishing:
@@ -530,8 +640,10 @@ class ElasticRayExecutor:
                         dead[0][1],
                     )
                 for _ in dead:  # placed again when Ray can: the job grows back
-                    if len(self.members) + len(self._waiting) < self.max_workers:
-                        self._request_group()
+                    if self._discovery is None and (
+                        len(self.members) + len(self._waiting) < self.max_workers
+                    ):
+                        self._request_group()  # (with a discovery: at its next poll)
             placed = self._placed_groups(0) if not finishing and self._may_reset() else []
             added = self._spawn(placed) if placed else []
             reason = None
@@ -601,6 +713,7 @@ class ElasticRayExecutor:
         for group in self._waiting.values():
             remove_placement_group(group)
         self._waiting.clear()
+        self._group_host.clear()
         if self._client is not None:
             self._client.close()
             self._client = None

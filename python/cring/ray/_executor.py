@@ -219,8 +219,9 @@ class RayExecutor:
             return super().__new__(cls)
         if params.get("num_workers") is not None or params.get("num_hosts") is not None:
             raise ValueError(
-                "RayExecutor: give min_workers/max_workers (elastic) or num_workers/num_hosts "
-                "(a fixed number of workers), not both"
+                "RayExecutor: Both `min_workers` and `num_workers` provided. Give "
+                "min_workers/max_workers (elastic) or num_workers/num_hosts (a fixed number of "
+                "workers), not both"
             )
         if params.get("cooldown_range") is not None:
             warnings.warn(

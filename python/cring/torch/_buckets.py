@@ -150,9 +150,11 @@ def plan_units(opt: Any, trainable: list, groups: Any, compression: Any, process
 
 def submit(opt: Any, unit: BucketUnit) -> Any:
     """Start the in-place allreduce of one bucket (every view attached first:
-    a parameter no hook saw contributes zeros, as on the usual path)."""
+    a parameter no hook saw contributes zeros, as on the usual path; one
+    frozen since the optimizer was built keeps its .grad, its slot unread)."""
     for p in unit.params:
-        opt._cring_buckets.attach(p)
+        if p.requires_grad:
+            opt._cring_buckets.attach(p)
     return cring.allreduce_async_(
         unit.flat,
         name=unit.name,

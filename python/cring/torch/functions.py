@@ -1,7 +1,9 @@
 """horovod.torch.functions on cring: broadcast_parameters and
 broadcast_optimizer_state, which start every rank from rank root's model and
-optimizer (as after loading a checkpoint on one rank). Uses cring's public
-API and torch only; the DistributedOptimizer is in cring.torch.optimizer.
+optimizer (as after loading a checkpoint on one rank); broadcast_object and
+allgather_object, which Horovod's module also exports, are mpi_ops' (the same
+functions). Uses cring's public API and torch only; the DistributedOptimizer
+is in cring.torch.optimizer.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import torch
 
 import cring
 
-__all__ = ["broadcast_parameters", "broadcast_optimizer_state"]
+from .mpi_ops._objects import allgather_object, broadcast_object
+
+__all__ = [
+    "allgather_object",
+    "broadcast_object",
+    "broadcast_parameters",
+    "broadcast_optimizer_state",
+]
 
 
 def _synchronize_all(handles: list) -> None:

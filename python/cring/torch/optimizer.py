@@ -23,7 +23,7 @@ import torch
 
 import cring
 
-from . import _adasum, _buckets, _comm_hook
+from . import _adasum, _buckets, _comm_hook, _compiled_sync, _trainable
 from . import sharded as _sharded
 from .functions import broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import sparse_allreduce_async as _sparse_allreduce_async
@@ -186,6 +186,8 @@ class _DistributedOptimizer:
             if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
 
                 def hook(param: torch.Tensor) -> None:
+                    if torch.compiler.is_compiling():
+                        return  # compiled autograd: step() reduces (_compiled_sync.py)
                     opt = me()
                     if opt is not None:
                         opt._cring_grad_ready(param)
@@ -241,6 +243,8 @@ class _DistributedOptimizer:
         compressor = self._cring_torch_compression
         sparse_submitted: list = []  # gathers of sparse gradients, started as met
         for p in unit.params:
+            if not p.requires_grad and not isinstance(self, _sharded.ShardedMixin):
+                continue  # frozen since the optimizer was built: left alone, as under DDP
             grad = p.grad
             if grad is None:
                 grad = p.grad = torch.zeros_like(p.detach())
@@ -327,12 +331,15 @@ class _DistributedOptimizer:
         (parameters whose gradient did not arrive by a hook, and gradients
         accumulated fewer than backward_passes_per_step times), then wait for
         all of them. Afterwards every .grad holds the reduced gradient."""
+        if torch.compiler.is_compiling() and _compiled_sync.traceable(self):
+            return _compiled_sync.synchronize(self)  # one operator per dtype in the graph
         if cring.size() == 1 or self._cring_outside:
             self._cring_synchronized = True
             return
         error: Optional[BaseException] = None
         with self._cring_lock:
             try:
+                _trainable.adopt_unfrozen(self, _Unit)
                 for unit in self._cring_units:
                     if unit not in self._cring_handles:
                         self._cring_submit(unit)
@@ -403,6 +410,8 @@ class _DistributedOptimizer:
         while gradients are being reduced or accumulated for a step."""
         if self._cring_handles or self._cring_touched:
             raise AssertionError(_ZERO_GRAD_IN_FLIGHT)
+        if set_to_none and torch.compiler.is_compiling():
+            return _compiled_sync.zero_grad(self)
         return super().zero_grad(set_to_none)  # type: ignore[misc]
 
     def add_param_group(self, param_group: dict) -> None:
@@ -654,9 +663,15 @@ def DistributedOptimizer(
             groups, gradient_predivide_factor or shard_state=2. With
             gradient_as_bucket_view the gradients are views into the buckets.
 
-    Parameters that do not require grad are left alone. A trainable
-    parameter with no gradient at step() gets a zero gradient that is
-    reduced like the others (another rank may have one), as in Horovod.
+    Parameters that do not require grad are left alone, judged at each step:
+    one frozen (requires_grad_(False)) after the optimizer was built gets no
+    gradient and no reduction, so the wrapped optimizer skips it, as under
+    DDP; one frozen when it was built and trainable later is reduced from
+    then on. Every rank must freeze and unfreeze the same parameters in the
+    same step. (With shard_state the trainable set stays the one the
+    optimizer was built with.) A trainable parameter with no gradient at step() gets a zero
+    gradient that is reduced like the others (another rank may have one), as
+    in Horovod.
     With one rank the wrapped optimizer runs unchanged.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):

@@ -19,6 +19,8 @@ each importing only those above it:
                   synchronize
     _objects      broadcast_object, allgather_object
     _sparse       sparse_allreduce_async (allgathers of indices and values)
+    _compiled     allreduce, allgather, broadcast and grouped_allreduce as torch
+                  operators (cring::*), which _collectives calls while torch.compile traces
 """
 
 from ._basics import (

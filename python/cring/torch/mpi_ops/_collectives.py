@@ -19,6 +19,7 @@ import torch
 import cring
 from cring import _C
 
+from . import _compiled
 from ._autograd import (
     _AllgatherFunction,
     _AllreduceFunction,
@@ -115,6 +116,17 @@ def allreduce(
     Average, False is Sum); giving both `average` and `op` is a ValueError."""
     op = _check_op(_resolve_op(op, average))
     python_compressor, wire = _plan_compression(compression, (tensor,))
+    if torch.compiler.is_compiling():  # an operator in the graph (_compiled.py)
+        return _compiled.allreduce(
+            tensor,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            python_compressor,
+            wire,
+            process_set,
+        )
     if python_compressor is None:
         return _allreduce(tensor, name, op, prescale_factor, postscale_factor, wire, process_set)
     compressed, ctx = python_compressor.compress(tensor)
@@ -331,7 +343,10 @@ def allgather(
     """Concatenate every rank's `tensor` along the first dimension, in rank
     order (first dimensions may differ; the rest and the dtype must match).
     Differentiable: the gradient is the incoming gradient averaged over ranks,
-    then this rank's rows (Horovod's)."""
+    then this rank's rows (Horovod's). Inside torch.compile every rank must
+    give the same first dimension (an operator's shape is known when traced)."""
+    if torch.compiler.is_compiling():  # an operator in the graph (_compiled.py)
+        return _compiled.allgather(tensor, name, process_set)
     if _wants_grad((tensor,)):
         return _AllgatherFunction.apply(tensor, name, process_set)
     if process_set is global_process_set:  # cring.allgather's C fast paths take this form
@@ -379,6 +394,8 @@ def broadcast(
     """Return a new tensor holding root_rank's `tensor`; the input is
     unchanged. Differentiable: the root's gradient is the incoming gradient
     averaged over ranks; the other ranks' gradient is zero (Horovod's)."""
+    if torch.compiler.is_compiling():  # an operator in the graph (_compiled.py)
+        return _compiled.broadcast(tensor, root_rank, name, process_set)
     if _wants_grad((tensor,)):
         return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
     return _run(cring.broadcast, tensor, root_rank, name=name, process_set=process_set)
