@@ -110,11 +110,13 @@ AREAS = {
         "test_lightning",
         "test_lightning_amp",
         "test_lightning_cuda",
+        "test_lightning_hooks",
         "test_lightning_save_after_fit",
     ),
     "fakegpu": (
         "test_check_build",
         "test_gpu_buckets",
+        "test_gpu_comms",
         "test_gpu_engine",
         "test_gpu_loader",
         "test_gpu_results",
