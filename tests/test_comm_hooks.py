@@ -10,7 +10,8 @@ at 2 ranks the weights agree to 1e-4 (in fact bit for bit); at 3 ranks
 gloo's ring sums three gradients in another order than cring (the average
 differs in the last bit from step 0 on) and PowerSGD's power iteration
 amplifies that, as it does a 1-ulp change inside torch alone (docs/hooks.md),
-so there the loss curves must agree within 1 %. The rest runs in this
+so there the float32 loss curves must agree within 1 %, and in float64
+(where that rounding is ~1e-16) the weights within 1e-4. The rest runs in this
 process without cring.
 """
 
@@ -61,17 +62,22 @@ def three_ranks(tmp_path_factory):
 
 def test_powersgd_matches_torch_ddp_at_two_ranks(two_ranks):
     for res in two_ranks:
-        assert res["cases"] == 5
+        assert res["cases"] == 6
         assert res["torch_weights_rel"] <= 1e-4, res["torch_weights_rel"]
         assert res["torch_loss_rel"] <= 1e-6
+        assert res["torch64_weights_rel"] <= 1e-4, res["torch64_weights_rel"]
 
 
-def test_powersgd_loss_curve_matches_torch_ddp_at_three_ranks(three_ranks):
+def test_powersgd_matches_torch_ddp_at_three_ranks(three_ranks):
+    """float32: the loss curves within 1 % (the summation order differs from
+    gloo's, see the module's docstring); float64, where that rounding is
+    ~1e-16: the final weights within 1e-4 relative, as at 2 ranks."""
     for res in three_ranks:
-        assert res["cases"] == 6
-        assert res["torch_loss_rel"] <= 1e-2, (res["losses"], res["torch_losses"])
+        assert res["cases"] == 7
+        assert res["torch_loss_rel"] <= 1e-2, (res["torch_losses"], res["torch_ref_losses"])
         # the same training, not merely a similar loss: far closer than 1 %
         assert res["torch_weights_rel"] <= 5e-2
+        assert res["torch64_weights_rel"] <= 1e-4, res["torch64_weights_rel"]
 
 
 def test_hooks_give_the_average(two_ranks, three_ranks):

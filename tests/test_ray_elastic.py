@@ -423,6 +423,11 @@ def test_start_time_out_names_what_each_worker_asks_for(cluster):
     message = str(caught.value)
     assert "placed 1 of min_workers=2" in message
     assert "each worker asks for {'CPU': 1.5}" in message and "available of" in message
+    # the worker it did place is given back: nothing of the failed start is left
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0) != ELASTIC_CPUS:  # the rest is held
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.2)
     hs = ElasticRayExecutor.create_settings(min_num_proc=1, elastic_timeout=1)
     hs.discovery = _Hosts({})
     executor = ElasticRayExecutor(hs, override_discovery=False)

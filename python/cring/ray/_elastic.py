@@ -471,6 +471,7 @@ class ElasticRayExecutor:
         self._job_id = f"ray-elastic-{uuid.uuid4().hex[:12]}"
         self._keys = protocol.Keys(self._job_id)
         self._addr = ray.util.get_node_ip_address()
+        placed: list[PlacementGroup] = []  # placed, no worker yet: freed here on failure
         try:
             self._store = _C.StoreServer(self._addr, 0, self._secret)
             self._client = protocol.StoreClient(
@@ -485,7 +486,6 @@ class ElasticRayExecutor:
                 self._next_discovery_s = 0.0
                 timeout_s = getattr(self.settings, "elastic_timeout", 600.0)
                 what = "elastic_timeout"
-            placed: list[PlacementGroup] = []
             deadline = time.monotonic() + timeout_s
             while len(placed) < self.min_workers:
                 left = deadline - time.monotonic()
@@ -506,8 +506,12 @@ class ElasticRayExecutor:
             grace_end = min(deadline, time.monotonic() + _START_GRACE_S)
             while self._waiting and time.monotonic() < grace_end:
                 placed += self._placed_groups(max(0.0, grace_end - time.monotonic()))
-            self._publish([], self._spawn(placed), "start")
+            members, placed = self._spawn(placed), []
+            self._publish([], members, "start")
         except BaseException:
+            for g in placed:
+                self._group_host.pop(g.id, None)
+                remove_placement_group(g)
             self.shutdown()
             raise
 
