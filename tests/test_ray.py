@@ -390,7 +390,9 @@ def test_lightning_fit_inside_the_loop(cluster, tmp_path):
     assert seen[0]["epoch_losses"] == seen[1]["epoch_losses"]
     losses = seen[0]["epoch_losses"]
     assert len(losses) == 3 and losses[-1] < 0.5 * losses[0], losses
-    assert not any(s["cring_initialized_after_fit"] for s in seen)
+    # as after Horovod's strategy (and DDP's process group), cring is still up
+    # after fit (docs/lightning.md); the Ray worker's teardown shuts it down
+    assert all(s["cring_initialized_after_fit"] for s in seen)
 
 
 # ---- GPUs ---------------------------------------------------------------------------------------
