@@ -64,17 +64,23 @@ class BucketLayout:
     def attach(self, p: torch.Tensor) -> None:
         """Make p.grad its view, carrying over the gradient it holds (a
         fresh one after zero_grad(set_to_none=True), or zeros)."""
-        view = self.view_of[p]
-        grad = p.grad
-        if grad is view:
-            return
-        if grad is None:
-            view.zero_()
-        elif grad.is_sparse:
-            view.copy_(grad.to_dense())
-        elif grad.data_ptr() != view.data_ptr():
-            view.copy_(grad)
-        p.grad = view
+        grad_into_view(p, self.view_of[p])
+
+
+def grad_into_view(p: torch.Tensor, view: torch.Tensor) -> None:
+    """p.grad becomes `view` (a slice of a bucket) holding what p.grad held:
+    zeros for no gradient, a sparse one densified. Also the comm hook's
+    buckets' (_comm_hook.py)."""
+    grad = p.grad
+    if grad is view:
+        return
+    if grad is None:
+        view.zero_()
+    elif grad.is_sparse:
+        view.copy_(grad.to_dense())
+    elif grad.data_ptr() != view.data_ptr():
+        view.copy_(grad)
+    p.grad = view
 
 
 def build(params: list, bucket_bytes: int = 0) -> Optional[BucketLayout]:

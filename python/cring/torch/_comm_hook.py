@@ -17,6 +17,7 @@ import torch
 
 import cring
 
+from . import _buckets
 from .mpi_ops._compression import NoneCompressor
 
 __all__ = [
@@ -169,17 +170,7 @@ class GradBucket:
         it holds), so later backward passes accumulate into the bucket."""
         if not self._views_attached:
             return
-        view = next(v for q, v in zip(self._params, self._views) if q is p)
-        grad = p.grad
-        if grad is view:
-            return
-        if grad is None:
-            view.zero_()
-        elif grad.is_sparse:
-            view.copy_(grad.to_dense())
-        else:
-            view.copy_(grad)
-        p.grad = view
+        _buckets.grad_into_view(p, next(v for q, v in zip(self._params, self._views) if q is p))
 
     def fill(self, sparse_as_dense: bool, what: str) -> None:
         """The buffer takes every gradient (zeros for a parameter without one)."""
