@@ -43,15 +43,15 @@ $(BUILD)/tests/%: csrc/tests/%.c csrc/tests/testutil.h $(BUILD)/libcring.a
 # Test doubles for the GPU layer ("device memory" is host memory).
 $(BUILD)/tests/libfake_nccl.so: csrc/tests/fake_nccl.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared $< -o $@ $(LDFLAGS) -pthread -lrt -lm
+	$(CC) $(CFLAGS) -shared $< -o $@ $(LDFLAGS) -pthread -lrt -lm -ldl
 
 $(BUILD)/tests/libfake_nccl_no_allgather.so: csrc/tests/fake_nccl.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DFAKE_NCCL_WITHOUT_ALLGATHER -shared $< -o $@ $(LDFLAGS) -pthread -lrt -lm
+	$(CC) $(CFLAGS) -DFAKE_NCCL_WITHOUT_ALLGATHER -shared $< -o $@ $(LDFLAGS) -pthread -lrt -lm -ldl
 
 $(BUILD)/tests/libfake_cudart.so: csrc/tests/fake_cudart.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared $< -o $@ $(LDFLAGS)
+	$(CC) $(CFLAGS) -shared $< -o $@ $(LDFLAGS) -pthread
 
 test: all
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; timeout 300 $$t; done; \
