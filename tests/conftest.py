@@ -1,5 +1,7 @@
 """Shared pytest helpers: run a worker script on N ranks under cringrun with a
-hard timeout, so a hang fails the test instead of blocking the suite."""
+hard timeout, so a hang fails the test instead of blocking the suite; the
+GPU test doubles (`fakes`, built once per session; tests/fake_gpu.py) with
+their seed in the header and in every failed test's report."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import fake_gpu
 import pytest
 
 WORKERS = Path(__file__).parent / "workers"
@@ -61,3 +64,30 @@ def rank_results(tmp_path: Path, np_: int) -> list[dict]:
         with open(tmp_path / f"rank{r}.json") as f:
             out.append(json.load(f))
     return out
+
+
+# ---- the GPU test doubles ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def fakes(tmp_path_factory) -> fake_gpu.FakeGPU:
+    """libfake_nccl.so, libfake_nccl_no_allgather.so and libfake_cudart.so
+    (csrc/tests/fake_*.c), compiled once per session: fakes["nccl"] etc. are
+    their paths, fakes.env(**extra) an environment for a process on them
+    (seeded as the session is)."""
+    try:
+        return fake_gpu.FakeGPU(fake_gpu.build(tmp_path_factory.mktemp("fakes")))
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+def pytest_report_header(config) -> str:
+    return fake_gpu.FakeGPU().describe()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "fakes" in getattr(item, "fixturenames", ()):
+        report.sections.append(("fake GPU", fake_gpu.FakeGPU().describe()))

@@ -234,8 +234,9 @@ int cring__pyext_cuda_after(module_state *s, cring_handle_t *h, const char *name
     if (st == CRING_OK) st = cring__gpu_stream_wait(g, device, consumer, ev, &err);
     if (st == CRING_OK && producer != consumer)
         st = cring__gpu_stream_wait(g, device, producer, ev, &err);
-    if (st == CRING_OK && block_host) {
+    if (st == CRING_OK && block_host) { /* the work has run: an error of it is known now */
         Py_BEGIN_ALLOW_THREADS st = cring__gpu_event_sync(g, ev, &err);
+        if (st == CRING_OK) st = cring__gpu_comms_check_all(g, &err);
         Py_END_ALLOW_THREADS
     }
     if (st == CRING_OK) return 0;

@@ -45,7 +45,7 @@
  * host after fake_cuda_drain(stream), hand work between streams with
  * fake_cuda_order, track a freed block's streams with fake_cuda_mark /
  * fake_cuda_reached / fake_cuda_unmark, and queue slow "kernels" with
- * fake_cuda_kernel.
+ * fake_cuda_kernel (on cring's own stream too: fake_cuda_created_stream).
  *   CRING_FAKE_CUDA_DEVICES   device count (default 1); "error": no driver
  *   CRING_FAKE_CUDA_DELAY_US  largest random delay before an operation (50)
  *   CRING_FAKE_CUDA_HANG_S    a host wait longer than this prints the streams'
@@ -801,9 +801,13 @@ EXPORT int cudaStreamWaitEvent(void *stream, void *event, unsigned int flags) {
     return enqueue(stream, w);
 }
 
+#define CREATED_KEPT 64
+static _Atomic unsigned long created[CREATED_KEPT]; /* the first streams created, in order */
+
 EXPORT int cudaStreamCreateWithFlags(void **stream, unsigned int flags) {
     pthread_once(&init_once, init);
     unsigned long h = atomic_fetch_add(&next_stream, 1);
+    if (h - 0xc0de0000ul < CREATED_KEPT) atomic_store(&created[h - 0xc0de0000ul], h);
     *stream = (void *)(uintptr_t)h;
     lock();
     stream_t *s = stream_of(*stream);
@@ -815,6 +819,12 @@ EXPORT int cudaStreamCreateWithFlags(void **stream, unsigned int flags) {
 }
 
 /* ---- for the other test doubles (not CUDA's API; never logged) ------------------------- */
+/* The k-th stream cudaStreamCreateWithFlags made in this process (cring's
+ * own stream is the first), or 0: for tests that keep it busy. */
+EXPORT unsigned long fake_cuda_created_stream(int k) {
+    return k >= 0 && k < CREATED_KEPT ? atomic_load(&created[k]) : 0;
+}
+
 typedef struct {
     void (*fn)(void *);
     void *arg;
