@@ -1,0 +1,125 @@
+"""Ordering and lifetime on cring's CUDA path (issue 33), against the test
+doubles' fake GPU (csrc/tests/fake_*.c: every stream's work runs late, on a
+thread of its own; only events and the legacy default stream order streams)
+and the stand-ins for torch's caching allocator (tests/gpu/fake_cuda.py,
+fake_torch_cuda.py: a freed block serves the next allocation on its stream
+at once). Each case keeps cring's stream busy first, so a tensor whose
+memory cring lets go too early is handed out again and overwritten by
+cring's late work: wrong values (tests/gpu/order_worker.py), at 2 and 3
+ranks, every process under a hard timeout:
+
+- a torch CUDA allgather inside use_stream() takes no room from torch's
+  current stream, whose earlier kernels may still write a block it freed
+  (finding 1);
+- a tensor allocated on a side stream and freed right after synchronize(),
+  or with its handle dropped, keeps its memory until cring's stream has run
+  the work (finding 2);
+- a batch that fails after queueing work keeps its tensors until that work
+  has run (finding 8);
+and the stand-in allocator itself: reuse on the same stream at once, on no
+other, and record_stream's deferral.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import test_gpu_engine as engine_tests
+
+TIMEOUT_S = 90
+
+
+def run_mode(fakes, world_size: int, mode: str, **extra: str) -> list[dict]:
+    env = fakes.env(CRING_FAKE_NCCL_TIMEOUT_S="20", **extra)
+    ranks = engine_tests.start_ranks(world_size, mode, env, script="order_worker.py")
+    for r in ranks:
+        assert r["returncode"] == 0, r["stderr"]
+    return ranks
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_allgather_inside_use_stream_takes_no_room_of_torchs_stream(fakes, world_size):
+    pytest.importorskip("torch")
+    for r in run_mode(fakes, world_size, "room"):
+        assert r["bad"] == [], r["bad"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_tensor_of_a_side_stream_lives_until_crings_stream_is_done(fakes, world_size):
+    for r in run_mode(fakes, world_size, "third_stream"):
+        assert r["bad"] == [], r["bad"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_failed_batch_keeps_its_tensors_until_its_queued_work_ran(fakes, world_size):
+    ranks = run_mode(
+        fakes,
+        world_size,
+        "failed_batch",
+        CRING_FUSION_THRESHOLD="4096",
+        CRING_FAKE_NCCL_SLOT_BYTES=str(64 << 10),
+    )
+    for r in ranks:
+        assert r["raised"] == "ValueError", r  # NCCL refused the second tensor
+        assert "CRING_FAKE_NCCL_SLOT_BYTES" in r["message"], r["message"]
+        assert r["bad"] == [], r["bad"]
+        assert r["after"] == [float(world_size)] * 3
+
+
+def test_the_caching_allocator_stand_in(fakes):
+    """A freed block serves the next allocation on its stream at once and no
+    allocation on another; after record_stream(s) it waits until s has run
+    what s had queued when the block was freed (torch's rules)."""
+    code = textwrap.dedent(
+        """
+        import gc, json
+        import numpy as np
+        import fake_cuda as fc
+        from fake_cuda import FakeCudaTensor as F
+        from cring import _gpu
+
+        out = {}
+        with _gpu.use_stream(0x100):
+            a = F(np.zeros(100, np.float32))
+        first = a.data_ptr()
+        del a
+        gc.collect()
+        with _gpu.use_stream(0x200):
+            other = F(np.zeros(100, np.float32))  # another stream: not the freed block
+        with _gpu.use_stream(0x100):
+            same = F(np.zeros(100, np.float32))  # the same stream: the freed block at once
+        out["other_stream_reuses"] = other.data_ptr() == first
+        out["same_stream_reuses"] = same.data_ptr() == first
+        # record_stream: freed while 0x300 still has 0.3 s of work queued
+        same.record_stream(0x300)
+        fc.busy(0x300, 300_000)
+        del same
+        gc.collect()
+        with _gpu.use_stream(0x100):
+            early = F(np.zeros(100, np.float32))
+        out["reused_while_recorded_stream_busy"] = early.data_ptr() == first
+        fc.drain(0x300)
+        with _gpu.use_stream(0x100):
+            late = F(np.zeros(100, np.float32))
+        out["reused_after_recorded_stream_ran"] = late.data_ptr() == first
+        print(json.dumps(out))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=fakes.env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = engine_tests.json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {
+        "other_stream_reuses": False,
+        "same_stream_reuses": True,
+        "reused_while_recorded_stream_busy": False,
+        "reused_after_recorded_stream_ran": True,
+    }
