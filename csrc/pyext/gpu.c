@@ -196,6 +196,8 @@ static PyObject *Gpu_thread_stream(GpuState *self, PyObject *unused) {
     return thread_stream_set ? PyLong_FromVoidPtr(thread_stream) : Py_NewRef(Py_None);
 }
 
+int cring__pyext_thread_stream_set(void) { return thread_stream_set; }
+
 int cring__pyext_cuda_stream(int device, int torch, void *fallback, void **out) {
     *out = fallback;
     if (thread_stream_set) {

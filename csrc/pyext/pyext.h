@@ -221,6 +221,9 @@ int cring__pyext_gpu_init(PyObject *module, module_state *s);
  * (torch._C._cuda_getCurrentRawStream, looked up once), else `fallback`.
  * 0 with *out set, or -1 with the error set. Needs the GIL. */
 int cring__pyext_cuda_stream(int device, int torch, void *fallback, void **out);
+/* 1 while this thread is inside cring._gpu.use_stream() (its stream, not the
+ * framework's current one, orders its CUDA work), else 0. */
+int cring__pyext_thread_stream_set(void);
 /* After a CUDA request h completed successfully: surface NCCL's
  * asynchronous errors, make `consumer` (and `producer` when it differs) wait
  * on h's completion event, and with block_host wait for it on this thread
