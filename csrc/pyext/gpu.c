@@ -255,6 +255,24 @@ void cring__pyext_cuda_order_release(cring_handle_t *h, int device, void *produc
     if (g && ev) (void)cring__gpu_stream_wait(g, device, producer, ev, &err);
 }
 
+void *cring__pyext_cuda_event_ref(void *event) {
+    if (event) cring__gpu_event_ref(event);
+    return event;
+}
+
+void cring__pyext_cuda_event_put(void *event) {
+    if (event) cring__gpu_event_put(cring__gpu_global(), event);
+}
+
+int cring__pyext_cuda_event_done(void *event) {
+    return !event || cring__gpu_event_done(cring__gpu_global(), event);
+}
+
+void cring__pyext_cuda_event_wait(void *event) {
+    cring__errmsg_t err = {{0}};
+    if (event) (void)cring__gpu_event_sync(cring__gpu_global(), event, &err);
+}
+
 /* ---- loading ---------------------------------------------------------------------- */
 typedef cring_status_t (*load_fn)(cring__gpu_t *, const char *const *, size_t, cring__errmsg_t *);
 

@@ -69,9 +69,11 @@ static void drop_views(module_state *s, cring_handle_t *h, cring__dl_ref_t *view
 }
 
 /* Submit, wait (running signal handlers) and report; views are the request's
- * tensor views, released by the caller unless an interrupted wait took them
- * (then *nviews is set to 0). A CUDA request's stream (the caller's) then
- * waits on its completion: no host wait for the device. Returns 0, or -1
+ * tensor views: released here (cring__pyext_release_after: a CUDA request's
+ * once cring's stream has run its work) and *nviews set to 0, except with
+ * keep on success, where the caller releases them (the same way) after
+ * using them. A CUDA request's stream (the caller's) then waits on its
+ * completion, failed or not: no host wait for the device. Returns 0, or -1
  * with the error set. */
 int cring__pyext_submit_wait_here(module_state *s, cring_engine_t *engine,
                                   const cring_request_t *req, cring__dl_ref_t *views, int *nviews) {
@@ -98,11 +100,18 @@ int cring__pyext_submit_wait_keep(module_state *s, cring_engine_t *engine,
         rc = cring__pyext_cuda_after(s, handle, req->name, req->device.id, req->device.stream,
                                      req->device.stream, 0);
     else if (st != CRING_OK) {
+        if (req->device.type == CRING_DEVICE_CUDA) /* what it queued runs before the caller's */
+            cring__pyext_cuda_order_release(handle, req->device.id, req->device.stream);
         cring__pyext_raise_handle(s, handle, st, req->collective, req->name);
         rc = -1;
     }
-    if (keep && rc == 0) *keep = handle;
-    else cring_handle_free(handle);
+    if (keep && rc == 0) {
+        *keep = handle;
+        return 0;
+    }
+    cring__pyext_release_after(s, cring_handle_device_event(handle), views, *nviews);
+    *nviews = 0;
+    cring_handle_free(handle);
     return rc;
 }
 

@@ -161,8 +161,10 @@ PyObject *cring__pyext_torch_cuda_allgather(PyObject *module, module_state *s, P
     int nviews = 2;
     cring_handle_t *h = NULL;
     int rc = cring__pyext_submit_wait_keep(s, s->engine, &req, views, &nviews, &h);
+    void *event = rc < 0 ? NULL : cring__pyext_cuda_event_ref(cring_handle_device_event(h));
     PyObject *res = rc < 0 ? NULL : gathered(module, s, x, room, &views[0], &views[1], h, name);
-    for (int i = 0; i < nviews; i++) cring__dl_release(&views[i]);
+    cring__pyext_release_after(s, event, views, nviews); /* once cring's stream is done */
+    cring__pyext_cuda_event_put(event);
     Py_DECREF(room);
     return res;
 }
