@@ -49,9 +49,10 @@ $(BUILD)/tests/libfake_nccl_no_allgather.so: csrc/tests/fake_nccl.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DFAKE_NCCL_WITHOUT_ALLGATHER -shared $< -o $@ $(LDFLAGS) -pthread -lrt -lm -ldl
 
-$(BUILD)/tests/libfake_cudart.so: csrc/tests/fake_cudart.c
+$(BUILD)/tests/libfake_cudart.so: csrc/tests/fake_cudart.c csrc/tests/fake_device.c \
+                                   csrc/tests/fake_device.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared $< -o $@ $(LDFLAGS) -pthread
+	$(CC) $(CFLAGS) -shared $(filter %.c,$^) -o $@ $(LDFLAGS) -pthread
 
 test: all
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; timeout 300 $$t; done; \

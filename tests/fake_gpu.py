@@ -25,9 +25,9 @@ KNOBS = ("CRING_FAKE_CUDA_SEED", "CRING_FAKE_CUDA_DELAY_US", "CRING_FAKE_CUDA_HA
 SEED = os.environ.setdefault("CRING_FAKE_CUDA_SEED", str(secrets.randbelow(10**9)))
 
 _LIBRARIES = (
-    ("nccl", "fake_nccl.c", []),
-    ("nccl_no_allgather", "fake_nccl.c", ["-DFAKE_NCCL_WITHOUT_ALLGATHER"]),
-    ("cudart", "fake_cudart.c", []),
+    ("nccl", ["fake_nccl.c"], []),
+    ("nccl_no_allgather", ["fake_nccl.c"], ["-DFAKE_NCCL_WITHOUT_ALLGATHER"]),
+    ("cudart", ["fake_cudart.c", "fake_device.c"], []),
 )
 
 
@@ -43,11 +43,12 @@ def build(out: Path) -> dict:
     if shutil.which(cc) is None:
         raise RuntimeError(f"no C compiler ({cc}) to build the test doubles")
     built = {}
-    for name, source, extra in _LIBRARIES:
+    for name, sources, extra in _LIBRARIES:
         lib = out / f"libfake_{name}.so"
         subprocess.run(
             [cc, "-std=c11", "-O1", "-fPIC", "-shared", *extra]
-            + [str(ROOT / "csrc" / "tests" / source), "-o", str(lib)]
+            + [str(ROOT / "csrc" / "tests" / source) for source in sources]
+            + ["-o", str(lib)]
             + ["-pthread", "-lrt", "-lm", "-ldl"],
             check=True,
             timeout=120,
