@@ -64,7 +64,8 @@ def room(r: int, p: int, out: dict) -> None:
     cuda = fake_torch_cuda.cuda
     t, s = fake_torch_cuda.current_stream(), 0x5150 + r
     x = cuda(torch.arange(6, dtype=torch.float32).reshape(3, 2) + 10 * r)
-    want = torch.cat([torch.arange(6, dtype=torch.float32).reshape(3, 2) + 10 * q for q in range(p)])
+    parts = [torch.arange(6, dtype=torch.float32).reshape(3, 2) + 10 * q for q in range(p)]
+    want = torch.cat(parts)
     cring.allgather(x, name="warm")
     for k in range(3):
         tmp = fake_torch_cuda.empty((3 * p, 2), torch.float32)  # the size of the result
