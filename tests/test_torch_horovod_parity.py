@@ -24,7 +24,6 @@ from conftest import rank_results, run_ranks
 torch = pytest.importorskip("torch")
 
 
-
 def test_nccl_built_is_the_version_code(fakes):
     code = """
         import json, cring.torch as hvd
