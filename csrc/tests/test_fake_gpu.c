@@ -24,6 +24,7 @@ typedef void *stream_t;
 static struct {
     int (*StreamCreateWithFlags)(stream_t *, unsigned);
     int (*EventCreateWithFlags)(void **, unsigned);
+    int (*EventDestroy)(void *);
     int (*EventRecord)(void *, stream_t);
     int (*EventQuery)(void *);
     int (*EventSynchronize)(void *);
@@ -65,6 +66,7 @@ static void load(const testutil_fakes_t *f) {
     CHECK(c != NULL && n != NULL);
     *(void **)&cu.StreamCreateWithFlags = need(c, "cudaStreamCreateWithFlags");
     *(void **)&cu.EventCreateWithFlags = need(c, "cudaEventCreateWithFlags");
+    *(void **)&cu.EventDestroy = need(c, "cudaEventDestroy");
     *(void **)&cu.EventRecord = need(c, "cudaEventRecord");
     *(void **)&cu.EventQuery = need(c, "cudaEventQuery");
     *(void **)&cu.EventSynchronize = need(c, "cudaEventSynchronize");
@@ -114,6 +116,7 @@ static void test_streams_and_events(void) {
     CHECK(cu.StreamSynchronize(b) == 0);
     CHECK(buf[0] == 2 && buf[63] == 2); /* after a's 1 */
     CHECK(cu.EventSynchronize(ev) == 0 && cu.EventQuery(ev) == 0);
+    CHECK(cu.EventDestroy(ev) == 0);
 
     /* without a wait nothing orders two streams: a's slow 3 lands after b's 4 */
     CHECK(cu.kernel(a, buf, 3, sizeof buf, SLOW_US) == 0);
