@@ -44,8 +44,8 @@ step ordering_host 60 env CRING_GPU_OPERATIONS=host CRING_TIMEOUT_SECONDS=30 \
     "$PY" -m cring.run -np 2 "${order[@]}" --out "$OUT/ordering_host"
 step ordering_sanitizer 120 env CRING_GPU_OPERATIONS=host CRING_TIMEOUT_SECONDS=30 \
     TORCH_CUDA_SANITIZER=1 "$PY" -m cring.run -np 2 "${order[@]}" --out "$OUT/ordering_sanitizer"
-step ordering_nccl 60 env CRING_TIMEOUT_SECONDS=30 \
-    "$PY" -m cring.run -np 1 "${order[@]}" --out "$OUT/ordering_nccl"
+step ordering_nccl 60 env CRING_TIMEOUT_SECONDS=30 "$PY" -m cring.run -np 1 "${order[@]}" \
+    --checks side_streams,freed_after_sync,bucket_with_traffic --out "$OUT/ordering_nccl"
 skip=(--skip-lightning)
 [ "${CRING_DEVICE_LIGHTNING:-0}" = 1 ] && skip=()
 step checks 300 "$PY" tests/gpu/run_gpu_checks.py --out "$OUT/gpu_checks.json" "${skip[@]}" &

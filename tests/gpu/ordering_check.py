@@ -176,6 +176,7 @@ def freed_after_sync(cu: Any, cring: Any) -> str:
 
 def process_sets(cu: Any, cring: Any) -> str:
     r, p = cring.rank(), cring.size()
+    expect(p >= 2, "needs 2 ranks or more (a set other than the global one)")
     x = cu.full(16, r + 1.0)
     cring.allreduce_(x, op=cring.Sum, name="order.ps.before")
     members = list(range(p - 1))  # every rank but the last (the global set has them all)
