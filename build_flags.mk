@@ -16,7 +16,9 @@ CRING_LAYERS := common bootstrap transport reduce algo core engine gpu
 
 # Optimisation differs on purpose: the shipped extension is built -O3 and
 # exports only its module init (hidden visibility); the C tests are built -O2
-# -g so that a failing test can be debugged (make CFLAGS=... overrides it).
+# -g so that a failing test can be debugged (make CFLAGS=... overrides it), with
+# the engine's test hooks (csrc/engine/test_hooks.h), which the shipped
+# extension never has.
 # Vector kernels are chosen at run time by CPU feature: never -march here.
 CRING_SHIPPED_CFLAGS := -O3 -fvisibility=hidden
-CRING_TEST_CFLAGS := -O2 -g
+CRING_TEST_CFLAGS := -O2 -g -DCRING_TEST_HOOKS

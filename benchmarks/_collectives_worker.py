@@ -74,6 +74,8 @@ class CringBackend(Backend):
         op = c.Sum
         if collective == "allreduce":
             return lambda: c.allreduce_(inp, op=op, name=name)
+        if collective == "allreduce-oop":  # cring allocates the result
+            return lambda: c.allreduce(inp, op=op, name=name)
         if collective == "broadcast":
             return lambda: c.broadcast_(inp, 0, name=name)
         return lambda: c.allgather(inp, name=name)  # cring allocates the result
@@ -113,6 +115,8 @@ class GlooBackend(Backend):
         dist, all_gather = self.dist, self.all_gather
         if collective == "allreduce":
             return lambda: dist.all_reduce(inp)
+        if collective == "allreduce-oop":  # torch.distributed reduces in place: copy first
+            return lambda: (out.copy_(inp), dist.all_reduce(out))
         if collective == "broadcast":
             return lambda: dist.broadcast(inp, 0)
         return lambda: all_gather(out, inp)
@@ -149,6 +153,8 @@ class MpiBackend(Backend):
         comm, in_place, op = self.comm, self.MPI.IN_PLACE, self.MPI.SUM
         if collective == "allreduce":
             return lambda: comm.Allreduce(in_place, inp, op=op)
+        if collective == "allreduce-oop":
+            return lambda: comm.Allreduce(inp, out, op=op)
         if collective == "broadcast":
             return lambda: comm.Bcast(inp, root=0)
         return lambda: comm.Allgather(inp, out)
@@ -174,7 +180,14 @@ def make_backend(library: str) -> Backend:
     raise ValueError(f"unknown library {library!r}")
 
 
-def measure(b: Backend, collective: str, nbytes: int, reps: int, rotate_bytes: int) -> dict:
+def measure(
+    b: Backend,
+    collective: str,
+    nbytes: int,
+    reps: int,
+    rotate_bytes: int,
+    rotate_from_bytes: int = ROTATE_FROM_BYTES,
+) -> dict:
     """Time one collective at one size; returns this rank's seconds per call
     for each repetition."""
     n = b.size
@@ -184,6 +197,10 @@ def measure(b: Backend, collective: str, nbytes: int, reps: int, rotate_bytes: i
         out_elems = in_elems * n
         nbytes = out_elems * es
         footprint = (in_elems + out_elems) * es
+    elif collective == "allreduce-oop":  # into a separate output of the same size
+        in_elems = out_elems = max(1, nbytes // es)
+        nbytes = in_elems * es
+        footprint = 2 * nbytes
     else:
         in_elems, out_elems = max(1, nbytes // es), 0
         nbytes = in_elems * es
@@ -192,7 +209,7 @@ def measure(b: Backend, collective: str, nbytes: int, reps: int, rotate_bytes: i
     # call's data no longer fits in a core's own caches; smaller messages stay
     # cache-resident in real use too (and an index per call would cost more
     # than the collective).
-    count = 1 if footprint < ROTATE_FROM_BYTES else max(2, math.ceil(rotate_bytes / footprint))
+    count = 1 if footprint < rotate_from_bytes else max(2, math.ceil(rotate_bytes / footprint))
     name = f"bench.{collective}.{nbytes}"
     calls = []
     for _ in range(count):
@@ -246,7 +263,15 @@ def check(b: Backend, collective: str, in_elems: int, name: str, dtype: str) -> 
     import numpy as np
 
     n, r = b.size, b.rank
-    if collective.startswith("allreduce"):
+    if collective == "allreduce-oop":
+        buf = b.alloc(in_elems, r + 1.0, dtype)
+        out = None if b.allocates_output else b.alloc(in_elems, 0.0, dtype)
+        result = b.bind(collective, buf, out, name)()
+        got = b.values(result if b.allocates_output else out)
+        want = np.full(in_elems, n * (n + 1) / 2, np.float32)
+        if not np.array_equal(b.values(buf), np.full(in_elems, r + 1.0, np.float32)):
+            raise SystemExit(f"rank {r}: {collective} changed its input")
+    elif collective.startswith("allreduce"):
         buf = b.alloc(in_elems, r + 1.0, dtype)
         b.bind(collective, buf, None, name)()
         got, want = b.values(buf), np.full(in_elems, n * (n + 1) / 2, np.float32)
@@ -294,7 +319,12 @@ def worker(args: argparse.Namespace) -> None:
                 f.flush()
                 continue
             result = measure(
-                b, request["collective"], request["bytes"], request["reps"], request["rotate_bytes"]
+                b,
+                request["collective"],
+                request["bytes"],
+                request["reps"],
+                request["rotate_bytes"],
+                request.get("rotate_from_bytes", ROTATE_FROM_BYTES),
             )
             f.write(json.dumps(result) + "\n")
             f.flush()

@@ -25,8 +25,8 @@ KNOBS = ("CRING_FAKE_CUDA_SEED", "CRING_FAKE_CUDA_DELAY_US", "CRING_FAKE_CUDA_HA
 SEED = os.environ.setdefault("CRING_FAKE_CUDA_SEED", str(secrets.randbelow(10**9)))
 
 _LIBRARIES = (
-    ("nccl", ["fake_nccl.c"], []),
-    ("nccl_no_allgather", ["fake_nccl.c"], ["-DFAKE_NCCL_WITHOUT_ALLGATHER"]),
+    ("nccl", ["fake_nccl.c", "fake_nccl_reduce.c"], []),
+    ("nccl_no_allgather", ["fake_nccl.c", "fake_nccl_reduce.c"], ["-DFAKE_NCCL_WITHOUT_ALLGATHER"]),
     ("cudart", ["fake_cudart.c", "fake_device.c"], []),
 )
 

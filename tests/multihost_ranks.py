@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,13 +21,9 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).parent))
 from simhosts import SimHosts  # noqa: E402
 
+from ports import free_port  # noqa: E402
+
 WORKERS = Path(__file__).parent / "workers"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def placement(nhosts: int, per_host: int, layout="block") -> list[int]:

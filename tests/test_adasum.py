@@ -13,7 +13,12 @@ from conftest import rank_results, run_ranks
 
 @pytest.mark.parametrize(
     "world_size,transport",
-    [(2, "auto"), (2, "tcp"), (4, "auto"), (8, "auto")],
+    [
+        (2, "auto"),
+        (2, "tcp"),
+        pytest.param(4, "auto", marks=pytest.mark.slow),
+        pytest.param(8, "auto", marks=pytest.mark.slow),
+    ],
     ids=["np2-shm", "np2-tcp", "np4-shm", "np8-shm"],
 )
 def test_adasum_matches_pairwise_reference(tmp_path, world_size, transport):

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,40 +15,9 @@ import pytest
 
 from cring import _discovery
 
-from conftest import WORKERS, run_ranks
+from conftest import WORKERS, free_port, run_ranks
 
 TIMEOUT_S = 120
-
-
-_PORTS_GIVEN: set = set()
-
-
-def free_port() -> int:
-    """A port for a server a test starts later. Taken from below the kernel's
-    ephemeral range (where port 0 would land): there, an outgoing
-    connection's source port cannot take it between this check and the
-    server's listen ("Address already in use" failed a Lightning test once).
-    Never the same port twice in one session."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ephemeral_lo = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral_lo = 32768
-    lo, hi = 15000, max(15001, min(ephemeral_lo, 32768))
-    for _ in range(500):
-        port = random.randrange(lo, hi)
-        if port in _PORTS_GIVEN:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _PORTS_GIVEN.add(port)
-        return port
-    with socket.socket() as s:  # every try was taken: let the kernel choose
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict:

@@ -236,3 +236,42 @@ def test_check_build_needs_no_command_and_version_is_one_place(tmp_path):
     assert check_build(env, "-v") == check_build(env, "--version")
     text = (ROOT / "pyproject.toml").read_text()
     assert 'dynamic = ["version"]' in text and 'attr = "cring._version.__version__"' in text
+
+
+def _cache_bytes(level: int) -> int:
+    """cpu0's data or unified cache of `level` from sysfs (0: none reported)."""
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if int((index / "level").read_text()) != level:
+                continue
+            if (index / "type").read_text().startswith("Instruction"):
+                continue
+            text = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        return int(text.rstrip("KMG")) * scale
+    return 0
+
+
+def test_shared_memory_sizes_from_the_caches_and_the_knobs(tmp_path):
+    """Issue 35: the shared-memory collectives' sizes, derived from the caches
+    the machine reports, are printed with the rule and the knob, and a knob
+    that is set wins and says so."""
+    report = check_build(clean_env(**missing(tmp_path)))
+    lines = section(report, "Shared-memory sizes")
+    l2 = _cache_bytes(2)
+    assert lines[0].startswith("caches: L1d "), lines
+    if l2 and l2 & (l2 - 1) == 0 and (256 << 10) <= l2 <= (1 << 30):
+        quarter = min(max(l2 // 4, 64 << 10), 1 << 20)
+        want = f"{quarter >> 10} KiB" if quarter < (1 << 20) else f"{quarter >> 20} MiB"
+        assert f"rounds:{' ' * 10}" in lines[1] and want in lines[1], (want, lines)
+        assert "(L2 / 4; CRING_SHM_ROUND_BYTES)" in lines[1], lines
+    for knob in ("CRING_SHM_SMALL_BYTES", "CRING_SHM_STREAM_MIN_BYTES"):
+        assert any(knob in line for line in lines), (knob, lines)
+    env = clean_env(**missing(tmp_path), CRING_SHM_ROUND_BYTES="131072")
+    lines = section(check_build(env), "Shared-memory sizes")
+    assert any(
+        line.startswith("rounds:") and "128 KiB  (CRING_SHM_ROUND_BYTES is set)" in line
+        for line in lines
+    ), lines

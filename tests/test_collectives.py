@@ -7,7 +7,10 @@ from conftest import rank_results, run_ranks
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    "world_size",
+    [1, 2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)],
+)
 def test_matrix(tmp_path, world_size, transport):
     proc = run_ranks(
         world_size, "matrix.py", str(tmp_path), env={"CRING_TRANSPORT": transport}, check=False

@@ -1,17 +1,19 @@
 """Out-of-place results of CUDA tensors own their memory (issue 26, item 4),
-on CPU against the test doubles, whose cudaFree overwrites freed memory with
-0xDB so a result read after its memory went shows it:
+on CPU against the test doubles, whose cudaFree and cudaFreeAsync overwrite
+freed memory with 0xDB so a result read after its memory went shows it:
 
 - at 2 and 3 ranks (tests/gpu/results_worker.py), 40 results of fake CUDA
   tensors (allgather even and uneven, reducescatter, out-of-place allreduce
   and broadcast, seven dtypes) keep only their NumPy views while 40 later
   collectives and allocations run, and every one is exact at the end; the
   allgather results' device memory is freed when the last view goes (one
-  cudaFree each), not before;
+  cudaFreeAsync each), not before, and no device-wide cudaFree runs at all
+  (issue 33, finding 6);
 - a CuPy-like producer (module-level empty/from_dlpack, no Array-API
   namespace) gets results of its own kind, exact;
 - a device result is handed out once: its memory moves from the handle into
-  the DLPack export, whose deleter frees it, whatever the handle does.
+  the DLPack export, whose deleter frees it, whatever the handle does,
+  ordered on the stream it was handed out on (torch's current stream).
 Every process has a hard timeout.
 """
 
@@ -61,8 +63,11 @@ def test_results_stay_exact_while_later_work_runs(fakes, tmp_path, np_):
         assert res["size"] == np_ and res["checked"] == 40
         assert res["bad"] == [], res["bad"]
         # 16 of the 40 are allgathers (engine-allocated device memory): each
-        # freed once, when its last view went, and not earlier
+        # freed once, when its last view went, and not earlier, ordered on a
+        # stream; and nothing, results, fusion buffers or later allgathers,
+        # was ever freed by a device-wide cudaFree (issue 33, finding 6)
         assert res["frees_released"] == 16
+        assert res["device_wide_frees"] == 0
         assert set(res["cupy_kinds"]) == {"allgather", "allreduce", "broadcast", "reducescatter"}
         assert set(res["cupy_kinds"].values()) == {"fake_cupy"}, res["cupy_kinds"]
         assert res["stats"]["staged_bytes"] == 0  # all through the NCCL path
@@ -99,7 +104,7 @@ def test_a_device_result_is_handed_out_once(fakes):
 
 
 TORCH_ROOMS = """
-import json
+import gc, json, os
 import torch, cring
 from cring import _gpu
 import fake_torch_cuda
@@ -128,6 +133,14 @@ before = allocs()
 u = cring.allgather(cuda(torch.full((r + 1, 2), r, dtype=torch.int64)), name="uneven")
 out["uneven_allocs"] = allocs() - before
 out["uneven_ok"] = u.tolist() == [[q, q] for q in range(p) for _ in range(q + 1)]
+def calls(word):
+    with open(os.environ["CRING_FAKE_CUDA_LOG"]) as f:
+        return [l.split()[2:] for l in f if l.split()[:2] == [f"pid={os.getpid()}", word]]
+before = len(calls("freeasync"))
+del u  # the engine's memory (rank 0): freed on the stream it was handed out on
+gc.collect()
+out["freed_on"] = [c[0] for c in calls("freeasync")[before:]]
+out["device_wide_frees"] = len(calls("free"))
 g = cring.grouped_allgather([cuda(torch.full((2,), r, dtype=torch.int8)),
                              cuda(torch.tensor(float(r)))], name="group")
 out["group"] = [g[0].tolist(), g[1].tolist()]
@@ -163,7 +176,11 @@ def test_torch_results_come_from_torchs_allocator(fakes, tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "torch_rooms.py"
     script.write_text(TORCH_ROOMS)
-    env = loader.clean_env(CRING_NCCL_LIBRARY=fakes["nccl"], CRING_CUDART_LIBRARY=fakes["cudart"])
+    env = loader.clean_env(
+        CRING_NCCL_LIBRARY=fakes["nccl"],
+        CRING_CUDART_LIBRARY=fakes["cudart"],
+        CRING_FAKE_CUDA_LOG=str(tmp_path / "cuda.log"),
+    )
     cmd = [sys.executable, "-m", "cring.run", "-np", "2", sys.executable, str(script)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -179,6 +196,10 @@ def test_torch_results_come_from_torchs_allocator(fakes, tmp_path):
         assert o["group"] == [[0, 0, 1, 1], [0.0, 1.0]]
     # rank 0 lent room for 2 rows of 3: the engine's memory; rank 1 lent 4
     assert [o["uneven_allocs"] for o in outs] == [1, 0]
+    # rank 0's went back when dropped, ordered on torch's current stream
+    # (0x4242), where synchronize() had put the result: no device-wide wait
+    assert [o["freed_on"] for o in outs] == [["stream=0x4242"], []]
+    assert [o["device_wide_frees"] for o in outs] == [0, 0]
     # alltoall: the even exchange lands in the lent room; in the uneven one
     # rank 0 receives p of its 2p rows (fits), rank 1 receives 3p (does not)
     for o in outs:

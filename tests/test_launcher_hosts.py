@@ -346,6 +346,7 @@ def test_environment_is_forwarded_only_with_x(hosts, tmp_path) -> None:
 
 
 @needs_hosts
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["2x2", "3x2-hostfile"])
 def test_every_collective_and_dtype_across_hosts(hosts, tmp_path, layout) -> None:
     if layout == "2x2":
@@ -624,6 +625,7 @@ FLAKY_HOST_WORKER = """
 
 
 @needs_hosts
+@pytest.mark.slow
 def test_elastic_failing_host_is_blacklisted_for_its_cooldown(hosts, tmp_path) -> None:
     """Every worker on hostC fails after 3 steps; hostA and hostB are healthy.
     With --blacklist-cooldown-range 1 2, hostC gets no new worker until its
@@ -763,7 +765,20 @@ def test_ctrl_c_reaches_remote_ranks_as_sigint(hosts, tmp_path) -> None:
             if line is None:
                 break
             stdout_lines.append(line)
-        launcher.wait(timeout=max(1.0, deadline - time.monotonic()))
+        try:
+            launcher.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            on_hosts = {h: [(p, _cmdline(p)) for p in processes_on(hosts, h)] for h in HOSTS}
+            tree = subprocess.run(
+                ["ps", "-o", "pid,ppid,stat,wchan:24,args", "-g", str(launcher.pid)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout
+            pytest.fail(
+                f"cringrun still runs {CTRL_C_EXIT_S} s after SIGINT\nits output: "
+                f"{stdout_lines}\nits processes:\n{tree}\non the hosts: {on_hosts}"
+            )
         for t in readers:
             t.join(timeout=30)
     finally:

@@ -20,13 +20,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from conftest import free_port
 
 pytest.importorskip("torch")
 pytest.importorskip("lightning")
@@ -36,12 +37,6 @@ FIT = str(WORKERS / "lightning_fit.py")
 TIMEOUT_S = 360  # for all jobs together; they normally end within 1-2 minutes
 MAX_EPOCHS = 4  # as in the worker
 ATOL = 1e-6  # cring's and gloo's averages of 2 ranks differ at most in the last bit
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _jobs(out: Path) -> dict:
@@ -56,7 +51,7 @@ def _jobs(out: Path) -> dict:
         ),
         "fabric": ([[py, str(WORKERS / "lightning_fabric_train.py"), str(out)]], {}),
     }
-    port = str(_free_port())
+    port = str(free_port())
     node = [py, FIT, str(out), "nodes", "--devices", "1", "--num-nodes", "2"]
     jobs["nodes"] = ([node, node], {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
     if shutil.which("mpirun"):
@@ -78,24 +73,26 @@ def _jobs(out: Path) -> dict:
             ],
             {},
         )
-    torchrun = shutil.which("torchrun")
-    if torchrun:
-        jobs["torchrun"] = (
+    # torchrun as `python -m torch.distributed.run`: this Python's torch, never
+    # another torchrun found first on PATH (whose Python may lack cring)
+    jobs["torchrun"] = (
+        [
             [
-                [
-                    torchrun,
-                    "--standalone",
-                    "--nproc-per-node",
-                    "2",
-                    FIT,
-                    str(out),
-                    "torchrun",
-                    "--devices",
-                    "1",
-                ]
-            ],
-            {},
-        )
+                py,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                FIT,
+                str(out),
+                "torchrun",
+                "--devices",
+                "1",
+            ]
+        ],
+        {},
+    )
     return jobs
 
 

@@ -10,6 +10,8 @@ from conftest import rank_results, run_ranks
 
 pytest.importorskip("lightning")
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_sharded_save_checkpoint_after_fit_resumes(tmp_path, stage):

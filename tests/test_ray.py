@@ -6,9 +6,11 @@ Ray Train V1 (with a restart) works too, use_gpu=True workers each get their
 own GPU (declared, not real: see test_gpu_workers_each_get_their_own_gpu), and
 nothing of Ray is left running afterwards.
 
-One Ray cluster (num_cpus=4 logical CPUs, num_gpus=2 declared GPUs that this
-CPU machine does not have, no dashboard) serves the module; every run uses 2
-workers of 1 CPU and a storage path under tmp_path."""
+The Ray tests' shared cluster (tests/ray_cluster.py: 4 logical CPUs, 2
+declared GPUs that this CPU machine does not have, no dashboard) serves the
+module; every run uses 2 workers of 1 CPU and a storage path under tmp_path.
+test_no_ray_processes_left, which conftest runs after every other Ray test,
+stops it."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -26,129 +27,20 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.train")
 torch = pytest.importorskip("torch")
 
+import ray_cluster  # noqa: E402
+from ray_cluster import CRING_PATH, WORKERS, ray_processes  # noqa: E402
+
 import cring  # noqa: E402  (after the importorskips)
 
-WORKERS = Path(__file__).parent / "workers"
-CRING_PATH = Path(cring.__file__).resolve().parent.parent  # the cring this test imports
 RUN_TIMEOUT_S = 240  # one fit(), generous for a loaded 2-core machine; a hang fails
-RAY_CLEANUP_TIMEOUT_S = 30
 
 
 # -------------------------------------------------------------------------------------- helpers
 
 
-MARKER_VARIABLE = "CRING_TEST_RAY_CLUSTER"  # in the environment of one LocalCluster's processes
-
-
-def _environ_has(pid: int, marker: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return marker in f.read().split(b"\0")
-    except OSError:  # gone, or another user's
-        return False
-
-
-def _ray_processes(marker: str) -> dict[int, str]:
-    """pid -> description of every process of the Ray instance whose processes
-    carry `marker` (MARKER_VARIABLE=<marker>, which LocalCluster puts in the
-    environment they inherit): gcs_server, raylet, Ray's Python agents and
-    workers ("ray::..."), and zombies whose parent is one of them or this
-    process (a zombie's environment cannot be read, so its parent decides).
-    Other Ray instances on the machine, another user's included, never count."""
-    tag = f"{MARKER_VARIABLE}={marker}".encode()
-    found, zombies, marked = {}, {}, {os.getpid()}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            with open(f"/proc/{entry}/comm") as f:
-                comm = f.read().strip()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            state, ppid = fields[0], int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if not (
-            comm in ("raylet", "gcs_server")
-            or comm.startswith("ray::")
-            or cmd.startswith("ray::")
-            or "/ray/core/src/ray/" in cmd
-            or ("/site-packages/ray/" in cmd and "pytest" not in cmd)
-        ):
-            if _environ_has(pid, tag):
-                marked.add(pid)  # e.g. a worker's own python, before it renames itself
-            continue
-        if state == "Z":
-            zombies[pid] = (ppid, f"{comm} (zombie): {cmd[:100]}")
-        elif _environ_has(pid, tag):
-            marked.add(pid)
-            found[pid] = f"{comm}: {cmd[:120]}"
-    for pid, (ppid, description) in zombies.items():
-        if ppid in marked:
-            found[pid] = description
-    return found
-
-
-class LocalCluster:
-    """ray.init() with this checkout's cring (and the loops in tests/workers)
-    importable on the workers; shutdown() stops Ray and reports what is left."""
-
-    def __init__(self, num_cpus: int = 4, num_gpus: int = 2) -> None:
-        # every process of this cluster inherits the marker (only they are counted)
-        self.marker = f"{os.getpid()}-{uuid.uuid4().hex}"
-        self.saved_marker = os.environ.get(MARKER_VARIABLE)
-        os.environ[MARKER_VARIABLE] = self.marker
-        self.saved_pythonpath = os.environ.get("PYTHONPATH")
-        paths = [str(CRING_PATH), str(WORKERS)]
-        if self.saved_pythonpath:
-            paths.append(self.saved_pythonpath)
-        # Ray's workers inherit the driver's environment at ray.init().
-        os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-        # num_gpus declares GPUs Ray may hand out; nothing checks that they exist
-        # address="local": a new instance even if another Ray runs on this machine
-        self.context = ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            include_dashboard=False,
-            log_to_driver=True,
-        )
-        self.address = self.context.address_info["gcs_address"]
-        self.stopped = False
-
-    def shutdown(self) -> dict[int, str]:
-        """Stop Ray; return the Ray processes of this cluster still present
-        after waiting up to RAY_CLEANUP_TIMEOUT_S."""
-        if not self.stopped:
-            self.stopped = True
-            ray.shutdown()
-            for name, saved in (
-                ("PYTHONPATH", self.saved_pythonpath),
-                (MARKER_VARIABLE, self.saved_marker),
-            ):
-                if saved is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = saved
-        deadline = time.monotonic() + RAY_CLEANUP_TIMEOUT_S
-        while True:
-            left = _ray_processes(self.marker)
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.2)
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster():
-    c = LocalCluster()
-    try:
-        yield c
-    finally:
-        left = c.shutdown()
-        assert not left, f"Ray processes left after ray.shutdown(): {left}"
+    return ray_cluster.shared()
 
 
 def _fit(trainer):
@@ -572,7 +464,7 @@ def test_gpu_workers_each_get_their_own_gpu(cluster, tmp_path):
 
 def test_no_ray_processes_left(cluster):
     assert ray.is_initialized()
-    running = _ray_processes(cluster.marker)
+    running = ray_processes(cluster.marker)
     assert running, "expected the cluster's processes to be visible while it runs"
     left = cluster.shutdown()
     assert not left, f"Ray processes left after ray.shutdown(): {left}"

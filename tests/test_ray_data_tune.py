@@ -1,4 +1,5 @@
-"""CRingTrainer with Ray Data and Ray Tune on a local Ray cluster (4 CPUs):
+"""CRingTrainer with Ray Data and Ray Tune on the Ray tests' shared local
+cluster (tests/ray_cluster.py, 4 CPUs):
 every row of ray.data.range(1000) reaches exactly one worker through
 get_dataset_shard; a run whose workers would hold every CPU (nothing left for
 the read tasks, which used to hang) is refused before it starts; Tune runs
@@ -18,22 +19,18 @@ pytest.importorskip("ray.train")
 pytest.importorskip("ray.data")
 pytest.importorskip("ray.tune")
 
-from test_ray import LocalCluster, _fit, _run_config  # noqa: E402  (after the importorskips)
+import ray_cluster  # noqa: E402  (after the importorskips)
+from test_ray import _fit, _run_config  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 ROWS = 1000
-CLUSTER_CPUS = 4
+CLUSTER_CPUS = ray_cluster.SHARED_CPUS
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster():
-    c = LocalCluster(num_cpus=CLUSTER_CPUS, num_gpus=0)
-    try:
-        yield c
-    finally:
-        left = c.shutdown()
-        assert not left, f"Ray processes left after ray.shutdown(): {left}"
+    return ray_cluster.shared()
 
 
 def count_rows(config):

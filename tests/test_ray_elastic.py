@@ -1,4 +1,5 @@
-"""cring.ray.ElasticRayExecutor on a local Ray cluster of 2 CPUs: a worker
+"""cring.ray.ElasticRayExecutor on a local Ray cluster of 2 CPUs (the Ray tests'
+shared cluster, tests/ray_cluster.py, with the rest of its CPUs held): a worker
 actor killed mid-training leaves the job, the survivor rolls back to its last
 commit and goes on alone while another placement group holds the freed CPU,
 and a new worker joins (and receives the state) as soon as Ray can place it
@@ -18,21 +19,31 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.train")
 
-from test_ray import RUN_TIMEOUT_S, LocalCluster  # noqa: E402  (after the importorskips)
+import ray_cluster  # noqa: E402  (after the importorskips)
+from test_ray import RUN_TIMEOUT_S  # noqa: E402
 
 import cring  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+ELASTIC_CPUS = 2  # what the tests below leave the executors
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    c = LocalCluster(num_cpus=2, num_gpus=0)
+    """The shared cluster with all but ELASTIC_CPUS of its CPUs held by a
+    placement group: as a 2-CPU cluster, a killed worker's CPU is the only
+    one free, so the blocker below can take it."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    c = ray_cluster.shared()
+    held = placement_group([{"CPU": 1}] * (c.num_cpus - ELASTIC_CPUS))
+    ray.get(held.ready(), timeout=RUN_TIMEOUT_S)
     try:
         yield c
     finally:
-        left = c.shutdown()
-        assert not left, f"Ray processes left after ray.shutdown(): {left}"
+        remove_placement_group(held)
 
 
 def elastic_train(min_steps: int, outdir: str, max_steps: int = 3000, log: bool = False) -> dict:

@@ -4,7 +4,8 @@ gives each actor its rank and rendezvous; results come back in rank order; a
 worker that dies raises RayWorkerError naming it within seconds; the
 placement group and actors are gone after shutdown().
 
-One cluster (2 CPUs, 2 declared GPUs, no dashboard) serves the module."""
+The Ray tests' shared cluster (tests/ray_cluster.py: 4 CPUs, 2 declared GPUs,
+no dashboard) serves the module."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.train")
 
-from test_ray import RUN_TIMEOUT_S, LocalCluster  # noqa: E402  (after the importorskips)
+import ray_cluster  # noqa: E402  (after the importorskips)
+from test_ray import RUN_TIMEOUT_S  # noqa: E402
 
 import cring  # noqa: E402
 
@@ -26,14 +28,9 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 DEATH_NOTICE_LIMIT_S = 30  # a dead worker must be reported well within this
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster():
-    c = LocalCluster(num_cpus=2, num_gpus=2)
-    try:
-        yield c
-    finally:
-        left = c.shutdown()
-        assert not left, f"Ray processes left after ray.shutdown(): {left}"
+    return ray_cluster.shared()
 
 
 @pytest.fixture
@@ -273,10 +270,13 @@ def test_hosts_api_and_gpus(cluster):
 def test_unplaceable_workers_time_out_clearly(cluster):
     from cring.ray import RayExecutor
 
+    too_many = cluster.num_cpus + 1
     ex = RayExecutor(
-        RayExecutor.create_settings(placement_group_timeout_s=2), num_workers=3, cpus_per_worker=1
+        RayExecutor.create_settings(placement_group_timeout_s=2),
+        num_workers=too_many,
+        cpus_per_worker=1,
     )
-    with pytest.raises(TimeoutError, match="could not place 3 bundles"):
+    with pytest.raises(TimeoutError, match=f"could not place {too_many} bundles"):
         _within(RUN_TIMEOUT_S, ex.start)
     assert not ex.workers
     # the failed placement group was removed: two workers still fit
@@ -288,7 +288,7 @@ def test_unplaceable_workers_time_out_clearly(cluster):
 def test_shutdown_frees_the_cluster(cluster):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if ray.available_resources().get("CPU", 0) == 2:
+        if ray.available_resources().get("CPU", 0) == cluster.num_cpus:
             break
         time.sleep(0.5)
-    assert ray.available_resources().get("CPU", 0) == 2, ray.available_resources()
+    assert ray.available_resources().get("CPU", 0) == cluster.num_cpus, ray.available_resources()

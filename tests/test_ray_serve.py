@@ -24,7 +24,15 @@ except Exception as e:  # ImportError, or a Serve dependency that fails to load
     print(f"test_ray_serve: skipped: {REASON}")
     pytest.skip(REASON, allow_module_level=True)
 
-from test_ray import CRING_PATH, MARKER_VARIABLE, RAY_CLEANUP_TIMEOUT_S, _ray_processes  # noqa: E402
+from ray_cluster import (  # noqa: E402
+    CRING_PATH,
+    MARKER_VARIABLE,
+    RAY_CLEANUP_TIMEOUT_S,
+    RAY_SETTINGS,
+    ray_processes,
+)
+
+pytestmark = pytest.mark.slow
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "serve_ray.py"
 TIMEOUT_S = 600  # training, Serve's start and one query on a loaded 2-core machine (~3 min)
@@ -32,7 +40,7 @@ TIMEOUT_S = 600  # training, Serve's start and one query on a loaded 2-core mach
 
 def test_serve_example_trains_serves_and_answers_over_http(tmp_path):
     marker = f"{os.getpid()}-{uuid.uuid4().hex}"
-    env = dict(os.environ, **{MARKER_VARIABLE: marker})
+    env = {**RAY_SETTINGS, **os.environ, MARKER_VARIABLE: marker}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CRING_PATH), env.get("PYTHONPATH")) if p)
     proc = subprocess.Popen(
         [sys.executable, str(EXAMPLE), "--storage-path", str(tmp_path / "results")],
@@ -64,6 +72,6 @@ def test_serve_example_trains_serves_and_answers_over_http(tmp_path):
     assert float(served.group(2)) > 0.5  # 4 classes: chance is 0.25
     assert re.search(r"trained: loss [0-9.]+; checkpoint ", stdout)
     deadline = time.monotonic() + RAY_CLEANUP_TIMEOUT_S
-    while (left := _ray_processes(marker)) and time.monotonic() < deadline:
+    while (left := ray_processes(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"Ray/Serve processes left after the example ended: {left}"

@@ -17,6 +17,8 @@ import pytest
 from conftest import rank_results, run_ranks
 from test_bootstrap import clean_env
 
+pytestmark = pytest.mark.slow
+
 OPS = int(os.environ.get("CRING_SOAK_OPS", "5000"))
 RSS_GROWTH_LIMIT_BYTES = 20 << 20  # after warm-up, over the whole run
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64"]

@@ -57,6 +57,7 @@ def test_single_process_and_bad_input():
         SyncBatchNorm(3, process_group=object())
 
 
+@pytest.mark.slow
 def test_lightning_sync_batchnorm(tmp_path):
     """Trainer(strategy="cring", sync_batchnorm=True) on 2 ranks with different
     data per rank: batch norm is cring's SyncBatchNorm during fit (plain

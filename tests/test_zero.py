@@ -119,6 +119,7 @@ def test_controls(trained, label):
     assert failures(results, label) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2])
 def test_checkpoint_saved_at_3_ranks_resumes_at_2(tmp_path, stage):
     """Saved at 3 ranks (state_dict() is the unsharded state), loaded at 2
@@ -132,6 +133,7 @@ def test_checkpoint_saved_at_3_ranks_resumes_at_2(tmp_path, stage):
         assert res["diff"] <= 1e-6 and res["moved"] > 1e-4, res
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2])
 def test_lightning_trainer_fits_saves_and_resumes(tmp_path, stage):
     """CRingStrategy(shard_state=stage) at 3 ranks (Adam, StepLR, accumulation;
@@ -148,6 +150,7 @@ def test_lightning_trainer_fits_saves_and_resumes(tmp_path, stage):
             assert res["moved"] > 1e-3, res
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2])
 def test_lightning_fabric_saves_and_loads(tmp_path, stage):
     """CRingFabricStrategy(shard_state=stage) at 2 ranks, with no_backward_sync,

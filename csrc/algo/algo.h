@@ -40,6 +40,11 @@ cring_status_t cring__p2p_alltoallv(cring__p2p_t *p2p, const void *send, void *r
 cring_status_t cring__tree_allreduce(cring__p2p_t *p2p, cring__scratch_t *scratch, const void *send,
                                      void *recv, size_t count, cring_dtype_t dtype, cring_op_t op);
 
+/* ---- sizes of the shared-memory algorithms (algo/shm_tune.c) ---------------- */
+/* This machine's choice (cring_shm_tuning: caches, CRING_SHM_* overrides)
+ * as the transport's parameters, for rank 0 to put in the segment. */
+void cring__shm_tuning_params(uint64_t params[CRING__SHM_PARAMS]);
+
 /* ---- owner-slice algorithms over shared memory (algo/shm_coll.c) ----------- */
 cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const void *send,
                                     void *recv, size_t count, cring_dtype_t dtype, cring_op_t op);

@@ -21,7 +21,7 @@
 #include "shm_layout.h"
 
 /* Window sizes, rounds and slices: shm_layout.h (shared with shm_multi.c). */
-/* Copy into a user buffer, streaming or not (see STREAM_MIN_BYTES). */
+/* Copy into a user buffer, streaming or not (see SHM_P_STREAM). */
 static void copy_out(void *dst, const void *src, size_t n, int stream) {
     if (stream) cring__copy_stream(dst, src, n);
     else memcpy(dst, src, n);
@@ -64,7 +64,7 @@ static cring_status_t small_allreduce(cring__shm_t *shm, int rank, int size, uin
 }
 
 /*
- * Owner-slice allreduce. The message is cut into rounds of ROUND_BYTES (at
+ * Owner-slice allreduce. The message is cut into rounds (SHM_P_ROUND, at
  * most a window half); each round's elements are cut into `size` slices,
  * slice q owned by rank q. Rounds pipeline: a rank starts round k+1 while
  * peers still copy results out of round k (halves alternate).
@@ -92,14 +92,14 @@ cring_status_t cring__shm_allreduce(cring__shm_t *shm, int rank, int size, const
     const size_t half = cring__shm_window_bytes(shm) / 2;
     const size_t chunk = shm_round_bytes(shm) / es;
     const size_t al = shm_align_elems(es);
-    const size_t block = CRING_MAX(REDUCE_BLOCK_BYTES / es / al, 1) * al;
+    const size_t block = CRING_MAX(shm_param(shm, SHM_P_BLOCK) / es / al, 1) * al;
     /* In place, every output line was just read as input and is still
      * cached: plain stores are cheaper then. */
-    const int stream = send != recv && count * es >= STREAM_MIN_BYTES;
+    const int stream = send != recv && count * es >= shm_param(shm, SHM_P_STREAM);
     const uint64_t base = cring__shm_seq(shm);
     const size_t rounds = shm_ceil_div(count, chunk);
     CRING_CHECK(cring__shm_wait_all(shm, base));
-    if (count * es <= CRING_MIN(SMALL_ALLREDUCE_BYTES, half))
+    if (count * es <= CRING_MIN(shm_param(shm, SHM_P_SMALL), half))
         return small_allreduce(shm, rank, size, base, send, recv, count, dtype, op);
     for (size_t k = 0; k < rounds; k++) {
         const size_t off = k * chunk, n = CRING_MIN(chunk, count - off);
@@ -205,7 +205,7 @@ cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, cons
         offs[q + 1] = offs[q] + recv_bytes[q];
         max_bytes = CRING_MAX(max_bytes, recv_bytes[q]);
     }
-    const int stream = offs[size] >= STREAM_MIN_BYTES;
+    const int stream = offs[size] >= shm_param(shm, SHM_P_STREAM);
     const int own_copy = send != out + offs[rank] && send_bytes;
     if (size == 1) {
         if (own_copy) memcpy(out, send, send_bytes);
@@ -241,7 +241,7 @@ cring_status_t cring__shm_allgatherv(cring__shm_t *shm, int rank, int size, cons
 
 /*
  * Broadcast: the root streams the buffer through its window halves in pieces
- * of ROUND_BYTES, so readers copy piece k out while the root copies piece
+ * of a round (SHM_P_ROUND), so readers copy piece k out while the root copies piece
  * k+1 in; round k the root copies piece k in (publish base+2k+1 and +2),
  * readers copy it out and publish base+2k+2; the root reuses a half once
  * every reader published its round k-2.
@@ -251,7 +251,7 @@ cring_status_t cring__shm_broadcast(cring__shm_t *shm, int rank, int size, void 
     if (size == 1) return CRING_OK;
     unsigned char *data = buf;
     const size_t half = shm_round_bytes(shm);
-    const int stream = nbytes >= STREAM_MIN_BYTES;
+    const int stream = nbytes >= shm_param(shm, SHM_P_STREAM);
     const uint64_t base = cring__shm_seq(shm);
     const size_t rounds = shm_ceil_div(nbytes, half);
     if (rank == root) CRING_CHECK(cring__shm_wait_all(shm, base));

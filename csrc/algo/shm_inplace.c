@@ -6,13 +6,11 @@
 
 #include "../reduce/reduce.h"
 #include "algo.h"
+#include "shm_layout.h"
 
-#define MAX_STACK_RANKS 64
-/* Bytes per round (all slices together): a round's slices stay in the
- * shared L3 between the owner's reduction and the peers' copies. */
-#define INPLACE_ROUND_BYTES (4u << 20)
-/* From this many bytes per copy on, copies use streaming stores. */
-#define INPLACE_STREAM_MIN_BYTES (256u << 10)
+/* Bytes per round (all slices together; SHM_P_INPLACE_ROUND): a round's
+ * slices stay in the shared L3 between the owner's reduction and the peers'
+ * copies. From SHM_P_INPLACE_STREAM bytes per copy on, copies stream. */
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -68,7 +66,8 @@ cring_status_t cring__shm_allreduce_mapped(cring__shm_t *shm, int rank, int size
         return CRING_ERR_MISMATCH;
     }
     const size_t al = es >= CRING_CACHE_LINE ? 1 : CRING_CACHE_LINE / es;
-    const size_t chunk = CRING_MAX(INPLACE_ROUND_BYTES / es / al, 1) * al;
+    const size_t chunk = CRING_MAX(shm_param(shm, SHM_P_INPLACE_ROUND) / es / al, 1) * al;
+    const size_t stream_min = shm_param(shm, SHM_P_INPLACE_STREAM);
     const size_t rounds = ceil_div(count, chunk);
     const void *srcs[MAX_STACK_RANKS];
     unsigned char *buf[MAX_STACK_RANKS]; /* every rank's buffer, at the offset */
@@ -91,7 +90,7 @@ cring_status_t cring__shm_allreduce_mapped(cring__shm_t *shm, int rank, int size
             size_t bytes = (qhi - qlo) * es;
             unsigned char *dst = buf[rank] + (off + qlo) * es;
             const unsigned char *src = buf[q] + (off + qlo) * es;
-            if (bytes >= INPLACE_STREAM_MIN_BYTES) cring__copy_stream(dst, src, bytes);
+            if (bytes >= stream_min) cring__copy_stream(dst, src, bytes);
             else memcpy(dst, src, bytes);
         }
     }

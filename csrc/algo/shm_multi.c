@@ -83,7 +83,7 @@ static void scatter_out(const cring__seg_t *segs, int nsegs, size_t es, size_t l
 }
 
 /*
- * Small form (the whole message at most SMALL_ALLREDUCE_BYTES and a window
+ * Small form (the whole message at most SHM_P_SMALL bytes and a window
  * half): every rank gathers its inputs into its half base % 2 (publish
  * base+1), waits for all, and reduces every piece itself from all `size`
  * inputs in rank order, straight into the outputs.
@@ -163,12 +163,12 @@ cring_status_t cring__shm_allreduce_multi(cring__shm_t *shm, int rank, int size,
     const size_t half = cring__shm_window_bytes(shm) / 2;
     const size_t chunk = shm_round_bytes(shm) / es;
     const size_t al = shm_align_elems(es);
-    const size_t block = CRING_MAX(REDUCE_BLOCK_BYTES / es / al, 1) * al;
-    const int stream = total * es >= STREAM_MIN_BYTES;
+    const size_t block = CRING_MAX(shm_param(shm, SHM_P_BLOCK) / es / al, 1) * al;
+    const int stream = total * es >= shm_param(shm, SHM_P_STREAM);
     const uint64_t base = cring__shm_seq(shm);
     const size_t rounds = shm_ceil_div(total, chunk);
     CRING_CHECK(cring__shm_wait_all(shm, base));
-    if (total * es <= CRING_MIN(SMALL_ALLREDUCE_BYTES, half))
+    if (total * es <= CRING_MIN(shm_param(shm, SHM_P_SMALL), half))
         return small_multi(shm, rank, size, base, segs, nsegs, total, dtype, op);
     for (size_t k = 0; k < rounds; k++) {
         const size_t off = k * chunk, n = CRING_MIN(chunk, total - off);

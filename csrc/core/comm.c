@@ -157,6 +157,9 @@ static cring_status_t choose_transport(cring_comm_t *c, const cring_config_t *cf
         .timeout_s = c->timeout_s,
         .err = &c->err,
     };
+    uint64_t shm_params[CRING__SHM_PARAMS];
+    cring__shm_tuning_params(shm_params);
+    init.shm_params = shm_params;
     int one_host = c->local_size == c->size;
     if (cfg->transport == CRING_TRANSPORT_SHM && !one_host)
         return cring__fail(&c->err, CRING_ERR_NOT_SUPPORTED,
@@ -328,6 +331,15 @@ static cring_status_t finish(cring_comm_t *c, cring_status_t st) {
         if (c->p2p && c->p2p->ops->cancel) c->p2p->ops->cancel(c->p2p);
     }
     return st;
+}
+
+void cring__comm_abort(cring_comm_t *c, cring_status_t st, const char *why) {
+    if (atomic_load(&c->broken) != CRING_OK) return;
+    if (st == CRING_OK || st == CRING_ERR_MISMATCH || st == CRING_ERR_INVALID_ARGUMENT ||
+        st == CRING_ERR_NOT_SUPPORTED)
+        st = CRING_ERR_BROKEN; /* finish() keeps the communicator for these */
+    cring__fail(&c->err, st, "rank %d stopped its collectives: %s", c->rank, why ? why : "");
+    finish(c, st);
 }
 
 static cring_status_t check_usable(cring_comm_t *c) {

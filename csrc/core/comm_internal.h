@@ -59,6 +59,12 @@ void cring__comm_traffic(const cring_comm_t *comm, cring__comm_traffic_t *out);
 
 /* CRING_OK while usable, else the status that broke it. Thread-safe read. */
 cring_status_t cring__comm_broken(const cring_comm_t *comm);
+/* Break the communicator for a failure of this rank's own (st, why: what
+ * cring__comm_error says from now on), and tell the peers, as a transport
+ * failure does: local ranks see the shared segment aborted, remote ones
+ * their connections cancelled, so none waits for this rank until its
+ * time-out. No-op when already broken. Only the thread that drives it. */
+void cring__comm_abort(cring_comm_t *comm, cring_status_t st, const char *why);
 /* Detail of the last failure (owned by comm). */
 const char *cring__comm_error(const cring_comm_t *comm);
 

@@ -29,6 +29,10 @@ typedef struct cring__backend {
     void (*discard)(req_t *r);
     /* Called once at cring_engine_stop on the engine thread's side (may be NULL). */
     void (*shutdown)(cring_engine_t *e);
+    /* The engine's communicator failed (its driver calls this, may be NULL):
+     * end what the backend has queued that waits for peers, so it fails
+     * rather than waits; shutdown still follows. */
+    void (*abort)(cring_engine_t *e, cring_status_t st, const char *msg);
 } cring__backend_t;
 
 extern const cring__backend_t cring__backend_cpu;  /* exec_cpu.c: shm/TCP via comm */

@@ -203,8 +203,18 @@ void cring__engine_mark_cycle(cring_engine_t *e) {
 
 cring_status_t cring__engine_transport_failed(cring_engine_t *e, cring_status_t st) {
     int expected = CRING_OK;
-    if (atomic_compare_exchange_strong(&e->broken, &expected, (int)st))
+    if (atomic_compare_exchange_strong(&e->broken, &expected, (int)st)) {
+        /* A failure of this rank's own (out of memory): the communicator still
+         * works, and the peers would wait for this rank until their time-out.
+         * Abort it, so they stop at once with this rank's reason. */
+        if (cring__comm_broken(e->comm) == CRING_OK)
+            cring__comm_abort(e->comm, st,
+                              e->exec.error[0] ? e->exec.error : cring_status_string(st));
         snprintf(e->broken_msg, sizeof e->broken_msg, "%s", cring__comm_error(e->comm));
+        for (int t = 0; t < CRING__DEVICE_TYPES; t++)
+            if (e->backends[t] && e->backends[t]->abort)
+                e->backends[t]->abort(e, st, e->broken_msg);
+    }
     cring__negotiate_fail_all(e, st, e->broken_msg);
     return st;
 }
@@ -228,7 +238,7 @@ static void drive(cring_engine_t *e, cring_handle_t *until, double deadline_s) {
         uint64_t token = cring__comm_wake_token(e->comm);
         cring__engine_drain(e);
         if (until && atomic_load(&until->done)) return;
-        int local = e->neg.pending.count > 0 || e->join.req != NULL || e->bucket.nheld > 0;
+        int local = e->neg.pending.count > 0 || e->join.req != NULL || e->bucket.plan.nheld > 0;
         if (!local && !cring__comm_peer_waiting(e->comm, e->drive.rounds_done)) return;
         int progress = 0;
         if (cring__negotiate_round(e, &progress) != CRING_OK) continue;
@@ -376,8 +386,12 @@ static int wait_until(cring_handle_t *h, double deadline_s) {
         atomic_fetch_sub(&e->drive.callers_waiting, 1);
         drive_locked(e, h, deadline_s);
         int stopped = atomic_load(&e->stop);
+        /* read as the driver: requests held for their bucket need rounds
+         * (their release votes) after this thread leaves, so the engine
+         * thread takes over (bucket.c: nothing is held forever) */
+        int holding = e->bucket.plan.nheld > 0;
         pthread_mutex_unlock(&e->drive.mu);
-        if (atomic_load(&e->drive.thread_parked)) cring__comm_wake(e->comm);
+        if (holding || atomic_load(&e->drive.thread_parked)) cring__comm_wake(e->comm);
         if (stopped && !atomic_load(&h->done)) wait_done_cv(e, h, 10 * 1000 * 1000);
         if (atomic_load(&h->done)) return 1;
         if (deadline_s > 0 && cring__now_coarse_s() >= deadline_s) return atomic_load(&h->done);
@@ -516,6 +530,9 @@ void cring_engine_stop(cring_engine_t *e) {
     e->join.round = NULL;
     free(e->exec.fusion);
     e->exec.fusion = NULL;
+    free(e->exec.batch);
+    e->exec.batch = NULL;
+    e->exec.batch_cap = 0;
     cring__autotune_stop(e);
     cring_comm_destroy(e->comm);
     e->comm = NULL;
@@ -545,6 +562,8 @@ void cring_engine_get_stats(cring_engine_t *e, cring_engine_stats_t *out) {
     out->fused_tensors = atomic_load(&e->stats.fused_tensors);
     out->cache_hits = atomic_load(&e->stats.cache_hits);
     out->errors = atomic_load(&e->stats.errors);
+    out->bucket_held = atomic_load(&e->stats.bucket_held);
+    out->bucket_idle_releases = atomic_load(&e->stats.bucket_idle_releases);
     cring__comm_traffic_t traffic;
     cring__comm_traffic(e->comm, &traffic);
     out->tcp_bytes_sent = traffic.tcp_bytes_sent;

@@ -13,6 +13,7 @@
 
 #include "../common/common.h"
 #include "../core/comm_internal.h"
+#include "bucket_plan.h"
 #include "strmap.h"
 #include "timeline.h"
 
@@ -70,6 +71,7 @@ typedef struct req {
     size_t record_len;
     int cache_id; /* slot in the response cache, -1 when not cached */
     int wants_resend;
+    int sequenced; /* CRING_REQUEST_SEQUENCED: an unnamed call (never held: bucket.c) */
     double submit_s, ready_s;
     struct req *next;
     struct req *successor; /* CRING_REQUEST_SEQUENCED: the next request of this name */
@@ -157,38 +159,6 @@ typedef struct response_list {
 } response_list_t;
 
 #include "backend.h"
-
-/* ---- bucket plan (bucket.c) -------------------------------------------------- */
-
-/* What must be equal for two requests to share a bucket (the fusion key but
- * the device ordinal, which differs between ranks). */
-typedef struct cring__bucket_key {
-    int device_type;
-    cring_dtype_t dtype;
-    cring_op_t op;
-    double prescale, postscale;
-} cring__bucket_key_t;
-
-typedef struct cring__plan_entry {
-    char *name;
-    int bucket;
-    int seen;    /* held or run in its bucket's current round of filling */
-    req_t *held; /* this rank's request, held until its bucket is complete */
-} cring__plan_entry_t;
-
-typedef struct cring__plan_bucket {
-    int first, n; /* its entries: members[first .. first + n) */
-    int nseen;
-    size_t bytes;
-    unsigned stamp; /* bucket.c's scratch: visited in this pass */
-} cring__plan_bucket_t;
-
-typedef struct cring__rec_entry {
-    char *name;
-    cring__bucket_key_t key;
-    size_t bytes;
-    int cut_before; /* an idle release of everything held came before it */
-} cring__rec_entry_t;
 
 /* ---- autotune (autotune.c) -------------------------------------------------- */
 
@@ -342,32 +312,22 @@ struct cring_engine {
         size_t ntimeouts, cap_timeouts;
     } table;
 
-    /* execute.c: fusion */
+    /* execute.c: fusion, the batch being run */
     struct {
         void *fusion;
         size_t fusion_cap;
         size_t threshold;
         char error[CRING__ERRMSG_BYTES]; /* a backend's message for its last failure */
+        req_t **batch;                   /* room for a round's responses, kept between rounds */
+        int batch_cap;
+        /* exec_cuda.c: this engine's CUDA devices (communicator, stream,
+         * device buffers each); NULL until its first CUDA batch */
+        struct cring__cuda_state *cuda;
     } exec;
 
-    /* bucket.c: the CUDA gradient bucket plan (bucket.c describes it) */
+    /* bucket.c: the CUDA gradient bucket plan (bucket_plan.h, bucket_plan.c) */
     struct {
-        cring__plan_entry_t *entries; /* the plan: one per planned name, in plan order */
-        int nentries, cap_entries;
-        cring__plan_bucket_t *buckets;
-        int nbuckets, cap_buckets;
-        int *members;            /* entry indices grouped by bucket (buckets[b].first..) */
-        cring__strmap_t index;   /* name -> entry + 1 */
-        uint64_t plans;          /* plans built so far (the timeline names a bucket by it) */
-        cring__rec_entry_t *rec; /* this step's ready order, being recorded */
-        int nrec, cap_rec;
-        cring__strmap_t rec_index;  /* name -> 1 while in rec */
-        cring__strmap_t prev_names; /* the last step's names (a plan takes only these) */
-        int cut;                    /* the next recorded name starts a new bucket */
-        unsigned stamp;             /* the pass number for plan_bucket.stamp */
-        int *held;                  /* entry indices of held requests, in the order held */
-        int nheld, cap_held;
-        double last_change_s; /* coarse clock: the last arrival or release */
+        cring__bplan_t plan;
     } bucket;
 
     /* join.c: vector bytes [CRING__V_HEADER, vhdr) carry one joined flag per rank */
@@ -383,6 +343,7 @@ struct cring_engine {
     /* introspection (relaxed atomics: counters only) */
     struct {
         _Atomic uint64_t cycles, collectives, tensors, fused_tensors, cache_hits, errors;
+        _Atomic uint64_t bucket_held, bucket_idle_releases; /* bucket.c */
     } stats;
     pthread_mutex_t timeline_mu;
     cring__timeline_t *timeline;
@@ -507,19 +468,17 @@ void cring__fused_spans(cring_engine_t *e, req_t **batch, int n, const char *pha
 
 /* ---- bucket.c ------------------------------------------------------------------ */
 
-/* Before execute: record the round's ready CUDA allreduces, take out of l
- * those whose bucket is not complete (held), and append the held requests
- * of buckets that are now complete; release_all (the agreed flag) releases
- * everything held. Never fails: what cannot be appended fails its handle. */
+/* Before execute: hand the round's ready CUDA allreduces to the planner,
+ * take out of l those it holds (their bucket is not complete), and append
+ * the held requests that go this round; release_all (the agreed flag V[3] or
+ * V[4]) releases everything held, cut (V[4]) also cuts the plan. Never
+ * fails: what cannot be appended fails its handle. */
 void cring__bucket_round(cring_engine_t *e, response_list_t *l, int release_all, int cut);
-/* This rank's vote for releasing everything held: CRING__RELEASE_WAITER
- * when a thread here waits while a bucket misses names this rank has not
- * submitted, CRING__RELEASE_IDLE when nothing arrived, left or ran for a
- * while (that release also cuts the plan); 0 for none. */
-enum { CRING__RELEASE_WAITER = 1, CRING__RELEASE_IDLE = 2 };
+/* This rank's vote for releasing everything held (cring__bplan_vote):
+ * CRING__RELEASE_WAITER, CRING__RELEASE_IDLE or 0. */
 int cring__bucket_release_wanted(cring_engine_t *e);
-/* The round ran something: held requests are not idle (a long collective
- * is no reason to release them). */
+/* The round's batch ran: if it held gradients of the plan, held requests
+ * are not idle (a long collective of the step is no reason to release). */
 void cring__bucket_ran(cring_engine_t *e);
 /* Fail every held request (a broken transport, the engine's stop). */
 void cring__bucket_fail_all(cring_engine_t *e, cring_status_t st, const char *msg);

@@ -1,6 +1,6 @@
 /* exec_cuda.c: the CUDA execution backend. At submission (prepare, on the
  * submitting thread) it records an event on the producer's stream. A
- * negotiated batch runs on cring's own stream of its device (csrc/gpu/stream.c):
+ * negotiated batch runs on the engine's own cring stream of its device:
  * that stream first waits on the batch's producer events, then the batch's
  * allreduces (and broadcasts), large ones included (bucket.c makes a
  * training step's gradients a few such batches), are packed into the device
@@ -10,8 +10,8 @@
  * completion event recorded after the batch goes to every handle of it, for
  * consumers' streams to wait on; a batch that fails after queueing work gets
  * one too (fail_after_queueing). Returns once the work is enqueued: it never
- * waits for the device (a growing fusion buffer's cudaFree aside), and knows
- * nothing of Python. A reduction NCCL cannot do as the CPU path does (a
+ * waits for the device (its device memory is stream-ordered: csrc/gpu/gpu.h),
+ * and knows nothing of Python. A reduction NCCL cannot do as the CPU path does (a
  * dtype or op NCCL lacks, scaled integers, a scaled reduction at one rank on
  * an NCCL with the one-rank defect) is the exception: it is staged through
  * host memory and reduced by the CPU backend (exec_cuda_host.c), which waits
@@ -30,8 +30,12 @@
  * rank takes part even when it is not ready, so the CPU communicator never
  * goes out of step, and a rank without NCCL fails the batch on every rank.
  *
- * The GPU context is the process's (cring__gpu_global): one engine per process
- * runs CUDA work at a time, and its stop destroys the communicators. */
+ * What this backend keeps is the engine's own (e->exec.cuda): per CUDA device,
+ * the NCCL communicator it made, the cring stream lent to it, and its fusion
+ * and zero buffers. The engines of a process (the global set's and each
+ * process set's) run side by side on their own streams and communicators,
+ * and an engine's stop destroys only its own; the GPU context (libraries,
+ * event pools, the stream pool) is the process's (cring__gpu_global). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,14 +72,44 @@ typedef struct {
     char id[CRING__GPU_UNIQUE_ID_BYTES]; /* rank 0's matters */
 } setup_t;
 
-/* The slot of device's communicator, creating it (every rank at once; see the
- * top of the file). */
-static cring_status_t comm_for(cring_engine_t *e, int device, cring__gpu_t **g_out, int *slot) {
+#define MAX_DEVICES 16 /* CUDA devices one engine runs work on */
+
+/* One CUDA device of this engine: its communicator, the cring stream lent to
+ * it, and the buffers used only on that stream (their reuse is ordered by
+ * it; they grow by a stream-ordered free and allocation). */
+typedef struct {
+    int device;
+    cring__gpu_comm_t *comm;
+    cring__gpu_stream_t *stream;
+    void *fusion; /* packed batches */
+    size_t fusion_cap;
+    void *zeros; /* a joined rank's part */
+    size_t zeros_cap;
+} cuda_device_t;
+
+struct cring__cuda_state {
+    int n;
+    cuda_device_t devices[MAX_DEVICES];
+};
+
+static cuda_device_t *find_device(cring_engine_t *e, int device) {
+    struct cring__cuda_state *cs = e->exec.cuda;
+    for (int i = 0; cs && i < cs->n; i++)
+        if (cs->devices[i].device == device) return &cs->devices[i];
+    return NULL;
+}
+
+/* This engine's state of device, creating it (every rank at once; see the top
+ * of the file): the stream is taken and the state made room for before the
+ * exchange, so what fails on one rank alone fails every rank's batch. */
+static cring_status_t device_for(cring_engine_t *e, int device, cring__gpu_t **g_out,
+                                 cuda_device_t **out) {
     cring__errmsg_t err = {{0}};
     cring__gpu_t *g = NULL;
     cring_status_t mine = context(&g, &err);
     *g_out = g;
-    if (mine == CRING_OK && (*slot = cring__gpu_comm_slot(g, device)) >= 0) return CRING_OK;
+    *out = NULL;
+    if (mine == CRING_OK && (*out = find_device(e, device))) return CRING_OK;
     /* Not there yet: check what can fail on one rank alone before the exchange. */
     if (mine == CRING_OK) {
         int count = cring__gpu_device_count(g, &err);
@@ -84,19 +118,26 @@ static cring_status_t comm_for(cring_engine_t *e, int device, cring__gpu_t **g_o
                                "this process sees %d CUDA device(s)", count);
         else if (count == 0) mine = CRING_ERR_NOT_SUPPORTED; /* err says why */
     }
+    if (mine == CRING_OK && !e->exec.cuda && !(e->exec.cuda = calloc(1, sizeof *e->exec.cuda)))
+        mine = cring__fail(&err, CRING_ERR_NO_MEMORY, "out of memory");
+    if (mine == CRING_OK && e->exec.cuda->n == MAX_DEVICES)
+        mine = cring__fail(&err, CRING_ERR_NOT_SUPPORTED, "at most %d CUDA devices per process set",
+                           MAX_DEVICES);
+    cring__gpu_stream_t *stream = NULL;
+    if (mine == CRING_OK) mine = cring__gpu_stream_acquire(g, device, &stream, &err);
     setup_t *all = calloc((size_t)e->size, sizeof *all);
     size_t *sizes = malloc(sizeof *sizes * (size_t)e->size);
-    if (!all || !sizes) {
-        free(all);
-        free(sizes);
-        return fail(e, CRING_ERR_NO_MEMORY, "out of memory");
+    cring_status_t st = CRING_OK;
+    if (!all || !sizes) { /* the exchange cannot run: this rank's peers time out */
+        st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
+        goto done;
     }
     setup_t me;
     memset(&me, 0, sizeof me);
     if (mine == CRING_OK && e->rank == 0) mine = cring__gpu_unique_id(g, me.id, &err);
     me.ready = mine == CRING_OK;
     for (int q = 0; q < e->size; q++) sizes[q] = sizeof me;
-    cring_status_t st = cring__comm_allgatherv(e->comm, &me, sizeof me, all, sizes);
+    st = cring__comm_allgatherv(e->comm, &me, sizeof me, all, sizes);
     if (st != CRING_OK) {
         fail(e, st, "while setting up NCCL for cuda:%d: %s", device, cring__comm_error(e->comm));
         goto done;
@@ -118,10 +159,21 @@ static cring_status_t comm_for(cring_engine_t *e, int device, cring__gpu_t **g_o
                   unready);
         goto done;
     }
-    st = cring__gpu_comm_init(g, device, e->rank, e->size, all[0].id, slot, &err);
-    if (st != CRING_OK)
+    cring__gpu_comm_t *comm = NULL;
+    st = cring__gpu_comm_create(g, device, e->rank, e->size, all[0].id, &comm, &err);
+    if (st != CRING_OK) {
         fail(e, st, "cannot create the NCCL communicator for cuda:%d: %s", device, err.text);
+        goto done;
+    }
+    cuda_device_t *d = &e->exec.cuda->devices[e->exec.cuda->n++];
+    memset(d, 0, sizeof *d);
+    d->device = device;
+    d->comm = comm;
+    d->stream = stream;
+    stream = NULL;
+    *out = d;
 done:
+    cring__gpu_stream_release(g, stream);
     free(all);
     free(sizes);
     return st;
@@ -151,28 +203,25 @@ static void discard_cuda(req_t *r) {
 static void put_event(void *ev) { cring__gpu_event_put(cring__gpu_global(), ev); }
 
 /* ---- execution ---------------------------------------------------------------------------- */
-/* Where a batch runs: its device's communicator and cring's stream there. */
+/* Where a batch runs: this engine's state of its device, and cring's stream there. */
 typedef struct {
     cring__gpu_t *g;
-    int device, slot;
+    cuda_device_t *d;
+    int device;
     void *stream;
 } lane_t;
 
 /* The device a batch runs on. A joined rank's stand-in carries no device of
- * this rank: it uses the one this rank's NCCL work is on already. */
-static int batch_device(cring__gpu_t *g, req_t *r) {
-    int device = r->handle || !g ? -1 : cring__gpu_comm_device(g, 0);
-    return device >= 0 ? device : r->device.id;
+ * this rank: it uses the one this engine's NCCL work is on already. */
+static int batch_device(cring_engine_t *e, req_t *r) {
+    const struct cring__cuda_state *cs = e->exec.cuda;
+    return !r->handle && cs && cs->n > 0 ? cs->devices[0].device : r->device.id;
 }
 
 static cring_status_t open_lane(cring_engine_t *e, req_t *first, lane_t *L) {
-    L->g = cring__gpu_global();
-    L->device = batch_device(L->g, first);
-    L->slot = -1;
-    CRING_CHECK(comm_for(e, L->device, &L->g, &L->slot));
-    cring__errmsg_t err = {{0}};
-    cring_status_t st = cring__gpu_device_stream(L->g, L->device, &L->stream, &err);
-    if (st != CRING_OK) return fail(e, st, "cring's stream on cuda:%d: %s", L->device, err.text);
+    L->device = batch_device(e, first);
+    CRING_CHECK(device_for(e, L->device, &L->g, &L->d));
+    L->stream = cring__gpu_stream_handle(L->d->stream);
     return CRING_OK;
 }
 
@@ -192,13 +241,16 @@ static cring_status_t wait_producers(cring_engine_t *e, const lane_t *L, req_t *
     return st;
 }
 
-/* The batch's completion: one event on cring's stream, a reference per handle. */
+/* The batch's completion: one event on cring's stream, a reference per
+ * handle; it watches the communicator, so a consumer's synchronize learns of
+ * an error that keeps the work from completing. */
 static cring_status_t record_done(cring_engine_t *e, const lane_t *L, req_t **batch, int n) {
     cring__errmsg_t err = {{0}};
     cring__gpu_event_t *ev = NULL;
     cring_status_t st = cring__gpu_event_record(L->g, L->device, L->stream, &ev, &err);
     if (st != CRING_OK)
         return fail(e, st, "the completion event on cuda:%d: %s", L->device, err.text);
+    cring__gpu_event_watch(ev, L->d->comm);
     for (int b = 0; b < n; b++) {
         cring_handle_t *h = batch[b]->handle;
         if (!h) continue;
@@ -230,21 +282,48 @@ static cring_status_t fail_after_queueing(cring_engine_t *e, const lane_t *L, re
     return st;
 }
 
-/* A joined rank's stand-in has host zeros as data: NCCL needs device memory.
- * Allocate zeroed device buffers for its tensors (freed after the batch by
- * cring__gpu_device_free, whose cudaFree waits for the collective). */
-static cring_status_t ghost_buffers(cring_engine_t *e, const lane_t *L, req_t *r, void **buf) {
-    size_t bytes = 0;
-    for (int i = 0; i < r->ntensors; i++) bytes += (r->t[i].bytes + 255) & ~(size_t)255;
+/* *buf (of *cap bytes, used only on the lane's stream) with room for bytes:
+ * grown to the next power of two from 1 MiB by a free and an allocation both
+ * ordered on that stream, so no host waits and no work still using the old
+ * one sees it go. */
+static cring_status_t lane_buffer(cring_engine_t *e, const lane_t *L, void **buf, size_t *cap,
+                                  size_t bytes, const char *what) {
+    if (bytes <= *cap) return CRING_OK;
+    size_t want = *cap ? *cap : (size_t)1 << 20;
+    while (want < bytes) want *= 2;
+    cring__gpu_mem_free(L->g, L->device, *buf, *cap, L->stream);
+    *buf = NULL;
+    *cap = 0;
     cring__errmsg_t err = {{0}};
-    cring_status_t st = cring__gpu_device_alloc(L->g, L->device, bytes, buf, &err);
-    if (st == CRING_OK) st = cring__gpu_zero_async(L->g, *buf, bytes, L->stream, &err);
+    cring_status_t st = cring__gpu_mem_alloc(L->g, L->device, want, L->stream, buf, &err);
+    if (st != CRING_OK)
+        return fail(e, st, "the %s buffer (%zu bytes) on cuda:%d: %s", what, want, L->device,
+                    err.text);
+    *cap = want;
+    return CRING_OK;
+}
+
+/* A joined rank's stand-in has host zeros as data: NCCL needs device memory.
+ * Its tensors get slices of the lane's zero buffer, cleared on the stream for
+ * this batch (a collective writes its result there). */
+static cring_status_t ghost_buffers(cring_engine_t *e, const lane_t *L, req_t **batch, int n) {
+    size_t bytes = 0;
+    for (int b = 0; b < n; b++)
+        for (int i = 0; !batch[b]->handle && batch[b]->ghost && i < batch[b]->ntensors; i++)
+            bytes += (batch[b]->t[i].bytes + 255) & ~(size_t)255;
+    if (!bytes) return CRING_OK;
+    CRING_CHECK(lane_buffer(e, L, &L->d->zeros, &L->d->zeros_cap, bytes, "joined rank's zero"));
+    cring__errmsg_t err = {{0}};
+    cring_status_t st = cring__gpu_zero_async(L->g, L->d->zeros, bytes, L->stream, &err);
     if (st != CRING_OK)
         return fail(e, st, "a joined rank's zeros on cuda:%d: %s", L->device, err.text);
     size_t at = 0;
-    for (int i = 0; i < r->ntensors; i++) {
-        r->t[i].send = r->t[i].recv = (char *)*buf + at;
-        at += (r->t[i].bytes + 255) & ~(size_t)255;
+    for (int b = 0; b < n; b++) {
+        req_t *r = batch[b];
+        for (int i = 0; !r->handle && r->ghost && i < r->ntensors; i++) {
+            r->t[i].send = r->t[i].recv = (char *)L->d->zeros + at;
+            at += (r->t[i].bytes + 255) & ~(size_t)255;
+        }
     }
     return CRING_OK;
 }
@@ -263,8 +342,8 @@ static const char *phase_name(cring_collective_t c) {
  * already reports (a peer that died mid-call). */
 static cring_status_t call(cring_engine_t *e, const lane_t *L, const cring__gpu_coll_t *c) {
     cring__errmsg_t err = {{0}};
-    cring_status_t st = cring__gpu_collective(L->g, L->slot, c, &err);
-    if (st == CRING_OK) st = cring__gpu_comm_check(L->g, L->slot, &err);
+    cring_status_t st = cring__gpu_collective(L->g, L->d->comm, c, &err);
+    if (st == CRING_OK) st = cring__gpu_comm_check(L->g, L->d->comm, &err);
     cring__engine_stats_add(&e->stats.collectives, 1);
     if (st != CRING_OK) return fail(e, st, "NCCL on cuda:%d: %s", L->device, err.text);
     return CRING_OK;
@@ -295,9 +374,10 @@ typedef struct {
 static cring_status_t fused(cring_engine_t *e, const lane_t *L, const cring__gpu_coll_t *tmpl,
                             const item_t *items, int m, size_t bytes) {
     cring__errmsg_t err = {{0}};
-    void *buf = NULL;
     int bcast = tmpl->collective == CRING_COLL_BROADCAST;
-    cring_status_t st = cring__gpu_fusion_buffer(L->g, L->device, bytes, &buf, &err);
+    CRING_CHECK(lane_buffer(e, L, &L->d->fusion, &L->d->fusion_cap, bytes, "fusion"));
+    void *buf = L->d->fusion;
+    cring_status_t st = CRING_OK;
     size_t off = 0;
     for (int i = 0; i < m && st == CRING_OK && (!bcast || tmpl->root == e->rank); i++) {
         st = cring__gpu_copy_device(L->g, (char *)buf + off, items[i].send, items[i].bytes,
@@ -349,15 +429,14 @@ static cring_status_t run_batch(cring_engine_t *e, req_t **batch, int n) {
     int total = 0;
     for (int b = 0; b < n; b++) total += batch[b]->ntensors;
     item_t *items = calloc((size_t)total + 1, sizeof *items);
-    void **ghosts = calloc((size_t)n, sizeof *ghosts);
-    if (!items || !ghosts) {
+    if (!items) {
         st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
         goto done;
     }
+    st = ghost_buffers(e, &L, batch, n);
     int k = 0;
     for (int b = 0; b < n && st == CRING_OK; b++) {
         req_t *r = batch[b];
-        if (!r->handle && r->ghost) st = ghost_buffers(e, &L, r, &ghosts[b]);
         for (int i = 0; i < r->ntensors && st == CRING_OK; i++)
             if (r->t[i].count)
                 items[k++] = (item_t){.send = r->t[i].send,
@@ -415,15 +494,15 @@ static cring_status_t run_batch(cring_engine_t *e, req_t **batch, int n) {
     spans(e, batch, n, phase_name(first->coll), t0, cring__engine_tl_now(e), &L, nfused);
 done:
     st = fail_after_queueing(e, &L, batch, n, st);
-    for (int b = 0; ghosts && b < n; b++) cring__gpu_device_free(L.g, ghosts[b]);
-    free(ghosts);
     free(items);
     return st;
 }
 
+/* A result the handle still owns when it goes: nothing but cring's stream
+ * (ctx, process-lived) used it, so its free is ordered there. */
 static void free_device_output(void *ctx, void *ptr, size_t bytes) {
-    (void)bytes;
-    cring__gpu_device_free(ctx, ptr);
+    cring__gpu_mem_free(cring__gpu_global(), cring__gpu_stream_device(ctx), ptr, bytes,
+                        cring__gpu_stream_handle(ctx));
 }
 
 /* The device memory of result i of r (allgather, alltoall), `bytes` long:
@@ -433,15 +512,16 @@ static void free_device_output(void *ctx, void *ptr, size_t bytes) {
  * caching allocator) on the producer's stream before the event that cring's
  * stream waits on, so no older work of that stream still uses it; a result
  * that fits goes there and the handle never frees it (output_lent). Any
- * other result is cring's own device memory (cudaMalloc), freed with the
- * handle or by whoever takes it (cring_handle_take_output: a DLPack
- * export's deleter). The handle's output arrays must exist. */
+ * other result is cring's own device memory, allocated on cring's stream,
+ * freed with the handle (ordered on that stream) or by whoever takes it
+ * (cring_handle_take_output: a DLPack export's deleter, ordered on its
+ * consumer's stream). The handle's output arrays must exist. */
 static cring_status_t output_memory(cring_engine_t *e, const lane_t *L, req_t *r, int i,
                                     size_t bytes) {
     cring_handle_t *h = r->handle;
     const tensor_spec_t *t = &r->t[i];
     h->free_output = free_device_output;
-    h->free_ctx = L->g;
+    h->free_ctx = L->d->stream;
     h->output_device = r->device;
     if (!h->output_lent && !(h->output_lent = calloc((size_t)r->ntensors, 1)))
         return fail(e, CRING_ERR_NO_MEMORY, "out of memory");
@@ -455,7 +535,7 @@ static cring_status_t output_memory(cring_engine_t *e, const lane_t *L, req_t *r
     cring__errmsg_t err = {{0}};
     /* an empty result still gets memory: a handle's result is never NULL */
     cring_status_t st =
-        cring__gpu_device_alloc(L->g, L->device, bytes ? bytes : 1, &h->outputs[i], &err);
+        cring__gpu_mem_alloc(L->g, L->device, bytes ? bytes : 1, L->stream, &h->outputs[i], &err);
     if (st != CRING_OK) {
         h->output_bytes[i] = 0;
         return fail(e, st, "'%s': the result of tensor %d (%zu bytes): %s", r->name, i, bytes,
@@ -471,6 +551,34 @@ static cring_status_t run_one(cring_engine_t *e, const lane_t *L, req_t *r, crin
     if (c->ntensors > 1) cring__engine_stats_add(&e->stats.fused_tensors, (uint64_t)c->ntensors);
     spans(e, &r, 1, phase_name(c->collective), t0, cring__engine_tl_now(e), L, 0);
     return record_done(e, L, &r, 1);
+}
+
+/* Tensor i of allgather r: the elements each rank contributes (rows[q], the
+ * first dimensions the peers' records gave, times the row) into counts, and
+ * their sum. Rows come from other processes: a negative count, or one whose
+ * bytes overflow, is a protocol error naming the tensor and the rank. Every
+ * rank has the same rows, so every rank fails alike before NCCL sees it. */
+static cring_status_t gather_counts(cring_engine_t *e, const req_t *r, int i, const int64_t *rows,
+                                    size_t *counts, size_t *total) {
+    const tensor_spec_t *t = &r->t[i];
+    const size_t esize = cring_dtype_size(t->dtype), row = t->row_elems ? t->row_elems : 1;
+    *total = 0;
+    for (int q = 0; q < e->size; q++) { /* this rank's own too: every rank sees the same */
+        if (rows[q] < 0 || (uint64_t)rows[q] > SIZE_MAX / row / esize)
+            return fail(e, CRING_ERR_PROTOCOL,
+                        "'%s' (tensor %d): rank %d described %lld rows of %zu elements for the "
+                        "allgather, which cannot be (a corrupted request record?)",
+                        r->name, i, q, (long long)rows[q], t->row_elems);
+        /* a 0-d tensor gathers as one row */
+        counts[q] = q == e->rank ? t->count : (size_t)rows[q] * t->row_elems;
+        if (counts[q] > SIZE_MAX / esize - *total)
+            return fail(e, CRING_ERR_PROTOCOL,
+                        "'%s' (tensor %d): the allgather's parts up to rank %d exceed the "
+                        "address space",
+                        r->name, i, q);
+        *total += counts[q];
+    }
+    return CRING_OK;
 }
 
 /* Allgather: results in the room the binding lent or in device memory the
@@ -495,12 +603,9 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
     for (size_t i = 0; i < nt && st == CRING_OK; i++) {
         tensor_spec_t *t = &r->t[i];
         size_t *rc = counts + i * P, total = 0;
-        for (size_t q = 0; q < P; q++) {
-            rc[q] = (size_t)first_dims[i * P + q] * t->row_elems;
-            total += rc[q];
-        }
-        rc[e->rank] = t->count; /* a 0-d tensor gathers as one row */
-        st = output_memory(e, &L, r, (int)i, total * cring_dtype_size(t->dtype));
+        st = gather_counts(e, r, (int)i, first_dims + i * P, rc, &total);
+        if (st == CRING_OK)
+            st = output_memory(e, &L, r, (int)i, total * cring_dtype_size(t->dtype));
         if (st != CRING_OK) break;
         ts[i] = (cring__gpu_tensor_t){.send = t->send,
                                       .recv = h->outputs[i],
@@ -639,10 +744,33 @@ done:
     return fail_after_queueing(e, &L, batch, n, st);
 }
 
+/* The engine stops: its buffers go (ordered on their streams), then its
+ * communicators, then the streams go back to the pool. Nothing of another
+ * engine is touched. */
 static void shutdown_cuda(cring_engine_t *e) {
-    (void)e;
+    struct cring__cuda_state *cs = e->exec.cuda;
+    if (!cs) return;
     cring__gpu_t *g = cring__gpu_global();
-    if (g && cring__gpu_comm_count(g) > 0) cring__gpu_comms_destroy(g);
+    for (int i = 0; i < cs->n; i++) {
+        cuda_device_t *d = &cs->devices[i];
+        void *stream = cring__gpu_stream_handle(d->stream);
+        cring__gpu_mem_free(g, d->device, d->fusion, d->fusion_cap, stream);
+        cring__gpu_mem_free(g, d->device, d->zeros, d->zeros_cap, stream);
+        cring__gpu_comm_destroy(g, d->comm);
+        cring__gpu_stream_release(g, d->stream);
+    }
+    free(cs);
+    e->exec.cuda = NULL;
+}
+
+/* The engine's communicator failed: abort this engine's NCCL communicators,
+ * so work already enqueued on them ends instead of waiting for peers that
+ * are gone, and every synchronize of it raises the engine's error. */
+static void abort_cuda(cring_engine_t *e, cring_status_t st, const char *msg) {
+    struct cring__cuda_state *cs = e->exec.cuda;
+    cring__gpu_t *g = cring__gpu_global();
+    for (int i = 0; cs && g && i < cs->n; i++)
+        cring__gpu_comm_fail(g, cs->devices[i].comm, st, msg);
 }
 
 const cring__backend_t cring__backend_cuda = {
@@ -655,4 +783,5 @@ const cring__backend_t cring__backend_cuda = {
     .prepare = prepare_cuda,
     .discard = discard_cuda,
     .shutdown = shutdown_cuda,
+    .abort = abort_cuda,
 };

@@ -8,6 +8,11 @@
 #include <string.h>
 
 #include "engine_internal.h"
+#include "test_hooks.h"
+
+#ifdef CRING_TEST_HOOKS
+_Atomic int cring__test_fail_batch_room;
+#endif
 
 int cring__fusion_reserve(cring_engine_t *e, size_t bytes) {
     if (bytes <= e->exec.fusion_cap) return 0;
@@ -100,8 +105,44 @@ static cring_status_t run_batch(cring_engine_t *e, const response_t *r0, req_t *
     }
 }
 
+/* Room for n requests in e->exec.batch, kept between rounds (a round
+ * allocates nothing once it has grown). 0, or -1 when out of memory. */
+static int batch_room(cring_engine_t *e, int n) {
+    if (n <= e->exec.batch_cap) return 0;
+#ifdef CRING_TEST_HOOKS
+    if (atomic_load(&cring__test_fail_batch_room) > 0) {
+        atomic_fetch_sub(&cring__test_fail_batch_room, 1);
+        return -1;
+    }
+#endif
+    int cap = e->exec.batch_cap ? e->exec.batch_cap : 64;
+    while (cap < n) cap *= 2;
+    req_t **grown = realloc(e->exec.batch, sizeof *grown * (size_t)cap);
+    if (!grown) return -1;
+    e->exec.batch = grown;
+    e->exec.batch_cap = cap;
+    return 0;
+}
+
+/* The round cannot run here: every response completes with an error naming
+ * its tensor (nothing here may be recycled while its handle still waits),
+ * and the engine stops taking part (the caller's transport failure, which
+ * aborts the communicator so the peers stop waiting for this rank too). */
+static cring_status_t cannot_run(cring_engine_t *e, response_t *resp, int n) {
+    snprintf(e->exec.error, sizeof e->exec.error,
+             "rank %d ran out of memory before running its collectives", e->rank);
+    for (int i = 0; i < n; i++) {
+        char msg[CRING__ERRMSG_BYTES + CRING__MAX_NAME_BYTES + 32];
+        snprintf(msg, sizeof msg, "'%s': %s", resp[i].req->name, e->exec.error);
+        cring__engine_complete(e, resp[i].req, CRING_ERR_NO_MEMORY, msg);
+    }
+    return CRING_ERR_NO_MEMORY;
+}
+
 /* Run every successful response in order, batching what can be fused, then
- * complete each request. Returns a transport failure, if any. */
+ * complete each request: each one completes here, whatever happens. Returns
+ * a transport failure, if any (out of memory counts as one: this rank can no
+ * longer run the collectives its peers run). */
 cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n) {
     if (e->tune.on) cring__autotune_count(e, resp, n);
     /* Stable insertion sort by fusion key keeps the negotiated order within a key. */
@@ -114,8 +155,8 @@ cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n) {
         }
         resp[j + 1] = cur;
     }
-    req_t **batch = malloc(sizeof *batch * (size_t)(n ? n : 1));
-    if (!batch) return CRING_ERR_NO_MEMORY;
+    if (batch_room(e, n) != 0) return cannot_run(e, resp, n);
+    req_t **batch = e->exec.batch;
     cring_status_t fatal = CRING_OK;
     int i = 0;
     while (i < n) {
@@ -161,11 +202,12 @@ cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n) {
         for (int b = 0; b < nb; b++) {
             req_t *r = batch[b];
             if (st != CRING_OK) {
-                char msg[CRING__ERRMSG_BYTES + 128];
-                snprintf(msg, sizeof msg, "%s",
-                         e->exec.error[0]            ? e->exec.error
-                         : st == CRING_ERR_NO_MEMORY ? "out of memory"
-                                                     : cring__comm_error(e->comm));
+                char msg[CRING__ERRMSG_BYTES + CRING__MAX_NAME_BYTES + 8];
+                const char *why = e->exec.error[0]            ? e->exec.error
+                                  : st == CRING_ERR_NO_MEMORY ? "out of memory"
+                                                              : cring__comm_error(e->comm);
+                if (strstr(why, r->name)) snprintf(msg, sizeof msg, "%s", why);
+                else snprintf(msg, sizeof msg, "'%s': %s", r->name, why); /* name the tensor */
                 cring__engine_complete(e, r, st, msg);
             } else {
                 cring__engine_complete(e, r, CRING_OK, NULL);
@@ -177,6 +219,5 @@ cring_status_t cring__execute(cring_engine_t *e, response_t *resp, int n) {
     }
     /* after a fatal failure, the rest never ran: fail them too */
     for (; i < n; i++) cring__engine_complete(e, resp[i].req, fatal, cring__comm_error(e->comm));
-    free(batch);
     return fatal;
 }

@@ -101,7 +101,7 @@ void cring__negotiate_fail_all(cring_engine_t *e, cring_status_t st, const char 
         if (e->cache.slot_state[i] == 2) e->cache.slot_state[i] = 1;
     }
     for (size_t i = 0; i < n; i++) {
-        if (st == CRING_ERR_PEER_FAILURE) { /* say which of this rank's tensors it hit */
+        if (st != CRING_ERR_CLOSED) { /* say which of this rank's tensors it hit */
             char full[CRING__ERRMSG_BYTES + CRING__MAX_NAME_BYTES + 32];
             snprintf(full, sizeof full, "%s ('%s' was pending)", msg, list[i]->name);
             cring__engine_complete(e, list[i], st, full);
@@ -401,7 +401,7 @@ static cring_status_t exchange_vector(cring_engine_t *e, size_t vlen, req_t **ex
 static void fill_vector(cring_engine_t *e, uint8_t *v) {
     v[0] = e->neg.nuncached || e->table.ntimeouts ? 0 : 1;
     v[1] = e->neg.abort_requested ? 0 : 1;
-    v[2] = e->neg.pending.count || e->join.req || e->bucket.nheld ? 0 : 1;
+    v[2] = e->neg.pending.count || e->join.req || e->bucket.plan.nheld ? 0 : 1;
     int release = cring__bucket_release_wanted(e);
     v[3] = release == CRING__RELEASE_WAITER ? 0 : 1;
     v[4] = release == CRING__RELEASE_IDLE ? 0 : 1;
@@ -562,7 +562,8 @@ cring_status_t cring__negotiate_round(cring_engine_t *e, int *progress) {
     e->neg.cap_resp = l.cap;
     /* a request held this round that this rank already votes to release:
      * the next round releases it, so a waiting driver runs it at once */
-    *progress = *progress || l.n > 0 || (e->bucket.nheld > 0 && cring__bucket_release_wanted(e));
+    *progress =
+        *progress || l.n > 0 || (e->bucket.plan.nheld > 0 && cring__bucket_release_wanted(e));
     if (st != CRING_OK) return cring__engine_transport_failed(e, st);
     stall_check(e);
     if (e->tune.on && (st = cring__autotune_round(e)) != CRING_OK)

@@ -9,6 +9,11 @@
 #include "../common/wire.h"
 #include "../reduce/reduce.h"
 #include "engine_internal.h"
+#include "test_hooks.h"
+
+#ifdef CRING_TEST_HOOKS
+void (*cring__test_record_hook)(const char *name, uint8_t *record, size_t len);
+#endif
 
 /* A request that never ran gives back what its backend's prepare attached. */
 static void drop_ready_event(req_t *r) {
@@ -362,6 +367,7 @@ req_t *cring__req_make(cring_engine_t *e, const cring_request_t *q, int size) {
     r->compression = q->compression;
     r->ntensors = q->ntensors;
     r->device = q->device;
+    r->sequenced = (q->flags & CRING_REQUEST_SEQUENCED) != 0;
     r->cache_id = -1;
     if (nsplits) {
         r->splits = dims;
@@ -388,5 +394,8 @@ req_t *cring__req_make(cring_engine_t *e, const cring_request_t *q, int size) {
         t->bytes = t->count * cring_dtype_size(t->dtype);
     }
     build_record(r);
+#ifdef CRING_TEST_HOOKS
+    if (cring__test_record_hook) cring__test_record_hook(r->name, r->record, r->record_len);
+#endif
     return r;
 }

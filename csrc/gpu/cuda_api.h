@@ -13,7 +13,8 @@ typedef int cudaError_t; /* 0 is cudaSuccess */
 typedef void *cudaStream_t;
 typedef void *cudaEvent_t;
 #define CRING_CUDA_SUCCESS 0
-#define CRING_CUDA_ERROR_NOT_READY 600 /* cudaEventQuery: recorded work still running */
+#define CRING_CUDA_ERROR_NOT_READY 600     /* cudaEventQuery: recorded work still running */
+#define CRING_CUDA_ERROR_NOT_SUPPORTED 801 /* e.g. cudaMallocAsync on a device without pools */
 
 /* cudaMemcpyKind */
 enum {
@@ -49,6 +50,9 @@ typedef struct cring__cudart_api {
     cudaError_t (*EventSynchronize)(cudaEvent_t event);
     cudaError_t (*StreamWaitEvent)(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
     cudaError_t (*StreamCreateWithFlags)(cudaStream_t *stream, unsigned int flags);
+    /* stream-ordered allocation, CUDA >= 11.2; NULL when the runtime lacks it */
+    cudaError_t (*MallocAsync)(void **ptr, size_t bytes, cudaStream_t stream);
+    cudaError_t (*FreeAsync)(void *ptr, cudaStream_t stream);
 } cring__cudart_api_t;
 
 /* ---- NCCL ------------------------------------------------------------------ */

@@ -1,12 +1,14 @@
 /* gpu.h: cring's GPU layer. It loads the CUDA runtime and NCCL with dlopen at
- * first use (never linked, no CUDA headers), keeps one NCCL communicator per
- * CUDA device (made from a unique id its caller distributes), enqueues grouped
- * NCCL collectives on the tensors' streams, allocates device memory for
- * results, keeps cring's own stream, ordering events and fusion buffer per
- * device (stream.c), and stages tensors through pinned host memory for the
- * CPU transports. It knows nothing of Python or of the engine (whose CUDA
- * backend, csrc/engine/exec_cuda.c, is its caller), and never synchronises a
- * device except in cring__gpu_device_free and cring__gpu_event_sync. */
+ * first use (never linked, no CUDA headers), creates NCCL communicators for
+ * their owners (an engine keeps one per CUDA device it runs work on, made from
+ * a unique id it distributes), enqueues grouped NCCL collectives on the
+ * tensors' streams, allocates device memory stream-ordered, lends cring-owned
+ * streams and keeps the ordering events per device (stream.c), and stages
+ * tensors through pinned host memory for the CPU transports. It knows nothing
+ * of Python or of the engine (whose CUDA backend, csrc/engine/exec_cuda.c, is
+ * its caller). It never synchronises a device: no cudaFree while cring runs
+ * (memory.c), and the host waits only in cring__gpu_event_sync and
+ * cring__gpu_stream_sync, which callers ask for. */
 #ifndef CRING_GPU_GPU_H
 #define CRING_GPU_GPU_H
 
@@ -20,9 +22,10 @@ typedef struct cring__gpu cring__gpu_t;
 
 /* A context with nothing loaded yet. ERR_NO_MEMORY. */
 cring_status_t cring__gpu_create(cring__gpu_t **out);
-/* Destroy the communicators (cring__gpu_comms_destroy), free the cached pinned
- * buffers and the context. The libraries stay mapped (NCCL keeps threads that
- * must not lose their code). NULL is a no-op. */
+/* Free the cached pinned buffers and device blocks and the context (the
+ * communicators belong to their owners, who destroy them first). The
+ * libraries stay mapped (NCCL keeps threads that must not lose their code).
+ * NULL is a no-op. */
 void cring__gpu_destroy(cring__gpu_t *g);
 
 /* ---- loading ------------------------------------------------------------------
@@ -56,13 +59,20 @@ int cring__gpu_device_count(cring__gpu_t *g, cring__errmsg_t *why);
 
 /* ---- the process's context ------------------------------------------------------- */
 /* The one context of this process, created at the first call and never
- * destroyed (the libraries stay mapped; cring__gpu_comms_destroy releases the
+ * destroyed (the libraries stay mapped; each engine destroys its own
  * communicators). The Python binding loads the libraries into it before
  * submitting a CUDA request; the engine's CUDA backend (exec_cuda.c) runs on
  * it. NULL only when out of memory. Thread-safe. */
 cring__gpu_t *cring__gpu_global(void);
 
-/* ---- communicators ----------------------------------------------------------- */
+/* ---- communicators -----------------------------------------------------------
+ * A communicator belongs to its creator (the engine of one process set, for
+ * one CUDA device), which alone enqueues on it and destroys it, so stopping one
+ * engine never touches another's. Nothing here holds a lock of the context
+ * while NCCL waits for peers: creation holds none, enqueueing holds the
+ * communicator's own, and a check from another thread (synchronize) only
+ * tries that one and never waits. */
+typedef struct cring__gpu_comm cring__gpu_comm_t;
 #define CRING__GPU_UNIQUE_ID_BYTES 128
 /* A fresh NCCL unique id (ncclGetUniqueId) for rank 0 to hand to the others.
  * NCCL must be loaded. Thread-safe. */
@@ -70,26 +80,33 @@ cring_status_t cring__gpu_unique_id(cring__gpu_t *g, void *id_out /* UNIQUE_ID_B
                                     cring__errmsg_t *err);
 /* Create the NCCL communicator of CUDA device `device` for this rank of
  * `size` from rank 0's unique id (ncclCommInitRank with `device` current; the
- * caller's device is restored), in the next free slot (*slot_out). Blocks
- * until every rank has joined: every rank must call it at the same point of
- * its sequence of NCCL calls. Errors: ERR_INVALID_ARGUMENT (NCCL refused, e.g.
- * two ranks on one GPU), ERR_NOT_SUPPORTED (too many devices), ERR_SYSTEM.
- * Thread-safe. */
-cring_status_t cring__gpu_comm_init(cring__gpu_t *g, int device, int rank, int size,
-                                    const void *unique_id, int *slot_out, cring__errmsg_t *err);
-/* The slot of device's communicator, -1 when there is none; the device of
- * slot's communicator, -1 when there is none. Thread-safe. */
-int cring__gpu_comm_slot(cring__gpu_t *g, int device);
-int cring__gpu_comm_device(cring__gpu_t *g, int slot);
-int cring__gpu_comm_count(cring__gpu_t *g);
-/* CRING_OK while slot's communicator has no asynchronous error, else the
- * error (ERR_PEER_FAILURE for NCCL's remote errors) with NCCL's message. */
-cring_status_t cring__gpu_comm_check(cring__gpu_t *g, int slot, cring__errmsg_t *err);
-/* cring__gpu_comm_check of every communicator: the first error. Thread-safe. */
-cring_status_t cring__gpu_comms_check_all(cring__gpu_t *g, cring__errmsg_t *err);
-/* Destroy every communicator (ncclCommAbort for one that failed, so a dead
- * peer cannot block this). Thread-safe; used when the engine stops. */
-void cring__gpu_comms_destroy(cring__gpu_t *g);
+ * caller's device is restored); *out is the caller's. Blocks until every rank
+ * has joined: every rank must call it at the same point of its sequence of
+ * NCCL calls on this communicator. Errors: ERR_INVALID_ARGUMENT (NCCL refused,
+ * e.g. two ranks on one GPU), ERR_NO_MEMORY, ERR_SYSTEM. Thread-safe. */
+cring_status_t cring__gpu_comm_create(cring__gpu_t *g, int device, int rank, int size,
+                                      const void *unique_id, cring__gpu_comm_t **out,
+                                      cring__errmsg_t *err);
+/* Its device and size. Pure. */
+int cring__gpu_comm_device(const cring__gpu_comm_t *c);
+int cring__gpu_comm_size(const cring__gpu_comm_t *c);
+/* CRING_OK while c has no error, else the error (ERR_PEER_FAILURE for NCCL's
+ * remote errors) with NCCL's message; the first error breaks c for good. Asks
+ * NCCL (ncclCommGetAsyncError) unless its owner is inside a call on it right
+ * now (that call reports errors itself) or c was destroyed: never waits.
+ * Thread-safe, any thread, GIL held or not. */
+cring_status_t cring__gpu_comm_check(cring__gpu_t *g, cring__gpu_comm_t *c, cring__errmsg_t *err);
+/* Break c (a later check or collective returns st with msg) and abort its
+ * NCCL communicator so its queued work ends instead of waiting for peers: for
+ * an owner whose other channel to the peers failed. Owner only. */
+void cring__gpu_comm_fail(cring__gpu_t *g, cring__gpu_comm_t *c, cring_status_t st,
+                          const char *msg);
+/* The owner is done with c: ncclCommDestroy (ncclCommAbort when c is broken,
+ * so a dead peer cannot block it), then the owner's reference goes; events
+ * that watch c keep the object until they go. NULL is a no-op. */
+void cring__gpu_comm_destroy(cring__gpu_t *g, cring__gpu_comm_t *c);
+/* Communicators created and not yet destroyed, in this context. Thread-safe. */
+int cring__gpu_comm_live(cring__gpu_t *g);
 
 /* ---- collectives -------------------------------------------------------------- */
 /* Hand-aligned: one column of field comments, some over several lines. */
@@ -122,20 +139,20 @@ typedef struct cring__gpu_coll {
     const cring__gpu_tensor_t *tensors;
 } cring__gpu_coll_t;
 
-/* Enqueue the collective of every tensor, each on its own stream, inside one
- * ncclGroupStart/ncclGroupEnd, so NCCL runs them as one launch (the fusion of
- * a grouped call; NCCL orders the streams of one group after each other).
+/* Enqueue the collective of every tensor on c, each on its own stream, inside
+ * one ncclGroupStart/ncclGroupEnd, so NCCL runs them as one launch (the fusion
+ * of a grouped call; NCCL orders the streams of one group after each other).
  * Unequal allgather parts become grouped broadcasts, unequal reducescatter
  * parts grouped reduces, an alltoall one ncclSend and one ncclRecv per peer
  * (every peer, zero counts included). Data movement (broadcast, allgather,
  * alltoall) goes as bytes, so every dtype moves. The communicator's device is made current for the
  * call. Returns once enqueued: no synchronisation; buffers must stay valid
  * until the streams have run the work. Every rank must make the same calls
- * in the same order on its slot. Errors: ERR_NOT_SUPPORTED (op/dtype NCCL
- * cannot do), ERR_BROKEN, NCCL's failures. Thread-safe (calls are serialised
- * per context). */
-cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu_coll_t *c,
-                                     cring__errmsg_t *err);
+ * in the same order on its communicator. Errors: ERR_NOT_SUPPORTED (op/dtype
+ * NCCL cannot do), ERR_BROKEN, NCCL's failures (which break comm). Owner
+ * only (calls on one communicator are serialised by its lock). */
+cring_status_t cring__gpu_collective(cring__gpu_t *g, cring__gpu_comm_t *comm,
+                                     const cring__gpu_coll_t *c, cring__errmsg_t *err);
 /* Whether the collective can run through NCCL (dtype, op, scaling), checked
  * without a communicator: CRING_OK or ERR_NOT_SUPPORTED with the reason. */
 cring_status_t cring__gpu_check(const cring__gpu_coll_t *c, cring__errmsg_t *err);
@@ -147,14 +164,26 @@ cring_status_t cring__gpu_check(const cring__gpu_coll_t *c, cring__errmsg_t *err
  * scaled Min/Max/Product). Pure. */
 int cring__gpu_can_reduce(cring_dtype_t dtype, cring_op_t op, double prescale, double postscale);
 
-/* ---- device memory --------------------------------------------------------------- */
-/* cudaMalloc of `bytes` on `device` (the caller's device is restored); bytes
- * 0 gives NULL. ERR_NO_MEMORY with the runtime's reason. Thread-safe. */
-cring_status_t cring__gpu_device_alloc(cring__gpu_t *g, int device, size_t bytes, void **ptr_out,
-                                       cring__errmsg_t *err);
-/* cudaFree: waits for the device's work first, so memory a later stream
- * still reads is never reused early. NULL is a no-op. Thread-safe. */
-void cring__gpu_device_free(cring__gpu_t *g, void *ptr);
+/* ---- device memory ---------------------------------------------------------------
+ * Stream-ordered: memory is allocated at a point of a stream and given back at
+ * a point of a stream, and nothing waits for the device. With the runtime's
+ * stream-ordered allocator (cudaMallocAsync/cudaFreeAsync, CUDA >= 11.2, on a
+ * device with memory pools) that is CUDA's own. Without it, a free records an
+ * event on its stream and keeps the block (power-of-two sizes from 4 KiB) for
+ * the next allocation of its size and device once that event has passed;
+ * cudaMalloc only when none has; the blocks go back to CUDA only with the
+ * context. Never cudaFree, which waits for the whole device (and, beside
+ * another communicator's NCCL kernels, can deadlock). */
+/* `bytes` of device memory on `device` for work on `stream` (NULL: the legacy
+ * default stream), valid from that point of the stream on; bytes 0 gives
+ * NULL. ERR_NO_MEMORY with the runtime's reason. Thread-safe. */
+cring_status_t cring__gpu_mem_alloc(cring__gpu_t *g, int device, size_t bytes, void *stream,
+                                    void **ptr_out, cring__errmsg_t *err);
+/* Give back ptr (from cring__gpu_mem_alloc on `device` with the same bytes)
+ * once the work queued on `stream` so far is done: the caller must know that
+ * no other stream still uses it. Never waits: safe on any thread, GIL held or
+ * not (a DLPack deleter). NULL is a no-op. */
+void cring__gpu_mem_free(cring__gpu_t *g, int device, void *ptr, size_t bytes, void *stream);
 /* cudaMemsetAsync(ptr, 0, bytes, stream). Thread-safe. */
 cring_status_t cring__gpu_zero_async(cring__gpu_t *g, void *ptr, size_t bytes, void *stream,
                                      cring__errmsg_t *err);
@@ -183,14 +212,29 @@ cring_status_t cring__gpu_copy_host_async(cring__gpu_t *g, void *dst, const void
                                           int to_device, void *stream, cring__errmsg_t *err);
 cring_status_t cring__gpu_stream_sync(cring__gpu_t *g, void *stream, cring__errmsg_t *err);
 
-/* ---- streams, events, the fusion buffer (stream.c) ------------------------------- *
- * The engine's CUDA backend runs every CUDA collective of a device on one
- * stream cring owns (created at first use, non-blocking, kept for the life of
- * the process). Producers' streams and that stream are ordered by events from
- * a per-device pool: recorded on the producer's stream at submission, waited
- * on by cring's stream (cudaStreamWaitEvent), and one recorded on cring's
- * stream after a batch, which consumers' streams wait on. No host waits
- * except cring__gpu_event_sync. */
+/* ---- streams and events (stream.c) ------------------------------------------- *
+ * The engine's CUDA backend runs each device's collectives on a stream cring
+ * owns (non-blocking; one per engine and device, lent from a per-device pool
+ * and kept for the life of the process, since NCCL needs every rank to
+ * enqueue one communicator's work in the same order and two engines' work on
+ * one stream would interleave differently on each rank). Producers' streams
+ * and that stream are ordered by events from a per-device pool: recorded on
+ * the producer's stream at submission, waited on by cring's stream
+ * (cudaStreamWaitEvent), and one recorded on cring's stream after a batch,
+ * which consumers' streams wait on. No host waits except
+ * cring__gpu_event_sync. */
+typedef struct cring__gpu_stream cring__gpu_stream_t;
+/* A cring stream on device for the caller alone (from the pool; created when
+ * it is empty). ERR_SYSTEM with the runtime's reason. Thread-safe. */
+cring_status_t cring__gpu_stream_acquire(cring__gpu_t *g, int device, cring__gpu_stream_t **out,
+                                         cring__errmsg_t *err);
+/* Its cudaStream_t and device. Pure. */
+void *cring__gpu_stream_handle(const cring__gpu_stream_t *s);
+int cring__gpu_stream_device(const cring__gpu_stream_t *s);
+/* Back to the pool: the next owner's work queues after what is on it. NULL
+ * is a no-op. Thread-safe. */
+void cring__gpu_stream_release(cring__gpu_t *g, cring__gpu_stream_t *s);
+
 typedef struct cring__gpu_event cring__gpu_event_t;
 /* Take an event from device's pool (creating one when it is empty) and
  * record it on stream (NULL: the legacy default stream of device); device is
@@ -205,6 +249,14 @@ void cring__gpu_event_ref(cring__gpu_event_t *ev);
  * cring__gpu_stream_wait at once. NULL is a no-op. Thread-safe. */
 void cring__gpu_event_put(cring__gpu_t *g, cring__gpu_event_t *ev);
 int cring__gpu_event_device(const cring__gpu_event_t *ev);
+/* ev follows work on comm: ev keeps a reference to comm until it goes back
+ * to its pool, and cring__gpu_event_check asks comm. Call before handing ev
+ * to other threads. */
+void cring__gpu_event_watch(cring__gpu_event_t *ev, cring__gpu_comm_t *comm);
+/* Whether the work before ev can still complete: cring__gpu_comm_check of
+ * the communicator it watches (CRING_OK when none). Never waits. */
+cring_status_t cring__gpu_event_check(cring__gpu_t *g, cring__gpu_event_t *ev,
+                                      cring__errmsg_t *err);
 /* Make stream (on device; NULL: its legacy default stream) wait for ev
  * (cudaStreamWaitEvent): no host wait. Thread-safe. */
 cring_status_t cring__gpu_stream_wait(cring__gpu_t *g, int device, void *stream,
@@ -217,14 +269,6 @@ int cring__gpu_event_done(cring__gpu_t *g, const cring__gpu_event_t *ev);
  * Thread-safe. */
 cring_status_t cring__gpu_event_sync(cring__gpu_t *g, const cring__gpu_event_t *ev,
                                      cring__errmsg_t *err);
-/* cring's stream on device (created at the first call). Thread-safe. */
-cring_status_t cring__gpu_device_stream(cring__gpu_t *g, int device, void **stream_out,
-                                        cring__errmsg_t *err);
-/* device's fusion buffer, at least `bytes` (grown by cudaFree, which waits
- * for the device, then cudaMalloc). Only for work on device's cring stream,
- * which orders its reuse; one caller at a time (the engine's driver). */
-cring_status_t cring__gpu_fusion_buffer(cring__gpu_t *g, int device, size_t bytes, void **buf_out,
-                                        cring__errmsg_t *err);
 
 typedef struct cring__gpu_stats {
     uint64_t communicators; /* NCCL communicators created */
@@ -232,7 +276,9 @@ typedef struct cring__gpu_stats {
     uint64_t nccl_calls;    /* NCCL collectives enqueued */
     uint64_t staged_bytes;  /* bytes copied between device and pinned host memory */
     uint64_t pinned_allocs; /* cudaHostAlloc calls */
-    uint64_t device_allocs; /* cudaMalloc calls (results of allgathers, fusion buffers) */
+    uint64_t device_allocs; /* device allocations: results, fusion and zero buffers */
+    uint64_t device_reuses; /* of them, blocks the fallback allocator handed out again */
+    uint64_t streams;       /* cring streams created (one per engine and device in use) */
     uint64_t events;        /* events recorded (producers' and completions) */
     uint64_t stream_waits;  /* cudaStreamWaitEvent calls */
     uint64_t host_waits;    /* cudaEventSynchronize calls (synchronize(block_host=True)) */

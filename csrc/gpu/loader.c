@@ -39,6 +39,8 @@ static const symbol_t cudart_symbols[] = {
     CUDART_SYM(EventSynchronize, 1),
     CUDART_SYM(StreamWaitEvent, 1),
     CUDART_SYM(StreamCreateWithFlags, 1),
+    CUDART_SYM(MallocAsync, 0),
+    CUDART_SYM(FreeAsync, 0),
 };
 
 #define NCCL_SYM(field, req)                                                                       \
@@ -308,7 +310,6 @@ cring_status_t cring__gpu_create(cring__gpu_t **out) {
     cring__gpu_t *g = calloc(1, sizeof *g);
     if (!g) return CRING_ERR_NO_MEMORY;
     pthread_mutex_init(&g->mu, NULL);
-    pthread_mutex_init(&g->comm_mu, NULL);
     pthread_mutex_init(&g->lane_mu, NULL);
     long limit = cring__env_long("CRING_GPU_PINNED_CACHE_BYTES", 256L << 20);
     g->pinned_cache_limit = limit > 0 ? (size_t)limit : 0;

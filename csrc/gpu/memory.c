@@ -1,9 +1,11 @@
 /* memory.c: the GPU layer's memory: pinned host buffers (cached, since
  * cudaHostAlloc/cudaFreeHost are slow and cudaFreeHost may wait for the
- * device), device buffers for results the engine allocates, and the
- * stream-ordered copies (host staging for the CPU transports, device to device
- * for results). The only waits are cudaStreamSynchronize on the caller's
- * stream and the one cudaFree implies. */
+ * device), stream-ordered device memory (results, fusion and zero buffers;
+ * see gpu.h: cudaMallocAsync/cudaFreeAsync, else a cache of blocks freed
+ * behind an event), and the stream-ordered copies (host staging for the CPU
+ * transports, device to device for results). The only wait is
+ * cudaStreamSynchronize on the caller's stream, when asked for: no cudaFree
+ * while cring runs. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,33 +115,131 @@ cring_status_t cring__gpu_copy_sync(cring__gpu_t *g, void *dst, const void *src,
 }
 
 /* ---- device memory ---- */
-cring_status_t cring__gpu_device_alloc(cring__gpu_t *g, int device, size_t bytes, void **ptr_out,
-                                       cring__errmsg_t *err) {
+/* The device's allocation mode, deciding it at the first allocation: the
+ * runtime's stream-ordered allocator when it has one and the device takes it
+ * (cudaMallocAsync answers cudaErrorNotSupported on a device without memory
+ * pools), else the cache below. */
+static int alloc_mode(cring__gpu_t *g, int device) {
+    return atomic_load(&g->lanes[device].alloc_mode);
+}
+
+static void count_alloc(cring__gpu_t *g, int reused) {
+    pthread_mutex_lock(&g->mu);
+    g->stats.device_allocs++;
+    if (reused) g->stats.device_reuses++;
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* The fallback: a kept block of this device and capacity whose free has
+ * passed on its stream, else NULL. */
+static void *take_block(cring__gpu_t *g, int device, size_t capacity) {
+    cring__gpu_event_t *done = NULL;
+    void *ptr = NULL;
+    pthread_mutex_lock(&g->mu);
+    for (cring__gpu_block_t **link = &g->blocks; *link; link = &(*link)->next) {
+        cring__gpu_block_t *b = *link;
+        if (b->device != device || b->capacity != capacity) continue;
+        if (b->done && g->cudart.EventQuery(b->done->event) != CRING_CUDA_SUCCESS) continue;
+        *link = b->next;
+        ptr = b->ptr;
+        done = b->done;
+        free(b);
+        break;
+    }
+    pthread_mutex_unlock(&g->mu);
+    cring__gpu_event_put(g, done);
+    return ptr;
+}
+
+cring_status_t cring__gpu_mem_alloc(cring__gpu_t *g, int device, size_t bytes, void *stream,
+                                    void **ptr_out, cring__errmsg_t *err) {
     *ptr_out = NULL;
     if (bytes == 0) return CRING_OK;
     if (!cring__gpu_has_cudart(g))
         return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "the CUDA runtime is not loaded");
+    if (device < 0 || device >= CRING__GPU_MAX_DEVICES)
+        return cring__fail(err, CRING_ERR_NOT_SUPPORTED, "cuda:%d: cring handles devices 0-%d",
+                           device, CRING__GPU_MAX_DEVICES - 1);
     int previous = -1;
-    if (g->cudart.GetDevice(&previous) != CRING_CUDA_SUCCESS) previous = -1;
-    cudaError_t e = previous == device ? CRING_CUDA_SUCCESS : g->cudart.SetDevice(device);
-    if (e != CRING_CUDA_SUCCESS)
-        return cring__fail(err, CRING_ERR_SYSTEM, "cudaSetDevice(%d): %s", device,
-                           cring__gpu_cuda_error(g, e));
+    CRING_CHECK(cring__gpu_enter_device(g, device, 0, &previous, err));
     void *p = NULL;
-    e = g->cudart.Malloc(&p, bytes);
-    if (previous >= 0 && previous != device) g->cudart.SetDevice(previous);
-    if (e != CRING_CUDA_SUCCESS || !p)
-        return cring__fail(err, CRING_ERR_NO_MEMORY, "cudaMalloc of %zu bytes on cuda:%d: %s",
-                           bytes, device, cring__gpu_cuda_error(g, e));
-    pthread_mutex_lock(&g->mu);
-    g->stats.device_allocs++;
-    pthread_mutex_unlock(&g->mu);
+    cudaError_t e = CRING_CUDA_SUCCESS;
+    cring_status_t st = CRING_OK;
+    int mode = alloc_mode(g, device);
+    if (mode != CRING__GPU_ALLOC_CACHE && g->cudart.MallocAsync && g->cudart.FreeAsync) {
+        e = g->cudart.MallocAsync(&p, bytes, stream);
+        if (e == CRING_CUDA_SUCCESS && mode == CRING__GPU_ALLOC_UNKNOWN)
+            atomic_store(&g->lanes[device].alloc_mode, CRING__GPU_ALLOC_ASYNC);
+        if (e == CRING_CUDA_ERROR_NOT_SUPPORTED && mode == CRING__GPU_ALLOC_UNKNOWN) {
+            atomic_store(&g->lanes[device].alloc_mode, CRING__GPU_ALLOC_CACHE);
+            mode = CRING__GPU_ALLOC_CACHE;
+        } else if (e != CRING_CUDA_SUCCESS || !p) {
+            st =
+                cring__fail(err, CRING_ERR_NO_MEMORY, "cudaMallocAsync of %zu bytes on cuda:%d: %s",
+                            bytes, device, cring__gpu_cuda_error(g, e));
+        }
+    } else {
+        atomic_store(&g->lanes[device].alloc_mode, CRING__GPU_ALLOC_CACHE);
+        mode = CRING__GPU_ALLOC_CACHE;
+    }
+    int reused = 0;
+    if (st == CRING_OK && mode == CRING__GPU_ALLOC_CACHE) {
+        size_t capacity;
+        if (size_class(bytes, &capacity) < 0) {
+            st = cring__fail(err, CRING_ERR_NO_MEMORY, "%zu bytes is too large", bytes);
+        } else if ((p = take_block(g, device, capacity))) {
+            reused = 1;
+        } else {
+            e = g->cudart.Malloc(&p, capacity);
+            if (e != CRING_CUDA_SUCCESS || !p)
+                st = cring__fail(err, CRING_ERR_NO_MEMORY, "cudaMalloc of %zu bytes on cuda:%d: %s",
+                                 capacity, device, cring__gpu_cuda_error(g, e));
+        }
+    }
+    cring__gpu_leave_device(g, device, previous);
+    if (st != CRING_OK) return st;
+    count_alloc(g, reused);
     *ptr_out = p;
     return CRING_OK;
 }
 
-void cring__gpu_device_free(cring__gpu_t *g, void *ptr) {
-    if (ptr && cring__gpu_has_cudart(g)) g->cudart.Free(ptr);
+void cring__gpu_mem_free(cring__gpu_t *g, int device, void *ptr, size_t bytes, void *stream) {
+    if (!ptr || !cring__gpu_has_cudart(g) || device < 0 || device >= CRING__GPU_MAX_DEVICES) return;
+    if (alloc_mode(g, device) == CRING__GPU_ALLOC_ASYNC) {
+        /* CUDA orders the free after stream's work and reuses the memory for
+         * other streams only behind it */
+        if (g->cudart.FreeAsync(ptr, stream) == CRING_CUDA_SUCCESS) return;
+        /* stream no longer exists: order the free after the device's
+         * legacy default stream instead (still no host wait) */
+        int previous = -1;
+        if (cring__gpu_enter_device(g, device, 0, &previous, NULL) == CRING_OK) {
+            g->cudart.FreeAsync(ptr, NULL);
+            cring__gpu_leave_device(g, device, previous);
+        }
+        return;
+    }
+    size_t capacity;
+    size_class(bytes ? bytes : 1, &capacity);
+    cring__gpu_block_t *b = malloc(sizeof *b);
+    cring__gpu_event_t *done = NULL;
+    if (b && cring__gpu_event_record(g, device, stream, &done, NULL) != CRING_OK)
+        cring__gpu_event_record(g, device, NULL, &done, NULL);
+    if (!b || !done) { /* nothing to order it by: never reused (a leak, not a race) */
+        free(b);
+        cring__gpu_event_put(g, done);
+        cring__log(CRING__LOG_WARNING, -1,
+                   "cannot order the free of %zu bytes on cuda:%d: the block is kept", bytes,
+                   device);
+        return;
+    }
+    b->ptr = ptr;
+    b->capacity = capacity;
+    b->device = device;
+    b->done = done;
+    pthread_mutex_lock(&g->mu);
+    b->next = g->blocks;
+    g->blocks = b;
+    pthread_mutex_unlock(&g->mu);
 }
 
 cring_status_t cring__gpu_zero_async(cring__gpu_t *g, void *ptr, size_t bytes, void *stream,
@@ -173,7 +273,6 @@ cring_status_t cring__gpu_copy_device(cring__gpu_t *g, void *dst, const void *sr
 
 void cring__gpu_destroy(cring__gpu_t *g) {
     if (!g) return;
-    if (cring__gpu_has_nccl(g)) cring__gpu_comms_destroy(g);
     for (int k = 0; k < CRING__GPU_PINNED_CLASSES; k++) {
         cring__gpu_pinned_t *node = g->pinned_free[k];
         while (node) {
@@ -183,18 +282,28 @@ void cring__gpu_destroy(cring__gpu_t *g) {
             node = next;
         }
     }
+    while (g->blocks) { /* the context goes: the device may wait now */
+        cring__gpu_block_t *b = g->blocks;
+        g->blocks = b->next;
+        cring__gpu_event_put(g, b->done);
+        g->cudart.Free(b->ptr);
+        free(b);
+    }
     for (int d = 0; d < CRING__GPU_MAX_DEVICES; d++) {
         cring__gpu_lane_t *lane = &g->lanes[d];
-        cring__gpu_device_free(g, lane->fusion);
         while (lane->free_events) {
             cring__gpu_event_t *ev = lane->free_events;
             lane->free_events = ev->next;
             g->cudart.EventDestroy(ev->event);
             free(ev);
         }
+        while (lane->free_streams) { /* cring loads no cudaStreamDestroy: streams stay */
+            cring__gpu_stream_t *st = lane->free_streams;
+            lane->free_streams = st->next;
+            free(st);
+        }
     }
     pthread_mutex_destroy(&g->mu);
-    pthread_mutex_destroy(&g->comm_mu);
     pthread_mutex_destroy(&g->lane_mu);
     free(g);
 }

@@ -1,7 +1,8 @@
-/* nccl.c: NCCL communicators (one per CUDA device, made from a unique id the
- * caller distributes) and the collectives on them, each call's tensors
+/* nccl.c: NCCL communicators (objects their creator owns, made from a unique
+ * id it distributes) and the collectives on them, each call's tensors
  * enqueued inside one ncclGroupStart/ncclGroupEnd on their streams. It never
- * waits for the device: ordering comes from the streams. */
+ * waits for the device (ordering comes from the streams), and no thread
+ * waits on a lock held across a call that waits for peers. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,124 +117,131 @@ void cring__gpu_leave_device(cring__gpu_t *g, int device, int previous) {
     if (previous >= 0 && previous != device) g->cudart.SetDevice(previous);
 }
 
-cring_status_t cring__gpu_comm_init(cring__gpu_t *g, int device, int rank, int size,
-                                    const void *unique_id, int *slot_out, cring__errmsg_t *err) {
-    *slot_out = -1;
+cring_status_t cring__gpu_comm_create(cring__gpu_t *g, int device, int rank, int size,
+                                      const void *unique_id, cring__gpu_comm_t **out,
+                                      cring__errmsg_t *err) {
+    *out = NULL;
     CRING_CHECK(require_libraries(g, err));
     if (size < 1 || rank < 0 || rank >= size || device < 0)
         return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "bad rank %d / size %d / device %d",
                            rank, size, device);
-    cring_status_t st = CRING_OK;
-    pthread_mutex_lock(&g->comm_mu);
-    int slot = g->ncomms;
-    if (slot >= CRING__GPU_MAX_SLOTS) {
-        st = cring__fail(err, CRING_ERR_NOT_SUPPORTED, "at most %d CUDA devices per process",
-                         CRING__GPU_MAX_SLOTS);
-        goto done;
-    }
+    cring__gpu_comm_t *c = calloc(1, sizeof *c);
+    if (!c) return cring__fail(err, CRING_ERR_NO_MEMORY, "out of memory");
     ncclUniqueId id;
     memcpy(&id, unique_id, sizeof id);
     int previous = -1;
-    if ((st = cring__gpu_enter_device(g, device, 1, &previous, err)) != CRING_OK) goto done;
-    ncclComm_t comm = NULL;
-    ncclResult_t r = g->nccl.CommInitRank(&comm, size, id, rank);
+    cring_status_t st = cring__gpu_enter_device(g, device, 1, &previous, err);
+    if (st != CRING_OK) {
+        free(c);
+        return st;
+    }
+    /* no lock: nobody else can see c yet, and this waits for every peer */
+    ncclResult_t r = g->nccl.CommInitRank(&c->comm, size, id, rank);
     cring__gpu_leave_device(g, device, previous);
     if (r != ncclSuccess) {
-        st = nccl_fail(g, comm, r, "ncclCommInitRank",
+        st = nccl_fail(g, c->comm, r, "ncclCommInitRank",
                        r == ncclInvalidUsage
                            ? "; several ranks on one GPU need CRING_GPU_OPERATIONS=host"
                            : NULL,
                        err);
-        goto done;
+        free(c);
+        return st;
     }
-    cring__gpu_comm_t *c = &g->comms[slot];
-    memset(c, 0, sizeof *c);
-    c->comm = comm;
     c->device = device;
     c->rank = rank;
     c->size = size;
-    g->ncomms++;
-    *slot_out = slot;
+    atomic_store(&c->refs, 1);
+    atomic_store(&c->status, CRING_OK);
+    pthread_mutex_init(&c->mu, NULL);
+    atomic_fetch_add(&g->live_comms, 1);
     count_stats(g, 1, 0, 0);
-done:
-    pthread_mutex_unlock(&g->comm_mu);
+    *out = c;
+    return CRING_OK;
+}
+
+int cring__gpu_comm_device(const cring__gpu_comm_t *c) { return c->device; }
+int cring__gpu_comm_size(const cring__gpu_comm_t *c) { return c->size; }
+int cring__gpu_comm_live(cring__gpu_t *g) { return atomic_load(&g->live_comms); }
+
+void cring__gpu_comm_ref(cring__gpu_comm_t *c) { atomic_fetch_add(&c->refs, 1); }
+
+void cring__gpu_comm_unref(cring__gpu_comm_t *c) {
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+/* With c->mu held: record the first error (then publish it). */
+static void break_locked(cring__gpu_comm_t *c, cring_status_t st, const cring__errmsg_t *why) {
+    if (atomic_load(&c->status) != CRING_OK) return;
+    c->error = *why;
+    atomic_store_explicit(&c->status, (int)st, memory_order_release);
+}
+
+/* The error c is broken with, or CRING_OK. */
+static cring_status_t broken_status(cring__gpu_comm_t *c, cring__errmsg_t *err) {
+    cring_status_t st = (cring_status_t)atomic_load_explicit(&c->status, memory_order_acquire);
+    if (st != CRING_OK && err) *err = c->error;
     return st;
 }
 
-int cring__gpu_comm_slot(cring__gpu_t *g, int device) {
-    int slot = -1;
-    pthread_mutex_lock(&g->comm_mu);
-    for (int i = 0; i < g->ncomms && slot < 0; i++)
-        if (g->comms[i].device == device) slot = i;
-    pthread_mutex_unlock(&g->comm_mu);
-    return slot;
-}
-
-int cring__gpu_comm_device(cring__gpu_t *g, int slot) {
-    pthread_mutex_lock(&g->comm_mu);
-    int device = slot >= 0 && slot < g->ncomms ? g->comms[slot].device : -1;
-    pthread_mutex_unlock(&g->comm_mu);
-    return device;
-}
-
-int cring__gpu_comm_count(cring__gpu_t *g) {
-    pthread_mutex_lock(&g->comm_mu);
-    int n = g->ncomms;
-    pthread_mutex_unlock(&g->comm_mu);
-    return n;
-}
-
-/* With comm_mu held: ERR_BROKEN after an earlier failure, or the
- * communicator's asynchronous error (which then breaks it). */
-static cring_status_t check_locked(cring__gpu_t *g, int slot, cring__errmsg_t *err) {
-    if (slot < 0 || slot >= g->ncomms)
-        return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "no NCCL communicator in slot %d",
-                           slot);
-    cring__gpu_comm_t *c = &g->comms[slot];
-    if (c->broken) {
-        if (err) *err = c->error;
-        return CRING_ERR_BROKEN;
-    }
+/* With c->mu held: the error c is broken with, or the communicator's
+ * asynchronous error (which then breaks it). */
+static cring_status_t check_locked(cring__gpu_t *g, cring__gpu_comm_t *c, cring__errmsg_t *err) {
+    if (broken_status(c, err) != CRING_OK) return broken_status(c, err);
+    if (c->destroyed) return CRING_OK;
     ncclResult_t async_error = ncclSuccess;
     ncclResult_t r = g->nccl.CommGetAsyncError(c->comm, &async_error);
     if (r == ncclSuccess && (async_error == ncclSuccess || async_error == ncclInProgress))
         return CRING_OK;
+    cring__errmsg_t why = {{0}};
     cring_status_t st = nccl_fail(g, c->comm, r != ncclSuccess ? r : async_error,
-                                  "NCCL communicator (asynchronous error)", NULL, &c->error);
-    c->broken = 1;
-    if (err) *err = c->error;
+                                  "NCCL communicator (asynchronous error)", NULL, &why);
+    break_locked(c, st, &why);
+    return broken_status(c, err);
+}
+
+cring_status_t cring__gpu_comm_check(cring__gpu_t *g, cring__gpu_comm_t *c, cring__errmsg_t *err) {
+    cring_status_t st = broken_status(c, err);
+    if (st != CRING_OK) return st;
+    /* its owner is inside NCCL on it (which can wait for peers): that call
+     * reports an error itself, and this thread does not wait */
+    if (pthread_mutex_trylock(&c->mu) != 0) return CRING_OK;
+    st = check_locked(g, c, err);
+    pthread_mutex_unlock(&c->mu);
     return st;
 }
 
-cring_status_t cring__gpu_comm_check(cring__gpu_t *g, int slot, cring__errmsg_t *err) {
-    pthread_mutex_lock(&g->comm_mu);
-    cring_status_t st = check_locked(g, slot, err);
-    pthread_mutex_unlock(&g->comm_mu);
-    return st;
-}
-
-cring_status_t cring__gpu_comms_check_all(cring__gpu_t *g, cring__errmsg_t *err) {
-    cring_status_t st = CRING_OK;
-    pthread_mutex_lock(&g->comm_mu);
-    for (int i = 0; i < g->ncomms && st == CRING_OK; i++) st = check_locked(g, i, err);
-    pthread_mutex_unlock(&g->comm_mu);
-    return st;
-}
-
-void cring__gpu_comms_destroy(cring__gpu_t *g) {
-    pthread_mutex_lock(&g->comm_mu);
-    for (int i = 0; i < g->ncomms; i++) {
-        cring__gpu_comm_t *c = &g->comms[i];
-        ncclResult_t async_error = ncclSuccess;
-        if (!c->broken && (g->nccl.CommGetAsyncError(c->comm, &async_error) != ncclSuccess ||
-                           (async_error != ncclSuccess && async_error != ncclInProgress)))
-            c->broken = 1;
-        if (c->broken) g->nccl.CommAbort(c->comm);
-        else g->nccl.CommDestroy(c->comm);
-        memset(c, 0, sizeof *c);
+void cring__gpu_comm_fail(cring__gpu_t *g, cring__gpu_comm_t *c, cring_status_t st,
+                          const char *msg) {
+    if (!c) return;
+    cring__errmsg_t why = {{0}};
+    cring__fail(&why, st == CRING_OK ? CRING_ERR_BROKEN : st, "%s", msg ? msg : "");
+    pthread_mutex_lock(&c->mu);
+    break_locked(c, st == CRING_OK ? CRING_ERR_BROKEN : st, &why);
+    if (!c->destroyed) {
+        g->nccl.CommAbort(c->comm); /* its queued kernels end instead of waiting */
+        c->destroyed = 1;
+        atomic_fetch_sub(&g->live_comms, 1);
     }
-    g->ncomms = 0;
-    pthread_mutex_unlock(&g->comm_mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void cring__gpu_comm_destroy(cring__gpu_t *g, cring__gpu_comm_t *c) {
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    if (!c->destroyed) {
+        ncclResult_t async_error = ncclSuccess;
+        int broken = atomic_load(&c->status) != CRING_OK ||
+                     g->nccl.CommGetAsyncError(c->comm, &async_error) != ncclSuccess ||
+                     (async_error != ncclSuccess && async_error != ncclInProgress);
+        if (broken) g->nccl.CommAbort(c->comm);
+        else g->nccl.CommDestroy(c->comm);
+        c->destroyed = 1;
+        atomic_fetch_sub(&g->live_comms, 1);
+    }
+    pthread_mutex_unlock(&c->mu); /* work enqueued before this was not failed by it */
+    cring__gpu_comm_unref(c);
 }
 
 /* Check one tensor's request before anything is enqueued. */
@@ -386,19 +394,22 @@ static ncclResult_t enqueue(cring__gpu_t *g, cring__gpu_comm_t *cm, const cring_
     }
 }
 
-cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu_coll_t *c,
-                                     cring__errmsg_t *err) {
+cring_status_t cring__gpu_collective(cring__gpu_t *g, cring__gpu_comm_t *cm,
+                                     const cring__gpu_coll_t *c, cring__errmsg_t *err) {
     CRING_CHECK(require_libraries(g, err));
     CRING_CHECK(cring__gpu_check(c, err));
-    pthread_mutex_lock(&g->comm_mu);
-    cring_status_t st = check_locked(g, slot, err);
+    pthread_mutex_lock(&cm->mu);
+    /* after an earlier failure: ERR_BROKEN, with what broke it */
+    cring_status_t st =
+        broken_status(cm, err) != CRING_OK ? CRING_ERR_BROKEN : check_locked(g, cm, err);
+    if (st == CRING_OK && cm->destroyed)
+        st = cring__fail(err, CRING_ERR_CLOSED, "the NCCL communicator was destroyed");
     if (st != CRING_OK) {
-        pthread_mutex_unlock(&g->comm_mu);
+        pthread_mutex_unlock(&cm->mu);
         return st;
     }
-    cring__gpu_comm_t *cm = &g->comms[slot];
     if (c->collective == CRING_COLL_BROADCAST && (c->root < 0 || c->root >= cm->size)) {
-        pthread_mutex_unlock(&g->comm_mu);
+        pthread_mutex_unlock(&cm->mu);
         return cring__fail(err, CRING_ERR_INVALID_ARGUMENT, "root %d is out of range", c->root);
     }
     /* Reduction operators: the built-in one, or one pre-multiplied sum per dtype. */
@@ -413,7 +424,7 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
     if (reduces && cm->size == 1 && c->op == CRING_AVERAGE) builtin = ncclSum;
     if (reduces && cm->size == 1 && c->scale != 1.0 &&
         cring__gpu_nccl_one_rank_defect(g->nccl_lib.version)) {
-        pthread_mutex_unlock(&g->comm_mu);
+        pthread_mutex_unlock(&cm->mu);
         return cring__fail(err, CRING_ERR_NOT_SUPPORTED,
                            "NCCL %d's one-rank pre-multiplied sum leaves a tail unwritten (fixed "
                            "in 2.29.7): a scaled reduction on one rank cannot go through it",
@@ -425,7 +436,7 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
     int previous = -1;
     st = cring__gpu_enter_device(g, cm->device, 0, &previous, err);
     if (st != CRING_OK) {
-        pthread_mutex_unlock(&g->comm_mu);
+        pthread_mutex_unlock(&cm->mu);
         return st;
     }
     if (reduces && c->scale != 1.0) {
@@ -460,11 +471,12 @@ cring_status_t cring__gpu_collective(cring__gpu_t *g, int slot, const cring__gpu
         if (have_premul[d]) g->nccl.RedOpDestroy(premul[d], cm->comm);
     cring__gpu_leave_device(g, cm->device, previous);
     if (st != CRING_OK && st != CRING_ERR_INVALID_ARGUMENT) {
-        cm->broken = 1; /* NCCL's state is unknown after a failed enqueue */
-        if (err) cm->error = *err;
-        else cring__fail(&cm->error, st, "an earlier NCCL call failed");
+        cring__errmsg_t why = {{0}}; /* NCCL's state is unknown after a failed enqueue */
+        if (err) why = *err;
+        else cring__fail(&why, st, "an earlier NCCL call failed");
+        break_locked(cm, st, &why);
     }
-    pthread_mutex_unlock(&g->comm_mu);
+    pthread_mutex_unlock(&cm->mu);
     count_stats(g, 0, st == CRING_OK ? 1 : 0, calls);
     return st;
 }

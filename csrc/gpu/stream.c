@@ -1,8 +1,7 @@
 /* stream.c: what orders cring's CUDA work against its producers and consumers:
- * one cring-owned stream per device, pools of ordering events, and the device
- * fusion buffer the engine's CUDA backend packs small tensors into. It never
- * blocks the host except in cring__gpu_event_sync (asked for) and when a
- * fusion buffer grows (cudaFree waits for the device). */
+ * the pools of cring-owned streams (lent to one engine each) and of ordering
+ * events, per device. It never blocks the host except in
+ * cring__gpu_event_sync (asked for), and never allocates device memory. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +54,7 @@ cring_status_t cring__gpu_event_record(cring__gpu_t *g, int device, void *stream
         }
     }
     atomic_store(&ev->refs, 1);
+    ev->comm = NULL;
     e = g->cudart.EventRecord(ev->event, stream);
     cring__gpu_leave_device(g, device, previous);
     if (e != CRING_CUDA_SUCCESS) {
@@ -71,6 +71,8 @@ void cring__gpu_event_ref(cring__gpu_event_t *ev) { atomic_fetch_add(&ev->refs, 
 
 void cring__gpu_event_put(cring__gpu_t *g, cring__gpu_event_t *ev) {
     if (!ev || atomic_fetch_sub(&ev->refs, 1) != 1) return;
+    cring__gpu_comm_unref(ev->comm);
+    ev->comm = NULL;
     pthread_mutex_lock(&g->lane_mu);
     cring__gpu_lane_t *lane = &g->lanes[ev->device];
     ev->next = lane->free_events;
@@ -79,6 +81,17 @@ void cring__gpu_event_put(cring__gpu_t *g, cring__gpu_event_t *ev) {
 }
 
 int cring__gpu_event_device(const cring__gpu_event_t *ev) { return ev->device; }
+
+void cring__gpu_event_watch(cring__gpu_event_t *ev, cring__gpu_comm_t *comm) {
+    if (comm) cring__gpu_comm_ref(comm);
+    cring__gpu_comm_unref(ev->comm);
+    ev->comm = comm;
+}
+
+cring_status_t cring__gpu_event_check(cring__gpu_t *g, cring__gpu_event_t *ev,
+                                      cring__errmsg_t *err) {
+    return ev->comm ? cring__gpu_comm_check(g, ev->comm, err) : CRING_OK;
+}
 
 cring_status_t cring__gpu_stream_wait(cring__gpu_t *g, int device, void *stream,
                                       const cring__gpu_event_t *ev, cring__errmsg_t *err) {
@@ -111,47 +124,51 @@ cring_status_t cring__gpu_event_sync(cring__gpu_t *g, const cring__gpu_event_t *
     return CRING_OK;
 }
 
-cring_status_t cring__gpu_device_stream(cring__gpu_t *g, int device, void **stream_out,
-                                        cring__errmsg_t *err) {
-    *stream_out = NULL;
+cring_status_t cring__gpu_stream_acquire(cring__gpu_t *g, int device, cring__gpu_stream_t **out,
+                                         cring__errmsg_t *err) {
+    *out = NULL;
     CRING_CHECK(need_runtime(g, device, err));
-    cring__gpu_lane_t *lane = &g->lanes[device];
     pthread_mutex_lock(&g->lane_mu);
-    cring_status_t st = CRING_OK;
-    if (!lane->has_stream) {
-        int previous = -1;
-        st = cring__gpu_enter_device(g, device, 0, &previous, err);
-        if (st == CRING_OK) {
-            cudaError_t e =
-                g->cudart.StreamCreateWithFlags(&lane->stream, CRING_CUDA_STREAM_NON_BLOCKING);
-            cring__gpu_leave_device(g, device, previous);
-            if (e == CRING_CUDA_SUCCESS) lane->has_stream = 1;
-            else
-                st = cring__fail(err, CRING_ERR_SYSTEM, "cudaStreamCreateWithFlags on cuda:%d: %s",
-                                 device, cring__gpu_cuda_error(g, e));
-        }
-    }
-    *stream_out = lane->stream;
-    pthread_mutex_unlock(&g->lane_mu);
-    return st;
-}
-
-cring_status_t cring__gpu_fusion_buffer(cring__gpu_t *g, int device, size_t bytes, void **buf_out,
-                                        cring__errmsg_t *err) {
-    *buf_out = NULL;
-    CRING_CHECK(need_runtime(g, device, err));
     cring__gpu_lane_t *lane = &g->lanes[device];
-    if (bytes <= lane->fusion_cap) {
-        *buf_out = lane->fusion;
+    cring__gpu_stream_t *s = lane->free_streams;
+    if (s) lane->free_streams = s->next;
+    pthread_mutex_unlock(&g->lane_mu);
+    if (s) {
+        s->next = NULL;
+        *out = s;
         return CRING_OK;
     }
-    size_t cap = lane->fusion_cap ? lane->fusion_cap : (size_t)1 << 20;
-    while (cap < bytes) cap *= 2;
-    cring__gpu_device_free(g, lane->fusion); /* waits for work still using it */
-    lane->fusion = NULL;
-    lane->fusion_cap = 0;
-    CRING_CHECK(cring__gpu_device_alloc(g, device, cap, &lane->fusion, err));
-    lane->fusion_cap = cap;
-    *buf_out = lane->fusion;
+    s = calloc(1, sizeof *s);
+    if (!s) return cring__fail(err, CRING_ERR_NO_MEMORY, "out of memory");
+    int previous = -1;
+    cring_status_t st = cring__gpu_enter_device(g, device, 0, &previous, err);
+    if (st == CRING_OK) {
+        cudaError_t e = g->cudart.StreamCreateWithFlags(&s->stream, CRING_CUDA_STREAM_NON_BLOCKING);
+        cring__gpu_leave_device(g, device, previous);
+        if (e != CRING_CUDA_SUCCESS)
+            st = cring__fail(err, CRING_ERR_SYSTEM, "cudaStreamCreateWithFlags on cuda:%d: %s",
+                             device, cring__gpu_cuda_error(g, e));
+    }
+    if (st != CRING_OK) {
+        free(s);
+        return st;
+    }
+    s->device = device;
+    pthread_mutex_lock(&g->mu);
+    g->stats.streams++;
+    pthread_mutex_unlock(&g->mu);
+    *out = s;
     return CRING_OK;
+}
+
+void *cring__gpu_stream_handle(const cring__gpu_stream_t *s) { return s->stream; }
+int cring__gpu_stream_device(const cring__gpu_stream_t *s) { return s->device; }
+
+void cring__gpu_stream_release(cring__gpu_t *g, cring__gpu_stream_t *s) {
+    if (!s) return;
+    pthread_mutex_lock(&g->lane_mu);
+    cring__gpu_lane_t *lane = &g->lanes[s->device];
+    s->next = lane->free_streams;
+    lane->free_streams = s;
+    pthread_mutex_unlock(&g->lane_mu);
 }

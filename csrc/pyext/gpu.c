@@ -37,19 +37,23 @@ typedef struct {
 /* An export keeps its memory valid in one of two ways: a reference to the
  * Python object that owns it (pinned buffers), or owning the memory itself
  * (device results taken out of their handle), freed by the deleter, which
- * then needs no GIL: a consumer may release it from any thread. */
+ * then needs no GIL and never waits: a consumer may release it from any
+ * thread (cring__gpu_mem_free, ordered after the work queued by then on the
+ * stream the result was handed out on). */
 typedef struct {
     cring_dl_managed_t managed; /* first: the deleter gets its address */
-    cring_output_free_fn free_memory;
-    void *free_ctx;
+    int owns_memory;            /* a device result: free it on free_stream */
     void *memory;
     size_t bytes;
+    void *free_stream;
     int64_t shape[]; /* ndim entries */
 } export_t;
 
 static void export_deleter(cring_dl_managed_t *m) {
     export_t *e = (export_t *)m;
-    if (e->free_memory) e->free_memory(e->free_ctx, e->memory, e->bytes);
+    if (e->owns_memory)
+        cring__gpu_mem_free(cring__gpu_global(), m->dl_tensor.device.device_id, e->memory, e->bytes,
+                            e->free_stream);
     if (m->manager_ctx) {
         PyGILState_STATE gil = PyGILState_Ensure();
         Py_DECREF((PyObject *)m->manager_ctx);
@@ -66,13 +70,13 @@ static void export_capsule_destructor(PyObject *cap) {
 }
 
 /* A "dltensor" capsule of contiguous memory at data, kept valid by a
- * reference to owner (when not NULL) until the consumer's deleter runs; the
- * deleter also frees data with free_memory (when not NULL). On failure
+ * reference to owner (when not NULL) until the consumer's deleter runs; with
+ * owns_memory, data is device memory of device_id (cring__gpu_mem_alloc's,
+ * `bytes` long) that the deleter frees ordered on free_stream. On failure
  * nothing is freed (the caller still owns data). */
 static PyObject *export_capsule_owning(void *data, size_t bytes, int device_type, int device_id,
                                        int ndim, const int64_t *shape, cring_dtype_t dtype,
-                                       PyObject *owner, cring_output_free_fn free_memory,
-                                       void *free_ctx) {
+                                       PyObject *owner, int owns_memory, void *free_stream) {
     export_t *e = PyMem_RawCalloc(1, sizeof *e + (size_t)(ndim + 1) * sizeof(int64_t));
     if (!e) return PyErr_NoMemory();
     memcpy(e->shape, shape, (size_t)ndim * sizeof(int64_t));
@@ -94,16 +98,16 @@ static PyObject *export_capsule_owning(void *data, size_t bytes, int device_type
         PyMem_RawFree(e);
         return NULL;
     }
-    e->free_memory = free_memory; /* only now: the capsule owns it */
-    e->free_ctx = free_ctx;
+    e->owns_memory = owns_memory; /* only now: the capsule owns it */
     e->memory = data;
     e->bytes = bytes;
+    e->free_stream = free_stream;
     return cap;
 }
 
 static PyObject *export_capsule(void *data, int device_type, int device_id, int ndim,
                                 const int64_t *shape, cring_dtype_t dtype, PyObject *owner) {
-    return export_capsule_owning(data, 0, device_type, device_id, ndim, shape, dtype, owner, NULL,
+    return export_capsule_owning(data, 0, device_type, device_id, ndim, shape, dtype, owner, 0,
                                  NULL);
 }
 
@@ -111,9 +115,13 @@ static int parse_shape(PyObject *seq, int64_t **shape_out, int *ndim_out);
 
 /* output_capsule(handle, index, device, shape, dtype) -> a DLPack capsule
  * (kDLCUDA on `device`) of result `index` of a completed CUDA allgather or
- * alltoall. The device memory moves out of the handle into the export: the
- * consumer's deleter frees it (however long the handle lives), and a second
- * call for the same result raises. */
+ * alltoall, called after synchronize() on the same thread. The device memory
+ * moves out of the handle into the export: the consumer's deleter frees it
+ * (however long the handle lives), ordered after the work queued by then on
+ * the stream synchronize() ordered after the result (the consumer's), as
+ * torch's caching allocator frees a block on the stream it was allocated on
+ * (other streams that use it must be ordered before that one); a second call
+ * for the same result raises. */
 static PyObject *Gpu_output_capsule(GpuState *self, PyObject *args) {
     PyObject *hobj, *shape_obj;
     int index, device;
@@ -135,16 +143,20 @@ static PyObject *Gpu_output_capsule(GpuState *self, PyObject *args) {
     PyObject *cap = NULL;
     cring_output_free_fn free_memory = NULL;
     void *free_ctx = NULL, *owned = NULL;
+    void *consumer = NULL;
+    if (data && h->cuda_device >= 0 &&
+        cring__pyext_cuda_stream(h->cuda_device, h->cuda_torch, h->cuda_stream, &consumer) < 0)
+        data = NULL; /* the exception is set */
     if (data && bytes == numel * cring_dtype_size(dtype))
         owned = cring_handle_take_output(h->handle, index, &bytes, &free_memory, &free_ctx);
-    if (!owned)
+    if (!owned && !PyErr_Occurred())
         PyErr_Format(PyExc_ValueError,
                      "tensor '%s': no device result %d of %zu bytes (it has %zu, or it was "
                      "handed out already)",
                      h->name ? h->name : "?", index, numel * cring_dtype_size(dtype), bytes);
-    else {
+    else if (owned) {
         cap = export_capsule_owning(owned, bytes, CRING_DL_CUDA, device, ndim, shape, dtype, NULL,
-                                    free_memory, free_ctx);
+                                    1, consumer);
         if (!cap) free_memory(free_ctx, owned, bytes);
     }
     PyMem_Free(shape);
@@ -232,13 +244,15 @@ int cring__pyext_cuda_after(module_state *s, cring_handle_t *h, const char *name
     cring__gpu_event_t *ev = cring_handle_device_event(h);
     if (!g || !ev) return 0;
     cring__errmsg_t err = {{0}};
-    cring_status_t st = cring__gpu_comms_check_all(g, &err);
+    /* the communicator the work ran on, asked without waiting (its engine may
+     * be inside NCCL, waiting for peers, while this thread holds the GIL) */
+    cring_status_t st = cring__gpu_event_check(g, ev, &err);
     if (st == CRING_OK) st = cring__gpu_stream_wait(g, device, consumer, ev, &err);
     if (st == CRING_OK && producer != consumer)
         st = cring__gpu_stream_wait(g, device, producer, ev, &err);
     if (st == CRING_OK && block_host) { /* the work has run: an error of it is known now */
         Py_BEGIN_ALLOW_THREADS st = cring__gpu_event_sync(g, ev, &err);
-        if (st == CRING_OK) st = cring__gpu_comms_check_all(g, &err);
+        if (st == CRING_OK) st = cring__gpu_event_check(g, ev, &err); /* again: never waits */
         Py_END_ALLOW_THREADS
     }
     if (st == CRING_OK) return 0;
@@ -461,11 +475,13 @@ static PyObject *Gpu_stage_out(GpuState *self, PyObject *args) {
 static PyObject *Gpu_stats(GpuState *self, PyObject *unused) {
     cring__gpu_stats_t s;
     cring__gpu_get_stats(self->g, &s);
-    return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "communicators", s.communicators, "groups",
-        s.groups, "nccl_calls", s.nccl_calls, "staged_bytes", s.staged_bytes, "pinned_allocs",
-        s.pinned_allocs, "device_allocs", s.device_allocs, "events", s.events, "stream_waits",
-        s.stream_waits, "host_waits", s.host_waits, "fused_copies", s.fused_copies);
+    return Py_BuildValue("{s:K,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "communicators",
+                         s.communicators, "live_communicators", cring__gpu_comm_live(self->g),
+                         "groups", s.groups, "nccl_calls", s.nccl_calls, "staged_bytes",
+                         s.staged_bytes, "pinned_allocs", s.pinned_allocs, "device_allocs",
+                         s.device_allocs, "device_reuses", s.device_reuses, "streams", s.streams,
+                         "events", s.events, "stream_waits", s.stream_waits, "host_waits",
+                         s.host_waits, "fused_copies", s.fused_copies);
 }
 
 /* PinnedBuffer: host memory that exports itself through DLPack as

@@ -85,9 +85,10 @@ static PyObject *py_engine_stats(PyObject *module, PyObject *unused) {
     cring_engine_get_stats(s->engine, &st);
     static const char *const autotune[] = {"off", "tuning", "settled"};
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:s}", "cycles", st.cycles, "collectives",
-        st.collectives, "tensors", st.tensors, "fused_tensors", st.fused_tensors, "cache_hits",
-        st.cache_hits, "errors", st.errors, "tcp_bytes_sent", st.tcp_bytes_sent,
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:s}", "cycles", st.cycles,
+        "collectives", st.collectives, "tensors", st.tensors, "fused_tensors", st.fused_tensors,
+        "cache_hits", st.cache_hits, "errors", st.errors, "bucket_held", st.bucket_held,
+        "bucket_idle_releases", st.bucket_idle_releases, "tcp_bytes_sent", st.tcp_bytes_sent,
         "tcp_bytes_received", st.tcp_bytes_received, "shm_bytes_sent", st.shm_bytes_sent,
         "shm_bytes_received", st.shm_bytes_received, "fusion_threshold_bytes",
         (unsigned long long)st.fusion_threshold_bytes, "cycle_time_ms", st.cycle_time_ms,
@@ -111,6 +112,20 @@ static PyObject *py_reduce_isa(PyObject *module, PyObject *unused) {
     return PyUnicode_FromString(cring_reduce_isa());
 }
 
+/* The shared-memory collectives' sizes on this machine and the caches they
+ * come from: a dict of byte counts (cring_shm_tuning). */
+static PyObject *py_shm_tuning(PyObject *module, PyObject *unused) {
+    cring_shm_tuning_t t;
+    cring_shm_tuning(&t);
+    return Py_BuildValue(
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "l1d_bytes", (Py_ssize_t)t.l1d_bytes, "l2_bytes",
+        (Py_ssize_t)t.l2_bytes, "l3_bytes", (Py_ssize_t)t.l3_bytes, "round_bytes",
+        (Py_ssize_t)t.round_bytes, "small_allreduce_bytes", (Py_ssize_t)t.small_allreduce_bytes,
+        "reduce_block_bytes", (Py_ssize_t)t.reduce_block_bytes, "stream_min_bytes",
+        (Py_ssize_t)t.stream_min_bytes, "inplace_round_bytes", (Py_ssize_t)t.inplace_round_bytes,
+        "inplace_stream_min_bytes", (Py_ssize_t)t.inplace_stream_min_bytes);
+}
+
 /* ---- module ----------------------------------------------------------------- */
 static PyMethodDef module_methods[] = {
     {"init", (PyCFunction)(void (*)(void))py_init, METH_VARARGS | METH_KEYWORDS,
@@ -122,6 +137,8 @@ static PyMethodDef module_methods[] = {
     {"engine_stats", py_engine_stats, METH_NOARGS, "engine counters"},
     {"timeline", py_timeline, METH_VARARGS, "timeline(path or None, mark_cycles=False)"},
     {"reduce_isa", py_reduce_isa, METH_NOARGS, "kernel family chosen for this CPU"},
+    {"shm_tuning", py_shm_tuning, METH_NOARGS,
+     "the shared-memory collectives' sizes on this machine and the caches they come from"},
     {NULL, NULL, 0, NULL}};
 
 static int add_exception(PyObject *m, PyObject **slot, const char *name, PyObject *bases,

@@ -203,10 +203,13 @@ PyObject *cring__pyext_allreduce_async(PyObject *module, PyObject *const *args, 
 PyObject *cring__pyext_rows_shape(const cring__dl_ref_t *ref, int64_t rows);
 /* The completed allgather h lent without a copy through the module's
  * attribute `attr` (interned into *attr_name once), called as (x, handle,
- * shape) with a Handle that owns h (also on failure) and holds no views. */
+ * shape) with a Handle that owns h (also on failure) and holds no views.
+ * cuda: the device and the stream the caller was ordered on for a CUDA
+ * result (a torch tensor's), so its memory is given back on that stream;
+ * NULL for host results. */
 PyObject *cring__pyext_lend_result(PyObject *module, module_state *s, cring_handle_t *h,
                                    const char *name, PyObject **attr_name, const char *attr,
-                                   PyObject *x, PyObject *shape);
+                                   PyObject *x, PyObject *shape, const cring_device_t *cuda);
 extern PyMethodDef cring__pyext_region_functions[]; /* region_bindings.c */
 
 /* ---- process_sets.c ---------------------------------------------------------- */

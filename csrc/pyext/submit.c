@@ -157,7 +157,9 @@ int cring__pyext_noname(const char *kind, char *out, size_t cap, int consume) {
     return 0;
 }
 
-/* A name noname_next made: ".noname." then digits only. */
+/* A name noname_next made: ".noname." then digits only. Every path flags
+ * such a name CRING_REQUEST_SEQUENCED, named or not, so every rank flags a
+ * name alike (the engine never holds such a request for a gradient bucket). */
 static int is_generated(const char *name) {
     const char *p = strstr(name, ".noname.");
     if (!p || !p[8]) return 0;
@@ -292,7 +294,9 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
             cring_request_t req;
             if (unnamed) cring__pyext_noname("allreduce", generated, sizeof generated, 1);
             one_tensor_request(&req, &t, &one, &ref, name, op);
-            req.flags = CRING_REQUEST_CALLER_WAITS | (unnamed ? CRING_REQUEST_SEQUENCED : 0);
+            /* by the name, as the Python path does: every rank flags a name alike */
+            req.flags =
+                CRING_REQUEST_CALLER_WAITS | (is_generated(name) ? CRING_REQUEST_SEQUENCED : 0);
             if (ref.t->device.device_type == CRING_DL_CUDA &&
                 cring__pyext_cuda_device_of(&ref, &req.device) < 0) {
                 cring__dl_release(&ref);
@@ -367,7 +371,7 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     cring_tensor_t t;
     cring_request_t req;
     one_tensor_request(&req, &t, &one, ref, name, op);
-    if (unnamed) req.flags = CRING_REQUEST_SEQUENCED;
+    if (is_generated(name)) req.flags = CRING_REQUEST_SEQUENCED; /* as the Python path: by name */
     if (cuda && cring__pyext_cuda_device_of(ref, &req.device) < 0) goto fail;
     if (s->dropped) cring__pyext_sweep(s, 0);
     cring_handle_t *handle;

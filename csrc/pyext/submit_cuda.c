@@ -66,7 +66,7 @@ static PyObject *new_empty(PyObject *x, PyObject *shape) {
  * `allgather_cuda_view(x, handle, shape)` (cring._gpu.result_like). */
 static PyObject *gathered(PyObject *module, module_state *s, PyObject *x, PyObject *room,
                           const cring__dl_ref_t *in, const cring__dl_ref_t *out, cring_handle_t *h,
-                          const char *name) {
+                          const char *name, const cring_device_t *device) {
     static PyObject *view_name;
     size_t bytes;
     const int64_t *dims;
@@ -84,8 +84,8 @@ static PyObject *gathered(PyObject *module, module_state *s, PyObject *x, PyObje
         cring_handle_free(h);
         return NULL;
     }
-    PyObject *res =
-        cring__pyext_lend_result(module, s, h, name, &view_name, "allgather_cuda_view", x, shape);
+    PyObject *res = cring__pyext_lend_result(module, s, h, name, &view_name, "allgather_cuda_view",
+                                             x, shape, device);
     Py_DECREF(shape);
     return res;
 }
@@ -162,7 +162,8 @@ PyObject *cring__pyext_torch_cuda_allgather(PyObject *module, module_state *s, P
     cring_handle_t *h = NULL;
     int rc = cring__pyext_submit_wait_keep(s, s->engine, &req, views, &nviews, &h);
     void *event = rc < 0 ? NULL : cring__pyext_cuda_event_ref(cring_handle_device_event(h));
-    PyObject *res = rc < 0 ? NULL : gathered(module, s, x, room, &views[0], &views[1], h, name);
+    PyObject *res =
+        rc < 0 ? NULL : gathered(module, s, x, room, &views[0], &views[1], h, name, &device);
     cring__pyext_release_after(s, event, views, nviews); /* once cring's stream is done */
     cring__pyext_cuda_event_put(event);
     Py_DECREF(room);

@@ -5,7 +5,8 @@
  * rides the engine's negotiation round. And cring.allreduce_async, the
  * out-of-place form (NumPy arrays and CPU torch tensors): the output
  * allocated and the request queued here, the engine reading the input and
- * writing the output directly. Everything else goes to the Python
+ * writing the output directly, and cring.allreduce, the same waited on
+ * here. Everything else goes to the Python
  * implementation the module's *_fallback attributes hold. No waiting logic
  * (handles.c) and no argument checks of its own beyond choosing the path. */
 #define PY_SSIZE_T_CLEAN
@@ -143,7 +144,7 @@ PyObject *cring__pyext_rows_shape(const cring__dl_ref_t *ref, int64_t rows) {
 
 PyObject *cring__pyext_lend_result(PyObject *module, module_state *s, cring_handle_t *h,
                                    const char *name, PyObject **attr_name, const char *attr,
-                                   PyObject *x, PyObject *shape) {
+                                   PyObject *x, PyObject *shape, const cring_device_t *cuda) {
     if (!*attr_name && !(*attr_name = PyUnicode_InternFromString(attr))) {
         cring_handle_free(h);
         return NULL;
@@ -151,6 +152,11 @@ PyObject *cring__pyext_lend_result(PyObject *module, module_state *s, cring_hand
     PyObject *hobj = cring__pyext_handle_new(s, h, NULL, 0, CRING_COLL_ALLGATHER, name);
     if (!hobj) return NULL;               /* it freed h */
     ((HandleObject *)hobj)->released = 1; /* it holds no views: the caller releases them */
+    if (cuda) {
+        ((HandleObject *)hobj)->cuda_device = cuda->id;
+        ((HandleObject *)hobj)->cuda_torch = 1;
+        ((HandleObject *)hobj)->cuda_stream = cuda->stream;
+    }
     PyObject *res = NULL, *view = PyObject_GetAttr(module, *attr_name);
     if (view) res = PyObject_CallFunctionObjArgs(view, x, hobj, shape, NULL);
     Py_XDECREF(view);
@@ -179,7 +185,8 @@ static PyObject *allgather_result(PyObject *module, module_state *s, PyObject *x
     }
     PyObject *res = NULL;
     if (bytes > COPY_RESULT_MAX_BYTES) {
-        res = cring__pyext_lend_result(module, s, h, name, &view_name, "allgather_view", x, shape);
+        res = cring__pyext_lend_result(module, s, h, name, &view_name, "allgather_view", x, shape,
+                                       NULL);
         h = NULL; /* the handle object owns it, even on failure */
         goto done;
     }
@@ -307,6 +314,65 @@ static int empty_like(PyObject *x, int torch, const char *name, const cring__dl_
     return 1;
 }
 
+/* The parameters of cring.allreduce and cring.allreduce_async. */
+static const char *const allreduce_out_names[] = {
+    "tensor", "op", "name", "compression", "prescale_factor", "postscale_factor", "process_set"};
+
+/* What both out-of-place forms share: bind the arguments and, for a
+ * contiguous NumPy array or CPU torch tensor on the global set without
+ * compression or scaling, read the input, make the output by empty_like
+ * and fill *req (one tensor *t sent from the input, received into the
+ * output; `flags` added to its flags; *name_buf holds a generated name).
+ * 1 when taken (refs[0] the input view, refs[1] the output's, *result the
+ * new output: the caller releases them); 0 when the Python fallback must
+ * take the call, nothing held; -1 with the error set, nothing held. */
+static int allreduce_out_prepare(module_state *s, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames, PyObject **interned, uint32_t flags,
+                                 char *name_buf, size_t name_cap, cring__dl_ref_t *refs,
+                                 PyObject **result, cring_tensor_t *t, int64_t *one,
+                                 cring_request_t *req) {
+    PyObject *v[7] = {0};
+    int fast = bind(args, nargs, kwnames, allreduce_out_names, interned, 7, v);
+    if (fast < 0) return -1;
+    int torch = 0;
+    fast = fast && v[0] && s->engine && name_ok(v[2]) && (!v[3] || v[3] == Py_None) &&
+           cring__pyext_is_one(v[4]) && cring__pyext_is_one(v[5]) && (!v[6] || v[6] == Py_None) &&
+           (cring__dl_is_ndarray(v[0]) || (torch = cring__dl_is_torch(v[0])));
+    if (!fast) return 0;
+    int op = cring__pyext_parse_op(v[1]);
+    if (op < 0) return -1;
+    int unnamed;
+    const char *name = call_name(v[2], "allreduce", name_buf, name_cap, &unnamed);
+    if (!name) return -1;
+    int taken = cring__dl_acquire_fast(v[0], name, 0, 0, &refs[0]);
+    if (taken != 1) { /* a device tensor, or one the Python path copies or words the error of */
+        PyErr_Clear();
+        return 0;
+    }
+    taken = empty_like(v[0], torch, name, &refs[0], result, &refs[1]);
+    if (taken != 1) {
+        cring__dl_release(&refs[0]);
+        return taken;
+    }
+    if (unnamed) cring__pyext_noname("allreduce", name_buf, name_cap, 1);
+    *one = 1;
+    *t = (cring_tensor_t){.send = refs[0].data,
+                          .recv = refs[1].data,
+                          .dtype = refs[0].dtype,
+                          .ndim = refs[0].t->ndim,
+                          .shape = refs[0].t->ndim ? refs[0].t->shape : one};
+    *req = (cring_request_t){.name = name,
+                             .collective = CRING_COLL_ALLREDUCE,
+                             .op = (cring_op_t)op,
+                             .prescale = 1.0,
+                             .postscale = 1.0,
+                             .compression = CRING_DTYPE_COUNT,
+                             .ntensors = 1,
+                             .tensors = t,
+                             .flags = flags | (unnamed ? CRING_REQUEST_SEQUENCED : 0)};
+    return 1;
+}
+
 /* allreduce_async(tensor, op=Average, name=None, compression=None,
  * prescale_factor=1.0, postscale_factor=1.0, process_set=None):
  * cring.allreduce_async itself. A contiguous NumPy array or CPU torch
@@ -322,57 +388,23 @@ static int empty_like(PyObject *x, int torch, const char *name, const cring__dl_
  * `allreduce_async_out_fallback`. */
 PyObject *cring__pyext_allreduce_async(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                        PyObject *kwnames) {
-    static const char *const names[] = {
-        "tensor",           "op",         "name", "compression", "prescale_factor",
-        "postscale_factor", "process_set"};
     static PyObject *interned[7], *fallback_name;
     module_state *s = cring__pyext_state(module);
-    PyObject *v[7] = {0};
-    int fast = bind(args, nargs, kwnames, names, interned, 7, v);
-    if (fast < 0) return NULL;
-    int torch = 0;
-    fast = fast && v[0] && s->engine && name_ok(v[2]) && (!v[3] || v[3] == Py_None) &&
-           cring__pyext_is_one(v[4]) && cring__pyext_is_one(v[5]) && (!v[6] || v[6] == Py_None) &&
-           (cring__dl_is_ndarray(v[0]) || (torch = cring__dl_is_torch(v[0])));
-    if (!fast) goto fall;
-    int op = cring__pyext_parse_op(v[1]);
-    if (op < 0) return NULL;
     char generated[64];
-    int unnamed;
-    const char *name = call_name(v[2], "allreduce", generated, sizeof generated, &unnamed);
-    if (!name) return NULL;
+    int64_t one;
+    cring_tensor_t t;
+    cring_request_t req;
+    PyObject *result = NULL;
     cring__dl_ref_t *refs = PyMem_Calloc(2, sizeof *refs);
     if (!refs) return PyErr_NoMemory();
-    int taken = cring__dl_acquire_fast(v[0], name, 0, 0, &refs[0]);
-    if (taken != 1) { /* a device tensor, or one the Python path copies or words the error of */
-        PyErr_Clear();
-        PyMem_Free(refs);
-        goto fall;
-    }
-    PyObject *result = NULL;
-    taken = empty_like(v[0], torch, name, &refs[0], &result, &refs[1]);
+    int taken = allreduce_out_prepare(s, args, nargs, kwnames, interned, 0, generated,
+                                      sizeof generated, refs, &result, &t, &one, &req);
     if (taken != 1) {
-        cring__dl_release(&refs[0]);
         PyMem_Free(refs);
         if (taken < 0) return NULL;
-        goto fall;
+        return fall_back(module, &fallback_name, "allreduce_async_out_fallback", args, nargs,
+                         kwnames);
     }
-    if (unnamed) cring__pyext_noname("allreduce", generated, sizeof generated, 1);
-    int64_t one = 1;
-    cring_tensor_t t = {.send = refs[0].data,
-                        .recv = refs[1].data,
-                        .dtype = refs[0].dtype,
-                        .ndim = refs[0].t->ndim,
-                        .shape = refs[0].t->ndim ? refs[0].t->shape : &one};
-    cring_request_t req = {.name = name,
-                           .collective = CRING_COLL_ALLREDUCE,
-                           .op = (cring_op_t)op,
-                           .prescale = 1.0,
-                           .postscale = 1.0,
-                           .compression = CRING_DTYPE_COUNT,
-                           .ntensors = 1,
-                           .tensors = &t,
-                           .flags = unnamed ? CRING_REQUEST_SEQUENCED : 0};
     if (s->dropped) cring__pyext_sweep(s, 0);
     cring_handle_t *handle;
     cring_status_t st = cring_engine_submit(s->engine, &req, &handle);
@@ -381,15 +413,42 @@ PyObject *cring__pyext_allreduce_async(PyObject *module, PyObject *const *args, 
         cring__dl_release(&refs[1]);
         PyMem_Free(refs);
         Py_DECREF(result);
-        return cring__pyext_raise_submit(s, st, CRING_COLL_ALLREDUCE, name);
+        return cring__pyext_raise_submit(s, st, CRING_COLL_ALLREDUCE, req.name);
     }
-    PyObject *h = cring__pyext_handle_new(s, handle, refs, 2, CRING_COLL_ALLREDUCE, name);
+    PyObject *h = cring__pyext_handle_new(s, handle, refs, 2, CRING_COLL_ALLREDUCE, req.name);
     PyObject *w = h ? cring__pyext_wrap_handle(module, h, Py_None, result, Py_False) : NULL;
     Py_XDECREF(h); /* the wrapper holds it; without one, dropping it never waits */
     Py_DECREF(result);
     return w;
-fall:
-    return fall_back(module, &fallback_name, "allreduce_async_out_fallback", args, nargs, kwnames);
+}
+
+/* allreduce(tensor, op=Average, name=None, compression=None,
+ * prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+ * cring.allreduce itself. What allreduce_async takes here is reduced here
+ * and waited on by the caller, as allreduce_ is (no handle, no Python
+ * frame): beyond the in-place call it costs the output's allocation
+ * (empty_like) and the engine's writing into it instead of over the input.
+ * Everything else goes to the module's `allreduce_out_fallback`. */
+static PyObject *py_allreduce(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames) {
+    static PyObject *interned[7], *fallback_name;
+    module_state *s = cring__pyext_state(module);
+    char generated[64];
+    int64_t one;
+    cring_tensor_t t;
+    cring_request_t req;
+    cring__dl_ref_t refs[2];
+    PyObject *result = NULL;
+    int taken = allreduce_out_prepare(s, args, nargs, kwnames, interned, CRING_REQUEST_CALLER_WAITS,
+                                      generated, sizeof generated, refs, &result, &t, &one, &req);
+    if (taken < 0) return NULL;
+    if (!taken)
+        return fall_back(module, &fallback_name, "allreduce_out_fallback", args, nargs, kwnames);
+    int nviews = 2;
+    int rc = cring__pyext_submit_wait_here(s, s->engine, &req, refs, &nviews);
+    for (int i = 0; i < nviews; i++) cring__dl_release(&refs[i]);
+    if (rc < 0) Py_CLEAR(result);
+    return result;
 }
 
 PyMethodDef cring__pyext_small_functions[] = {
@@ -401,6 +460,10 @@ PyMethodDef cring__pyext_small_functions[] = {
      "Concatenate every rank's tensor along the first dimension (which may\n"
      "differ between ranks); trailing dimensions and dtype must match. A 0-d\n"
      "tensor gathers as one row."},
+    {"allreduce", (PyCFunction)(void (*)(void))py_allreduce, METH_FASTCALL | METH_KEYWORDS,
+     "allreduce($module, /, tensor, op=0, name=None, compression=None,\n"
+     "          prescale_factor=1.0, postscale_factor=1.0, process_set=None)\n--\n\n"
+     "Return a new tensor holding the reduction of `tensor` over all ranks."},
     {"allreduce_async", (PyCFunction)(void (*)(void))cring__pyext_allreduce_async,
      METH_FASTCALL | METH_KEYWORDS,
      "allreduce_async($module, /, tensor, op=0, name=None, compression=None,\n"

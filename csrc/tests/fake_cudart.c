@@ -25,8 +25,9 @@
  * cudaFree synchronises the device, overwrites the block with 0xDB and keeps
  * it in a quarantine for a while before releasing it, so a late read shows
  * the poison. cudaMallocAsync/cudaFreeAsync are stream-ordered: the block is
- * poisoned when its stream reaches the free, and the next cudaMallocAsync of
- * the same stream may take it at once (as CUDA's pools do).
+ * poisoned when its stream reaches the free; the next cudaMallocAsync of the
+ * same stream may take it at once, and one of any stream as soon as the free
+ * has run (as CUDA's pools do, opportunistic reuse included).
  *
  * Seeded: CRING_FAKE_CUDA_SEED (decimal; default: from the clock and pid),
  * mixed with CRING_RANK and the stream's number, drives the delays; the first
@@ -38,7 +39,8 @@
  * sync of, one never recorded fails. Streams cring creates are numbers from
  * 0xc0de0000. Call counters for C tests: fake_cuda_count("event_record" |
  * "stream_wait" | "event_sync" | "memcpy_d2d" | "stream_create" |
- * "event_create").
+ * "event_create" | "malloc" | "free" | "malloc_async" | "free_async"; the
+ * allocations count those that succeeded, the frees every call).
  *
  * For the other test doubles (not CUDA's API, never logged): fake_nccl.c
  * enqueues its collectives with fake_cuda_enqueue_group; the tests' framework
@@ -48,6 +50,9 @@
  * fake_cuda_reached / fake_cuda_unmark, and queue slow "kernels" with
  * fake_cuda_kernel (on cring's own stream too: fake_cuda_created_stream).
  *   CRING_FAKE_CUDA_DEVICES   device count (default 1); "error": no driver
+ *   CRING_FAKE_CUDA_ASYNC_ALLOC  "unsupported": cudaMallocAsync answers
+ *                             cudaErrorNotSupported, as on a device without
+ *                             memory pools
  *   CRING_FAKE_CUDA_DELAY_US  largest random delay before an operation (50)
  *   CRING_FAKE_CUDA_HANG_S    a host wait longer than this prints the streams'
  *                             state to stderr once (default 60) */
@@ -78,7 +83,7 @@ static int device_count(void) {
 }
 
 static _Atomic long n_event_record, n_stream_wait, n_event_sync, n_memcpy_d2d, n_stream_create,
-    n_event_create;
+    n_event_create, n_malloc, n_free, n_malloc_async, n_free_async;
 
 EXPORT unsigned long fake_cuda_seed(void) { return fake__seed(); }
 
@@ -89,6 +94,10 @@ EXPORT long fake_cuda_count(const char *what) {
     if (!strcmp(what, "memcpy_d2d")) return atomic_load(&n_memcpy_d2d);
     if (!strcmp(what, "stream_create")) return atomic_load(&n_stream_create);
     if (!strcmp(what, "event_create")) return atomic_load(&n_event_create);
+    if (!strcmp(what, "malloc")) return atomic_load(&n_malloc);
+    if (!strcmp(what, "free")) return atomic_load(&n_free);
+    if (!strcmp(what, "malloc_async")) return atomic_load(&n_malloc_async);
+    if (!strcmp(what, "free_async")) return atomic_load(&n_free_async);
     return -1;
 }
 
@@ -126,6 +135,7 @@ EXPORT const char *cudaGetErrorString(int error) {
     case ERROR_INVALID_DEVICE: return "invalid device ordinal";
     case ERROR_INVALID_RESOURCE_HANDLE: return "invalid resource handle";
     case ERROR_NOT_READY: return "device not ready";
+    case ERROR_NOT_SUPPORTED: return "operation not supported";
     default: return "unknown error";
     }
 }
@@ -261,12 +271,14 @@ static void free_block_poisoned(void *ptr) {
 EXPORT int cudaMalloc(void **ptr, size_t bytes) {
     fake__start();
     *ptr = new_block(bytes);
+    if (*ptr) atomic_fetch_add(&n_malloc, 1);
     fake__log("malloc device=%d bytes=%zu", fake__current_device, bytes);
     return *ptr ? SUCCESS : ERROR_MEMORY_ALLOCATION;
 }
 
 /* cudaFree synchronises the device (CUDA's does), then poisons the block. */
 EXPORT int cudaFree(void *ptr) {
+    atomic_fetch_add(&n_free, 1);
     if (ptr) {
         fake__drain_device(header_of(ptr).device, "cudaFree waits for the device");
         free_block_poisoned(ptr);
@@ -275,39 +287,51 @@ EXPORT int cudaFree(void *ptr) {
     return SUCCESS;
 }
 
-/* Stream-ordered allocation: blocks freed on a stream (their free queued,
- * perhaps not yet run) serve that stream's next allocations at once. */
+/* Stream-ordered allocation: a block freed on a stream (its free queued,
+ * perhaps not yet run) serves that stream's next allocation at once, and any
+ * stream's once the free has run (it is poisoned by then). */
 typedef struct pooled {
     void *ptr;
     uintptr_t stream;
+    fake_op_t *freed; /* the free's poisoning (a reference) */
     struct pooled *next;
 } pooled_t;
 static pooled_t *pool; /* under mu */
 
+/* CRING_FAKE_CUDA_ASYNC_ALLOC=unsupported: cudaErrorNotSupported (no pools). */
 EXPORT int cudaMallocAsync(void **ptr, size_t bytes, void *stream) {
     fake__start();
     *ptr = NULL;
+    const char *mode = getenv("CRING_FAKE_CUDA_ASYNC_ALLOC");
+    if (mode && !strcmp(mode, "unsupported")) {
+        fake__log("mallocasync bytes=%zu unsupported", bytes);
+        return ERROR_NOT_SUPPORTED;
+    }
     fake__lock();
     for (pooled_t **link = &pool; *link; link = &(*link)->next) {
         header_t h = header_of((*link)->ptr);
-        if ((*link)->stream == (uintptr_t)stream && h.capacity >= bytes &&
+        int ordered = (*link)->stream == (uintptr_t)stream || (*link)->freed->done;
+        if (ordered && h.device == fake__current_device && h.capacity >= bytes &&
             h.capacity <= 2 * bytes + 4096) {
             pooled_t *p = *link;
             *link = p->next;
             *ptr = p->ptr;
             h.bytes = bytes;
             memcpy((unsigned char *)*ptr - FAKE_HEADER, &h, sizeof h);
+            fake__op_put(p->freed);
             free(p);
             break;
         }
     }
     fake__unlock();
     if (!*ptr) *ptr = new_block(bytes);
+    if (*ptr) atomic_fetch_add(&n_malloc_async, 1);
     fake__log("mallocasync bytes=%zu stream=0x%lx", bytes, (unsigned long)(uintptr_t)stream);
     return *ptr ? SUCCESS : ERROR_MEMORY_ALLOCATION;
 }
 
 EXPORT int cudaFreeAsync(void *ptr, void *stream) {
+    atomic_fetch_add(&n_free_async, 1);
     fake__log("freeasync stream=0x%lx", (unsigned long)(uintptr_t)stream);
     if (!ptr) return SUCCESS;
     pooled_t *p = malloc(sizeof *p);
@@ -320,13 +344,16 @@ EXPORT int cudaFreeAsync(void *ptr, void *stream) {
     op->dst = ptr;
     op->value = FAKE_FREED;
     op->bytes = header_of(ptr).capacity;
+    op->refs++; /* the pool's */
     int rc = fake__enqueue(stream, op);
+    fake__lock();
     if (rc != SUCCESS) {
+        fake__op_put(op);
+        fake__unlock();
         free(p);
         return rc;
     }
-    fake__lock();
-    *p = (pooled_t){ptr, (uintptr_t)stream, pool};
+    *p = (pooled_t){ptr, (uintptr_t)stream, op, pool};
     pool = p;
     fake__unlock();
     return SUCCESS;

@@ -40,7 +40,14 @@
  *                                communicator, report an asynchronous remote error
  *   CRING_FAKE_NCCL_TIMEOUT_S    barrier time-out (default 30): a missing peer
  *                                fails the call instead of hanging
+ *   CRING_FAKE_NCCL_INIT_GATE    a path: every ncclCommInitRank of a process
+ *                                but its first logs "initstart", then waits
+ *                                until that file exists (at most the time-out
+ *                                above, then fails), so a test can hold an
+ *                                engine inside communicator set-up
  * fake_nccl_calls() (exported, for C tests): collectives this process called.
+ * The element arithmetic (types, half and bfloat16, reductions) is in
+ * fake_nccl_reduce.c, built into the same library.
  * Build with -DFAKE_NCCL_WITHOUT_ALLGATHER for a library lacking ncclAllGather. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -61,6 +68,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fake_nccl.h"
+
 #define EXPORT __attribute__((visibility("default")))
 
 typedef struct {
@@ -75,20 +84,6 @@ enum {
     INVALID_USAGE = 5,
     REMOTE_ERROR = 6
 };
-enum {
-    INT8 = 0,
-    UINT8 = 1,
-    INT32 = 2,
-    UINT32 = 3,
-    INT64 = 4,
-    UINT64 = 5,
-    FLOAT16 = 6,
-    FLOAT32 = 7,
-    FLOAT64 = 8,
-    BFLOAT16 = 9,
-    NTYPES = 10
-};
-enum { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4, FIRST_PREMUL = 5 };
 #define MAX_PREMUL 32
 #define MAGIC "cring-fake-nccl"
 
@@ -166,145 +161,6 @@ static double env_double(const char *name, double dflt) {
     return s && *s ? atof(s) : dflt;
 }
 
-/* ---- element access: floats through double, integers through int64 ---- */
-static size_t type_size(int dt) {
-    static const size_t sizes[NTYPES] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
-    return dt >= 0 && dt < NTYPES ? sizes[dt] : 0;
-}
-
-static int is_float(int dt) {
-    return dt == FLOAT16 || dt == FLOAT32 || dt == FLOAT64 || dt == BFLOAT16;
-}
-
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        float f = ldexpf((float)man, -24);
-        return sign ? -f : f;
-    }
-    if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
-    else bits = sign | ((exp + 112) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static uint16_t float_to_half(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)(sign | 0x7e00);
-    float a = fabsf(f);
-    if (a >= 65520.0f) return (uint16_t)(sign | 0x7c00);
-    if (a < 6.103515625e-05f) return (uint16_t)(sign | (uint16_t)lrintf(a * 16777216.0f));
-    int e;
-    float m = frexpf(a, &e); /* a = m * 2^e, 0.5 <= m < 1 */
-    long mant = lrintf((m * 2.0f - 1.0f) * 1024.0f);
-    int exp = e - 1 + 15;
-    if (mant == 1024) {
-        mant = 0;
-        exp++;
-    }
-    return (uint16_t)(sign | (uint32_t)(exp << 10) | (uint32_t)mant);
-}
-
-static float bf16_to_float(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static uint16_t float_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
-    x += 0x7fff + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
-static double load_f(const void *p, int dt, size_t i) {
-    switch (dt) {
-    case FLOAT16: return half_to_float(((const uint16_t *)p)[i]);
-    case BFLOAT16: return bf16_to_float(((const uint16_t *)p)[i]);
-    case FLOAT32: return ((const float *)p)[i];
-    default: return ((const double *)p)[i];
-    }
-}
-
-static void store_f(void *p, int dt, size_t i, double v) {
-    switch (dt) {
-    case FLOAT16: ((uint16_t *)p)[i] = float_to_half((float)v); break;
-    case BFLOAT16: ((uint16_t *)p)[i] = float_to_bf16((float)v); break;
-    case FLOAT32: ((float *)p)[i] = (float)v; break;
-    default: ((double *)p)[i] = v; break;
-    }
-}
-
-static int64_t load_i(const void *p, int dt, size_t i) {
-    switch (dt) {
-    case INT8: return ((const int8_t *)p)[i];
-    case UINT8: return ((const uint8_t *)p)[i];
-    case INT32: return ((const int32_t *)p)[i];
-    case UINT32: return ((const uint32_t *)p)[i];
-    default: return ((const int64_t *)p)[i];
-    }
-}
-
-static void store_i(void *p, int dt, size_t i, int64_t v) {
-    switch (dt) {
-    case INT8: ((int8_t *)p)[i] = (int8_t)v; break;
-    case UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
-    case INT32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case UINT32: ((uint32_t *)p)[i] = (uint32_t)v; break;
-    default: ((int64_t *)p)[i] = v; break;
-    }
-}
-
-/* out[i] = op over ranks of parts[r][first + i]; a pre-multiplied sum
- * multiplies each part by scalar first. */
-static void reduce_parts(ncclComm_t c, int dt, int op, double scalar,
-                         const unsigned char *const *parts, size_t first, size_t count, void *out) {
-    for (size_t i = 0; i < count; i++) {
-        size_t k = first + i;
-        if (is_float(dt) || op >= FIRST_PREMUL) {
-            double acc = 0;
-            for (int r = 0; r < c->nranks; r++) {
-                double v = is_float(dt) ? load_f(parts[r], dt, k) : (double)load_i(parts[r], dt, k);
-                if (op >= FIRST_PREMUL) v *= scalar;
-                if (r == 0) acc = v;
-                else if (op == SUM || op == AVG || op >= FIRST_PREMUL) acc += v;
-                else if (op == PROD) acc *= v;
-                else if (op == MAX) acc = (v > acc || isnan(v)) ? v : acc;
-                else if (op == MIN) acc = (v < acc || isnan(v)) ? v : acc;
-            }
-            if (op == AVG) acc /= c->nranks;
-            if (is_float(dt)) store_f(out, dt, i, acc);
-            else store_i(out, dt, i, (int64_t)acc);
-        } else {
-            uint64_t uacc = 0;
-            int64_t acc = 0;
-            for (int r = 0; r < c->nranks; r++) {
-                int64_t v = load_i(parts[r], dt, k);
-                if (r == 0) {
-                    acc = v;
-                    uacc = (uint64_t)v;
-                } else if (op == SUM || op == AVG) uacc += (uint64_t)v;
-                else if (op == PROD) uacc *= (uint64_t)v;
-                else if (op == MAX) acc = v > acc ? v : acc;
-                else if (op == MIN) acc = v < acc ? v : acc;
-            }
-            if (op == SUM || op == PROD) acc = (int64_t)uacc;
-            if (op == AVG) { /* the sum wraps in the element type, then divides toward zero */
-                int64_t wrapped = 0;
-                store_i(&wrapped, dt, 0, (int64_t)uacc);
-                acc = load_i(&wrapped, dt, 0) / c->nranks;
-            }
-            store_i(out, dt, i, acc);
-        }
-    }
-}
-
 /* ---- the shared segment ---- */
 /* Every rank meets here. A peer missing for CRING_FAKE_NCCL_TIMEOUT_S, or an
  * abort, fails the call (and the communicator). */
@@ -377,6 +233,20 @@ EXPORT int ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int ra
         return fail(INVALID_ARGUMENT, "fake NCCL: the unique id was not made by ncclGetUniqueId");
     if (nranks < 1 || rank < 0 || rank >= nranks)
         return fail(INVALID_ARGUMENT, "fake NCCL: rank %d of %d", rank, nranks);
+    static _Atomic int inits; /* of this process: the first is never gated */
+    const char *gate = getenv("CRING_FAKE_NCCL_INIT_GATE");
+    if (atomic_fetch_add(&inits, 1) > 0 && gate && *gate) {
+        log_line("initstart rank=%d nranks=%d", rank, nranks);
+        double deadline = now_s() + env_double("CRING_FAKE_NCCL_TIMEOUT_S", 30);
+        while (access(gate, F_OK) != 0) {
+            if (now_s() > deadline) {
+                log_line("initfail rank=%d (the gate never opened)", rank);
+                return fail(SYSTEM_ERROR, "fake NCCL: the init gate %s never opened", gate);
+            }
+            struct timespec pause = {0, 2000000};
+            nanosleep(&pause, NULL);
+        }
+    }
     ncclComm_t c = calloc(1, sizeof *c);
     if (!c) return fail(SYSTEM_ERROR, "fake NCCL: out of memory");
     c->rank = rank;
@@ -461,7 +331,8 @@ EXPORT int ncclRedOpCreatePreMulSum(int *op, void *scalar, int dt, int residence
     for (int i = 0; i < MAX_PREMUL; i++) {
         if (c->premul_used[i]) continue;
         c->premul_used[i] = 1;
-        c->premul[i] = is_float(dt) ? load_f(scalar, dt, 0) : (double)load_i(scalar, dt, 0);
+        c->premul[i] =
+            fake__is_float(dt) ? fake__load_f(scalar, dt, 0) : (double)fake__load_i(scalar, dt, 0);
         *op = FIRST_PREMUL + i;
         log_line("premul rank=%d op=%d scalar=%g residence=%d", c->rank, *op, c->premul[i],
                  residence);
@@ -512,7 +383,7 @@ static size_t written(const call_t *k) {
 
 /* The bytes one rank puts in its slot for a collective. */
 static size_t part_bytes(const call_t *k) {
-    size_t es = type_size(k->dt);
+    size_t es = fake__type_size(k->dt);
     return k->kind == K_REDUCESCATTER ? k->count * (size_t)k->comm->nranks * es : k->count * es;
 }
 
@@ -528,11 +399,11 @@ static int run(const call_t *k) {
     if (rc != OK) return rc;
     switch (k->kind) {
     case K_ALLREDUCE:
-        reduce_parts(c, k->dt, k->op, k->scalar, parts, 0, written(k), k->recv);
+        fake__reduce_parts(c->nranks, k->dt, k->op, k->scalar, parts, 0, written(k), k->recv);
         break;
     case K_REDUCE:
         if (c->rank == k->root)
-            reduce_parts(c, k->dt, k->op, k->scalar, parts, 0, written(k), k->recv);
+            fake__reduce_parts(c->nranks, k->dt, k->op, k->scalar, parts, 0, written(k), k->recv);
         break;
     case K_BROADCAST: memcpy(k->recv, parts[k->root], part); break;
     case K_ALLGATHER:
@@ -540,8 +411,8 @@ static int run(const call_t *k) {
             memcpy((unsigned char *)k->recv + (size_t)r * part, parts[r], part);
         break;
     case K_REDUCESCATTER:
-        reduce_parts(c, k->dt, k->op, k->scalar, parts, (size_t)c->rank * k->count, written(k),
-                     k->recv);
+        fake__reduce_parts(c->nranks, k->dt, k->op, k->scalar, parts, (size_t)c->rank * k->count,
+                           written(k), k->recv);
         break;
     }
     rc = barrier(c);
@@ -573,7 +444,7 @@ static int run_p2p(const call_t *k, int m) {
         else if (k[i].root < 0 || k[i].root >= c->nranks)
             rc = fail(INVALID_ARGUMENT, "fake NCCL: peer %d of %d", k[i].root, c->nranks);
         if (k[i].kind != K_SEND || rc != OK) continue;
-        size_t bytes = k[i].count * type_size(k[i].dt);
+        size_t bytes = k[i].count * fake__type_size(k[i].dt);
         if (at + sizeof(message_t) * 2 + bytes + 8 > c->slot_bytes) {
             rc = fail(INVALID_ARGUMENT, "fake NCCL: sends exceed CRING_FAKE_NCCL_SLOT_BYTES");
             break;
@@ -592,7 +463,7 @@ static int run_p2p(const call_t *k, int m) {
     for (int i = 0; i < m && rc == OK; i++) {
         if (k[i].kind != K_RECV) continue;
         int q = k[i].root;
-        size_t bytes = k[i].count * type_size(k[i].dt), off = 0;
+        size_t bytes = k[i].count * fake__type_size(k[i].dt), off = 0;
         const unsigned char *theirs = c->slots + (size_t)q * c->slot_bytes;
         int seen = 0, found = 0;
         for (;;) {
@@ -714,7 +585,8 @@ static int launch(const call_t *calls, int n) {
 /* What NCCL checks when a call is made. */
 static int check_call(const call_t *k) {
     if (!k->comm) return fail(INVALID_ARGUMENT, "fake NCCL: NULL communicator");
-    if (type_size(k->dt) == 0) return fail(INVALID_ARGUMENT, "fake NCCL: bad datatype %d", k->dt);
+    if (fake__type_size(k->dt) == 0)
+        return fail(INVALID_ARGUMENT, "fake NCCL: bad datatype %d", k->dt);
     int async_error = atomic_load(&k->comm->async_error);
     if (async_error) return fail(async_error, "fake NCCL: communicator failed");
     if (atomic_load(&k->comm->aborted)) return fail(INVALID_USAGE, "fake NCCL: aborted");
@@ -738,7 +610,8 @@ static int check_sends(const call_t *k, int n) {
                 return fail(INVALID_USAGE,
                             "fake NCCL: one group's sends use several communicators");
             if (k[j].kind == K_SEND)
-                need += sizeof(message_t) + ((k[j].count * type_size(k[j].dt) + 7) & ~(size_t)7);
+                need +=
+                    sizeof(message_t) + ((k[j].count * fake__type_size(k[j].dt) + 7) & ~(size_t)7);
             j++;
         }
         if (j > i && need + 8 > k[i].comm->slot_bytes)

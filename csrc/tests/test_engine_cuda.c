@@ -15,6 +15,9 @@
  * part with zeros;
  * steps of a gradient bucket reach NCCL as one call each once the bucket
  * is learned, and a name of it alone or a step missing one does not hang;
+ * a growing fusion buffer and a joined rank's batches make no cudaFree (the
+ * device-wide wait; freed stream-ordered instead, and the joined rank's
+ * zeros come from one buffer allocated once);
  * the engine's stop destroys the communicator. The fake NCCL matches calls by
  * their order on each rank, so a wrong order shows as wrong values or a
  * time-out. */
@@ -608,10 +611,70 @@ static void run_rank(int rank, int size, int port, int unused) {
         CHECK(calls[STEPS] == 1 && calls[STEPS + 1] >= 1);
     }
 
+    /* 10. No device-wide cudaFree on a hot path (the fake counts them): a
+     * fusion buffer that grows (two tensors of 1.5 MiB packed: 3 MiB, past
+     * the 1 MiB it had) frees the old one on cring's stream; and a rank that
+     * joined runs ten batches of the others' with zeros from one buffer
+     * kept for it (allocated once), not a cudaMalloc/cudaFree each. */
+    {
+        enum { BIG = 3 << 17 }; /* floats: 1.5 MiB */
+        static float big[2][BIG];
+        static int64_t big_len = BIG;
+        long frees0 = fake_cuda("free"), async_frees0 = fake_cuda("free_async");
+        cring_tensor_t bt2[2];
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < BIG; i += 4099) big[k][i] = (float)(rank + k);
+            bt2[k] = (cring_tensor_t){big[k], big[k], CRING_FLOAT32, 1, &big_len};
+        }
+        cring_handle_t *bh2 =
+            submit(e, "grow", CRING_COLL_ALLREDUCE, CRING_SUM, 0, bt2, 2, CRING_DEVICE_CUDA, rank);
+        CHECK_OK(cring_handle_wait(bh2));
+        CHECK(cring__gpu_event_sync(g, cring_handle_device_event(bh2), NULL) == CRING_OK);
+        for (int i = 0; i < BIG; i += 4099)
+            CHECK(big[0][i] == (float)(S * (S - 1) / 2) && big[1][i] == (float)(S * (S + 1) / 2));
+        cring_handle_free(bh2);
+        CHECK(fake_cuda("free") == frees0);
+        CHECK(fake_cuda("free_async") - async_frees0 == 1); /* the old 1 MiB buffer */
+        if (S > 1) {
+            long mallocs0 = fake_cuda("malloc") + fake_cuda("malloc_async");
+            cring_request_t jq = {
+                .name = "join10", .collective = CRING_COLL_JOIN, .compression = CRING_DTYPE_COUNT};
+            cring_handle_t *jh = NULL;
+            if (rank == S - 1) {
+                CHECK_OK(cring_engine_submit(e, &jq, &jh));
+                CHECK_OK(cring_handle_wait(jh));
+                CHECK(fake_cuda("malloc") + fake_cuda("malloc_async") - mallocs0 <= 1);
+            } else {
+                for (int step = 0; step < 10; step++) {
+                    float jx[2][5];
+                    int64_t j5 = 5;
+                    cring_tensor_t jt[2];
+                    for (int k = 0; k < 2; k++) {
+                        for (int i = 0; i < 5; i++) jx[k][i] = (float)(rank + step + k * i);
+                        jt[k] = (cring_tensor_t){jx[k], jx[k], CRING_FLOAT32, 1, &j5};
+                    }
+                    char name[32];
+                    snprintf(name, sizeof name, "joined%d", step);
+                    cring_handle_t *h = submit(e, name, CRING_COLL_ALLREDUCE, CRING_SUM, 0, jt, 2,
+                                               CRING_DEVICE_CUDA, rank);
+                    CHECK_OK(cring_handle_wait(h));
+                    CHECK(cring__gpu_event_sync(g, cring_handle_device_event(h), NULL) == CRING_OK);
+                    for (int i = 0; i < 5; i++) /* ranks 0 .. S-2; the joined one adds zeros */
+                        CHECK(jx[1][i] == (float)((S - 1) * (S - 2) / 2 + (S - 1) * (step + i)));
+                    cring_handle_free(h);
+                }
+                CHECK_OK(cring_engine_submit(e, &jq, &jh));
+                CHECK_OK(cring_handle_wait(jh));
+            }
+            cring_handle_free(jh);
+            CHECK(fake_cuda("free") == frees0);
+        }
+    }
+
     cring__gpu_get_stats(g, &st1);
     CHECK(st1.communicators == 1);
     cring_engine_stop(e);
-    CHECK(cring__gpu_comm_count(g) == 0); /* the engine's stop destroyed it */
+    CHECK(cring__gpu_comm_live(g) == 0); /* the engine's stop destroyed it */
     exit(0);
 }
 

@@ -5,7 +5,7 @@
  * allocation, and stays the caller's (never taken, never freed by the
  * handle); a result larger than the room gets engine memory, which
  * cring_handle_take_output moves out once: it stays readable after the handle
- * is freed and the engine has run more work (the fake cudaFree would have
+ * is freed and the engine has run more work (the fake's frees would have
  * overwritten it with 0xDB), until its new owner frees it. */
 #include <limits.h>
 #include <stdint.h>

@@ -8,8 +8,16 @@
  * pre-multiplied sums, a stream per tensor, int16/bool moved as bytes, a
  * grouped uneven alltoall) checked against values computed here; NCCL's
  * one-rank reduce defect, reproduced by the fake, against an affected and a
- * fixed version. Memory: the pinned-buffer cache, stream-ordered copies, device
- * buffers. (The engine's CUDA backend on top of this: test_engine_cuda.c.) */
+ * fixed version. Communicators belong to their creators: two on one device
+ * work side by side, destroying one leaves the other working, and a check
+ * or a collective on one never waits for a thread inside another's creation
+ * (the fake holds it there). Memory: the pinned-buffer cache, stream-ordered
+ * copies, stream-ordered device memory (never a cudaFree; and the fallback
+ * for a device without memory pools, which reuses freed blocks once their
+ * stream has passed the free). (The engine's CUDA backend on top of this:
+ * test_engine_cuda.c.) */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <math.h>
@@ -33,6 +41,17 @@ static void settle(cring__gpu_t *g) {
                              (void *)(uintptr_t)0x77, NULL};
     for (size_t i = 0; i < sizeof streams / sizeof *streams; i++)
         CHECK_OK(cring__gpu_stream_sync(g, streams[i], &err));
+}
+
+/* The fake runtime's counters (fake_cuda_count): "malloc", "free", ... */
+static long fake_cuda(const char *what) {
+    void *lib = dlopen(fakes.cudart, RTLD_NOW | RTLD_NOLOAD);
+    CHECK(lib != NULL);
+    long (*fn)(const char *) = (long (*)(const char *))dlsym(lib, "fake_cuda_count");
+    CHECK(fn != NULL);
+    long n = fn(what);
+    dlclose(lib);
+    return n;
 }
 
 static cring__gpu_t *fresh(void) {
@@ -141,11 +160,12 @@ static void run_rank(int rank, int size, int port, int unused) {
     char id[CRING__GPU_UNIQUE_ID_BYTES] = {0};
     if (rank == 0) CHECK_OK(cring__gpu_unique_id(g, id, &err));
     CHECK_OK(cring_broadcast(comm, id, sizeof id, 0));
-    int slot = -1;
-    CHECK(cring__gpu_comm_slot(g, 0) == -1);
-    CHECK_OK(cring__gpu_comm_init(g, 0, rank, size, id, &slot, &err));
-    CHECK(slot == 0 && cring__gpu_comm_slot(g, 0) == 0 && cring__gpu_comm_slot(g, 1) == -1);
-    CHECK(cring__gpu_comm_count(g) == 1);
+    cring__gpu_comm_t *comm0 = NULL;
+    CHECK(cring__gpu_comm_live(g) == 0);
+    CHECK_OK(cring__gpu_comm_create(g, 0, rank, size, id, &comm0, &err));
+    CHECK(comm0 != NULL && cring__gpu_comm_device(comm0) == 0 &&
+          cring__gpu_comm_size(comm0) == size);
+    CHECK(cring__gpu_comm_live(g) == 1);
     void *stream = (void *)(uintptr_t)0x5000;
 
     /* One group: sums of float32 with 0, 1 and 1001 elements, and an int32 average. */
@@ -167,7 +187,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                            .scale = 1.0,
                            .ntensors = 3,
                            .tensors = ts};
-    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
     settle(g);
     for (int k = 1; k < 3; k++)
         for (size_t i = 0; i < counts[k]; i++) {
@@ -181,7 +201,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                             .scale = 1.0,
                             .ntensors = 1,
                             .tensors = ts};
-    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
     settle(g);
     for (int i = 0; i < 5; i++) {
         int sum = 0;
@@ -198,7 +218,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                             .scale = 0.5,
                             .ntensors = 1,
                             .tensors = ts};
-    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
     settle(g);
     for (size_t i = 0; i < 7; i++) {
         float expect = 0;
@@ -207,9 +227,9 @@ static void run_rank(int rank, int size, int port, int unused) {
     }
     /* A scale on Max is refused before anything is enqueued; the communicator stays usable. */
     c.op = CRING_MAX;
-    CHECK(cring__gpu_collective(g, 0, &c, &err) == CRING_ERR_NOT_SUPPORTED);
+    CHECK(cring__gpu_collective(g, comm0, &c, &err) == CRING_ERR_NOT_SUPPORTED);
     CHECK(strstr(err.text, "scaling") != NULL);
-    CHECK_OK(cring__gpu_comm_check(g, 0, &err));
+    CHECK_OK(cring__gpu_comm_check(g, comm0, &err));
 
     /* Broadcast from the last rank, out of place. */
     double bsend[9], brecv[9];
@@ -223,7 +243,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                             .scale = 1.0,
                             .ntensors = 1,
                             .tensors = ts};
-    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
     settle(g);
     for (int i = 0; i < 9; i++) CHECK(brecv[i] == (size - 1) * 100.0 + i);
 
@@ -242,7 +262,7 @@ static void run_rank(int rank, int size, int port, int unused) {
     ts[1] = (cring__gpu_tensor_t){esend, erecv, CRING_INT64, 3, even, stream, NULL};
     c = (cring__gpu_coll_t){
         .collective = CRING_COLL_ALLGATHER, .scale = 1.0, .ntensors = 2, .tensors = ts};
-    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
     settle(g);
     size_t at = 0;
     for (int r = 0; r < size; r++)
@@ -269,7 +289,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                             .scale = 1.0,
                             .ntensors = 2,
                             .tensors = ts};
-    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
     settle(g);
     for (size_t i = 0; i < rs_counts[rank]; i++) {
         float expect = 0;
@@ -292,14 +312,14 @@ static void run_rank(int rank, int size, int port, int unused) {
     ts[1] = (cring__gpu_tensor_t){flags, flags, CRING_BOOL, 3, NULL, stream, NULL};
     c = (cring__gpu_coll_t){
         .collective = CRING_COLL_BROADCAST, .root = 0, .scale = 1.0, .ntensors = 2, .tensors = ts};
-    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
     settle(g);
     for (int i = 0; i < 5; i++) CHECK(hb[i] == -300 * i - 1);
     for (int i = 0; i < 3; i++) CHECK(flags[i] == i % 2);
     /* ... but an int16 reduction is refused (the engine stages it through host memory) */
     c.collective = CRING_COLL_ALLREDUCE;
     c.ntensors = 1;
-    CHECK(cring__gpu_collective(g, 0, &c, &err) == CRING_ERR_NOT_SUPPORTED);
+    CHECK(cring__gpu_collective(g, comm0, &c, &err) == CRING_ERR_NOT_SUPPORTED);
     CHECK(strstr(err.text, "int16") != NULL);
     CHECK(!cring__gpu_can_reduce(CRING_INT16, CRING_SUM, 1, 1));
     CHECK(!cring__gpu_can_reduce(CRING_INT32, CRING_SUM, 2, 1));
@@ -330,7 +350,7 @@ static void run_rank(int rank, int size, int port, int unused) {
         .collective = CRING_COLL_ALLTOALL, .scale = 1.0, .ntensors = 2, .tensors = ts};
     cring__gpu_stats_t before, after;
     cring__gpu_get_stats(g, &before);
-    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
     settle(g);
     cring__gpu_get_stats(g, &after);
     /* one group: a send and a receive per peer and tensor */
@@ -344,14 +364,16 @@ static void run_rank(int rank, int size, int port, int unused) {
     for (int q = 0; q < size; q++)
         for (int i = 0; i < 2; i++) CHECK(brecv2[q * 2 + i] == q * 100 + rank * 2 + i);
     ts[0].recv_counts = NULL; /* refused before anything is enqueued */
-    CHECK(cring__gpu_collective(g, 0, &c, &err) == CRING_ERR_INVALID_ARGUMENT);
+    CHECK(cring__gpu_collective(g, comm0, &c, &err) == CRING_ERR_INVALID_ARGUMENT);
 
     cring__gpu_stats_t stats;
     cring__gpu_get_stats(g, &stats);
     CHECK(stats.communicators == 1);
     CHECK(stats.groups == 8);
-    CHECK_OK(cring__gpu_comm_check(g, 0, &err));
+    CHECK_OK(cring__gpu_comm_check(g, comm0, &err));
     for (int k = 0; k < 3; k++) free(f[k]);
+    cring__gpu_comm_destroy(g, comm0);
+    CHECK(cring__gpu_comm_live(g) == 0);
     cring__gpu_destroy(g);
     cring_comm_destroy(comm);
     exit(0);
@@ -372,9 +394,9 @@ static void run_defect(int rank, int size, int port, int version) {
     CHECK_OK(cring__gpu_load_nccl(g, NULL, 0, &err));
     CHECK(cring__gpu_nccl_version(g) == version);
     char id[CRING__GPU_UNIQUE_ID_BYTES];
-    int slot = -1;
+    cring__gpu_comm_t *comm0 = NULL;
     CHECK_OK(cring__gpu_unique_id(g, id, &err));
-    CHECK_OK(cring__gpu_comm_init(g, 0, 0, 1, id, &slot, &err));
+    CHECK_OK(cring__gpu_comm_create(g, 0, 0, 1, id, &comm0, &err));
     enum { N = 17 * 17 * 17 }; /* 4913 = 16 * 307 + 1: the fake drops one */
     static float x[N], y[N];
     for (int i = 0; i < N; i++) {
@@ -387,22 +409,23 @@ static void run_defect(int rank, int size, int port, int version) {
                            .scale = 1.0,
                            .ntensors = 1,
                            .tensors = &t};
-    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
     settle(g);
     for (int i = 0; i < N; i++) CHECK(y[i] == x[i]);
     for (int i = 0; i < N; i++) y[i] = -1e9f;
     c.scale = 0.5;
     if (cring__gpu_nccl_one_rank_defect(version)) {
-        CHECK(cring__gpu_collective(g, 0, &c, &err) == CRING_ERR_NOT_SUPPORTED);
+        CHECK(cring__gpu_collective(g, comm0, &c, &err) == CRING_ERR_NOT_SUPPORTED);
         CHECK(strstr(err.text, "one-rank") != NULL);
         CHECK(y[0] == -1e9f);
     } else {
-        CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+        CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
         settle(g);
         for (int i = 0; i < N - 1; i++) CHECK(y[i] == x[i] * 0.5f);
         CHECK(y[N - 1] == -1e9f); /* the defect, reproduced */
     }
-    CHECK_OK(cring__gpu_comm_check(g, 0, &err));
+    CHECK_OK(cring__gpu_comm_check(g, comm0, &err));
+    cring__gpu_comm_destroy(g, comm0);
     cring__gpu_destroy(g);
     (void)rank;
     (void)size;
@@ -420,9 +443,9 @@ static void run_async_error(int rank, int size, int port, int unused) {
     CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
     CHECK_OK(cring__gpu_load_nccl(g, NULL, 0, &err));
     char id[CRING__GPU_UNIQUE_ID_BYTES];
-    int slot = -1;
+    cring__gpu_comm_t *comm0 = NULL;
     CHECK_OK(cring__gpu_unique_id(g, id, &err));
-    CHECK_OK(cring__gpu_comm_init(g, 0, 0, 1, id, &slot, &err));
+    CHECK_OK(cring__gpu_comm_create(g, 0, 0, 1, id, &comm0, &err));
     float x[4] = {1, 2, 3, 4};
     cring__gpu_tensor_t t = {x, x, CRING_FLOAT32, 4, NULL, NULL, NULL};
     cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE,
@@ -430,12 +453,14 @@ static void run_async_error(int rank, int size, int port, int unused) {
                            .scale = 1.0,
                            .ntensors = 1,
                            .tensors = &t};
-    CHECK_OK(cring__gpu_collective(g, 0, &c, &err));
+    CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
     settle(g);
-    CHECK(cring__gpu_comm_check(g, 0, &err) == CRING_ERR_PEER_FAILURE);
+    CHECK(cring__gpu_comm_check(g, comm0, &err) == CRING_ERR_PEER_FAILURE);
     CHECK(strstr(err.text, "remote process exited") != NULL);
-    CHECK(cring__gpu_collective(g, 0, &c, &err) == CRING_ERR_BROKEN);
-    cring__gpu_destroy(g); /* aborts the broken communicator instead of waiting */
+    CHECK(cring__gpu_collective(g, comm0, &c, &err) == CRING_ERR_BROKEN);
+    CHECK(cring__gpu_comm_check(g, comm0, &err) == CRING_ERR_PEER_FAILURE); /* for good */
+    cring__gpu_comm_destroy(g, comm0); /* aborts the broken communicator instead of waiting */
+    cring__gpu_destroy(g);
     exit(0);
 }
 
@@ -466,59 +491,224 @@ static void test_staging(void) {
     CHECK(stats.staged_bytes == 128);
     cring__gpu_pinned_put(g, p, cap);
     cring__gpu_pinned_put(g, q, cap2);
-    /* device buffers: allocated on the device asked for, zeroed and copied on a stream */
+    /* device memory: stream-ordered (cudaMallocAsync/cudaFreeAsync), on the
+     * device asked for, zeroed and copied on a stream; never a cudaFree */
+    long frees0 = fake_cuda("free"), mallocs0 = fake_cuda("malloc");
+    long async0 = fake_cuda("malloc_async"), async_frees0 = fake_cuda("free_async");
     void *d1 = NULL, *d2 = NULL;
-    CHECK_OK(cring__gpu_device_alloc(g, 0, 0, &d1, &err));
+    CHECK_OK(cring__gpu_mem_alloc(g, 0, 0, (void *)0x77, &d1, &err));
     CHECK(d1 == NULL);
-    CHECK_OK(cring__gpu_device_alloc(g, 0, 64, &d1, &err));
-    CHECK_OK(cring__gpu_device_alloc(g, 0, 64, &d2, &err));
-    CHECK(cring__gpu_device_alloc(g, 7, 64, &p, &err) == CRING_ERR_SYSTEM); /* no cuda:7 */
+    CHECK_OK(cring__gpu_mem_alloc(g, 0, 64, (void *)0x77, &d1, &err));
+    CHECK_OK(cring__gpu_mem_alloc(g, 0, 64, (void *)0x77, &d2, &err));
+    CHECK(cring__gpu_mem_alloc(g, 7, 64, (void *)0x77, &p, &err) ==
+          CRING_ERR_SYSTEM); /* no cuda:7 */
     CHECK(strstr(err.text, "cudaSetDevice(7)") != NULL);
     CHECK_OK(cring__gpu_zero_async(g, d1, 64, (void *)0x77, &err));
     CHECK_OK(cring__gpu_copy_device(g, d2, d1, 64, (void *)0x77, &err));
     settle(g);
     for (int i = 0; i < 64; i++) CHECK(((char *)d2)[i] == 0);
     cring__gpu_get_stats(g, &stats);
-    CHECK(stats.device_allocs == 2);
-    cring__gpu_device_free(g, d1);
-    cring__gpu_device_free(g, d2);
-    cring__gpu_device_free(g, NULL);
-    /* streams, events and the fusion buffer (stream.c) */
-    void *s1 = NULL, *s2 = NULL;
-    CHECK_OK(cring__gpu_device_stream(g, 0, &s1, &err));
-    CHECK_OK(cring__gpu_device_stream(g, 0, &s2, &err));
-    CHECK(s1 != NULL && s1 == s2); /* one per device, kept */
-    CHECK(cring__gpu_device_stream(g, 99, &s2, &err) == CRING_ERR_NOT_SUPPORTED);
+    CHECK(stats.device_allocs == 2 && stats.device_reuses == 0);
+    cring__gpu_mem_free(g, 0, d1, 64, (void *)0x77);
+    cring__gpu_mem_free(g, 0, d2, 64, (void *)0x78);
+    cring__gpu_mem_free(g, 0, NULL, 64, (void *)0x77);
+    CHECK(fake_cuda("malloc_async") - async0 == 2 && fake_cuda("free_async") - async_frees0 == 2);
+    CHECK(fake_cuda("malloc") == mallocs0 && fake_cuda("free") == frees0);
+    /* streams and events (stream.c): streams lent one owner at a time */
+    cring__gpu_stream_t *s1 = NULL, *s2 = NULL, *s3 = NULL;
+    CHECK_OK(cring__gpu_stream_acquire(g, 0, &s1, &err));
+    CHECK_OK(cring__gpu_stream_acquire(g, 0, &s2, &err));
+    CHECK(s1 != s2 && cring__gpu_stream_handle(s1) != cring__gpu_stream_handle(s2));
+    CHECK(cring__gpu_stream_device(s1) == 0);
+    cring__gpu_stream_release(g, s2);
+    CHECK_OK(cring__gpu_stream_acquire(g, 0, &s3, &err));
+    CHECK(s3 == s2); /* back from the pool, not a new one */
+    CHECK(cring__gpu_stream_acquire(g, 99, &s2, &err) == CRING_ERR_NOT_SUPPORTED);
+    void *raw = cring__gpu_stream_handle(s1);
     cring__gpu_event_t *e1 = NULL, *e2 = NULL, *e3 = NULL;
     CHECK_OK(cring__gpu_event_record(g, 0, (void *)0x77, &e1, &err));
     CHECK_OK(cring__gpu_event_record(g, 0, NULL, &e2, &err)); /* the legacy default stream */
     CHECK(e1 != e2 && cring__gpu_event_device(e1) == 0);
-    CHECK_OK(cring__gpu_stream_wait(g, 0, s1, e1, &err));
+    CHECK_OK(cring__gpu_stream_wait(g, 0, raw, e1, &err));
     CHECK_OK(cring__gpu_event_sync(g, e2, &err));
+    CHECK_OK(cring__gpu_event_check(g, e2, &err)); /* it watches no communicator */
     cring__gpu_event_ref(e1);
     cring__gpu_event_put(g, e1); /* still held once */
-    CHECK_OK(cring__gpu_event_record(g, 0, s1, &e3, &err));
+    CHECK_OK(cring__gpu_event_record(g, 0, raw, &e3, &err));
     CHECK(e3 != e1);
     cring__gpu_event_put(g, e1); /* back to the pool: the next record reuses it */
     cring__gpu_event_put(g, e3);
     cring__gpu_event_t *e4 = NULL;
-    CHECK_OK(cring__gpu_event_record(g, 0, s1, &e4, &err));
+    CHECK_OK(cring__gpu_event_record(g, 0, raw, &e4, &err));
     CHECK(e4 == e3 || e4 == e1);
     cring__gpu_event_put(g, e4);
     cring__gpu_event_put(g, e2);
     cring__gpu_event_put(g, NULL);
-    void *f1 = NULL, *f2 = NULL;
-    CHECK_OK(cring__gpu_fusion_buffer(g, 0, 1000, &f1, &err));
-    CHECK_OK(cring__gpu_fusion_buffer(g, 0, 1 << 20, &f2, &err));
-    CHECK(f1 != NULL && f1 == f2); /* 1 MiB at least, from the start */
-    CHECK_OK(cring__gpu_fusion_buffer(g, 0, (1 << 20) + 1, &f2, &err)); /* grows */
+    cring__gpu_stream_release(g, s1);
+    cring__gpu_stream_release(g, s3);
     cring__gpu_get_stats(g, &stats);
     CHECK(stats.events == 4 && stats.stream_waits == 1 && stats.host_waits == 1);
-    CHECK(stats.device_allocs == 4);
+    CHECK(stats.streams == 2);
     cring__gpu_destroy(g);
     CHECK(cring__gpu_global() != NULL && cring__gpu_global() == cring__gpu_global());
     printf("memory: ok\n");
     fflush(stdout);
+}
+
+/* Without stream-ordered allocation (a device without memory pools, as the
+ * fake's CRING_FAKE_CUDA_ASYNC_ALLOC=unsupported says): a freed block waits
+ * behind an event on its stream and is handed out again once that stream has
+ * passed it; steady allocation and freeing makes no cudaMalloc and never a
+ * cudaFree (only the context's destruction gives the blocks back). */
+static void test_fallback_allocator(void) {
+    setenv("CRING_FAKE_CUDA_ASYNC_ALLOC", "unsupported", 1);
+    cring__gpu_t *g = fresh();
+    cring__errmsg_t err;
+    CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
+    long frees0 = fake_cuda("free"), mallocs0 = fake_cuda("malloc");
+    long async0 = fake_cuda("malloc_async");
+    void *s1 = (void *)0x77, *s2 = (void *)0x78, *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(cring__gpu_mem_alloc(g, 0, 100, s1, &a, &err));
+    CHECK_OK(cring__gpu_mem_alloc(g, 0, 5000, s1, &b, &err));
+    CHECK(a && b && a != b);
+    cring__gpu_mem_free(g, 0, a, 100, s2);
+    CHECK_OK(cring__gpu_stream_sync(g, s2, &err)); /* the free's event has passed */
+    CHECK_OK(cring__gpu_mem_alloc(g, 0, 3000, s1, &c, &err));
+    CHECK(c == a); /* same size class (4 KiB), same device */
+    for (int i = 0; i < 100; i++) {
+        cring__gpu_mem_free(g, 0, c, 3000, s1);
+        CHECK_OK(cring__gpu_stream_sync(g, s1, &err));
+        CHECK_OK(cring__gpu_mem_alloc(g, 0, 4096, s2, &c, &err));
+    }
+    cring__gpu_mem_free(g, 0, b, 5000, s1);
+    cring__gpu_mem_free(g, 0, c, 4096, s2);
+    cring__gpu_stats_t stats;
+    cring__gpu_get_stats(g, &stats);
+    CHECK(stats.device_allocs == 103 && stats.device_reuses == 101);
+    CHECK(fake_cuda("malloc") - mallocs0 == 2);
+    CHECK(fake_cuda("malloc_async") == async0); /* asked, refused: not counted */
+    CHECK(fake_cuda("free") == frees0);
+    cring__gpu_destroy(g); /* now the blocks go back */
+    CHECK(fake_cuda("free") - frees0 == 2);
+    unsetenv("CRING_FAKE_CUDA_ASYNC_ALLOC");
+    printf("fallback allocator: ok\n");
+    fflush(stdout);
+}
+
+typedef struct {
+    cring__gpu_t *g;
+    int rank, size;
+    char id[CRING__GPU_UNIQUE_ID_BYTES];
+    cring__gpu_comm_t *comm;
+    _Atomic int done;
+} creation_t;
+
+static void *create_comm(void *arg) {
+    creation_t *c = arg;
+    cring__errmsg_t err;
+    CHECK_OK(cring__gpu_comm_create(c->g, 0, c->rank, c->size, c->id, &c->comm, &err));
+    atomic_store(&c->done, 1);
+    return NULL;
+}
+
+/* One float allreduce on comm (the legacy default stream), checked. */
+static void sum_on(cring__gpu_t *g, cring__gpu_comm_t *comm, int rank, int size, float salt) {
+    float x[3] = {(float)rank + salt, 1, 2};
+    cring__gpu_tensor_t t = {x, x, CRING_FLOAT32, 3, NULL, NULL, NULL};
+    cring__gpu_coll_t c = {.collective = CRING_COLL_ALLREDUCE,
+                           .op = CRING_SUM,
+                           .scale = 1.0,
+                           .ntensors = 1,
+                           .tensors = &t};
+    cring__errmsg_t err;
+    CHECK_OK(cring__gpu_collective(g, comm, &c, &err));
+    CHECK_OK(cring__gpu_stream_sync(g, NULL, &err)); /* the host reads once the stream ran it */
+    CHECK(x[0] == (float)(size * (size - 1) / 2) + salt * (float)size && x[2] == 2.0f * size);
+}
+
+static void run_owned_comms(int rank, int size, int port, int unused) {
+    alarm(60);
+    cring_config_t cfg = testutil_config(rank, size, port, CRING_TRANSPORT_AUTO, 60);
+    cfg.job_key = "gpu-owned";
+    cring_comm_t *cpu = NULL;
+    CHECK_OK(cring_comm_init(&cfg, &cpu));
+    cring__gpu_t *g = fresh();
+    cring__errmsg_t err;
+    CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
+    CHECK_OK(cring__gpu_load_nccl(g, NULL, 0, &err));
+    char id[2][CRING__GPU_UNIQUE_ID_BYTES] = {{0}};
+    if (rank == 0) CHECK_OK(cring__gpu_unique_id(g, id[0], &err));
+    if (rank == 0) CHECK_OK(cring__gpu_unique_id(g, id[1], &err));
+    CHECK_OK(cring_broadcast(cpu, id, sizeof id, 0));
+    cring__gpu_comm_t *a = NULL, *b = NULL;
+    CHECK_OK(cring__gpu_comm_create(g, 0, rank, size, id[0], &a, &err));
+    CHECK_OK(cring__gpu_comm_create(g, 0, rank, size, id[1], &b, &err));
+    CHECK(cring__gpu_comm_live(g) == 2);
+    sum_on(g, a, rank, size, 0);
+    sum_on(g, b, rank, size, 1);
+    cring__gpu_comm_destroy(g, b); /* one owner stops: the other goes on */
+    CHECK(cring__gpu_comm_live(g) == 1);
+    sum_on(g, a, rank, size, 2);
+    CHECK_OK(cring__gpu_comm_check(g, a, &err));
+
+    /* A third one whose creation the fake holds until a file exists: while a
+     * thread is inside it (waiting for "peers"), checks and collectives on a
+     * run, and an event watching a is checked, without waiting. */
+    creation_t third = {.g = g, .rank = rank, .size = size};
+    if (rank == 0) CHECK_OK(cring__gpu_unique_id(g, third.id, &err));
+    CHECK_OK(cring_broadcast(cpu, third.id, sizeof third.id, 0));
+    char gate[128], log[128];
+    snprintf(gate, sizeof gate, "/tmp/cring-test-gate-%d-%d", port, rank);
+    snprintf(log, sizeof log, "/tmp/cring-test-gate-%d-%d.log", port, rank);
+    unlink(gate);
+    unlink(log);
+    setenv("CRING_FAKE_NCCL_INIT_GATE", gate, 1);
+    setenv("CRING_FAKE_NCCL_LOG", log, 1);
+    pthread_t thread;
+    CHECK(pthread_create(&thread, NULL, create_comm, &third) == 0);
+    for (int spins = 0;; spins++) { /* until the thread is inside ncclCommInitRank */
+        char line[256] = "";
+        FILE *f = fopen(log, "r");
+        int inside = 0;
+        while (f && fgets(line, sizeof line, f))
+            if (strstr(line, "initstart")) inside = 1;
+        if (f) fclose(f);
+        if (inside) break;
+        CHECK(spins < 20000);
+        usleep(1000);
+    }
+    cring__gpu_event_t *ev = NULL;
+    CHECK_OK(cring__gpu_event_record(g, 0, NULL, &ev, &err));
+    cring__gpu_event_watch(ev, a);
+    CHECK_OK(cring__gpu_comm_check(g, a, &err));
+    CHECK_OK(cring__gpu_event_check(g, ev, &err));
+    sum_on(g, a, rank, size, 3);
+    CHECK(!atomic_load(&third.done)); /* all of that while the creation still waited */
+    FILE *open_gate = fopen(gate, "w");
+    CHECK(open_gate != NULL);
+    fclose(open_gate);
+    CHECK(pthread_join(thread, NULL) == 0);
+    sum_on(g, third.comm, rank, size, 4);
+    unsetenv("CRING_FAKE_NCCL_INIT_GATE");
+    unsetenv("CRING_FAKE_NCCL_LOG");
+    unlink(gate);
+    unlink(log);
+
+    /* a broken communicator: its events say so, the other is untouched */
+    cring__gpu_comm_fail(g, third.comm, CRING_ERR_PEER_FAILURE, "the peers went away");
+    cring__gpu_event_watch(ev, third.comm);
+    CHECK(cring__gpu_event_check(g, ev, &err) == CRING_ERR_PEER_FAILURE);
+    CHECK(strstr(err.text, "the peers went away") != NULL);
+    CHECK_OK(cring__gpu_comm_check(g, a, &err));
+    cring__gpu_comm_destroy(g, third.comm); /* aborted already: only the reference goes */
+    CHECK(cring__gpu_event_check(g, ev, &err) == CRING_ERR_PEER_FAILURE); /* the event keeps it */
+    cring__gpu_event_put(g, ev);
+    cring__gpu_comm_destroy(g, a);
+    CHECK(cring__gpu_comm_live(g) == 0);
+    cring__gpu_destroy(g);
+    cring_comm_destroy(cpu);
+    (void)unused;
+    exit(0);
 }
 
 int main(void) {
@@ -529,12 +719,15 @@ int main(void) {
     setenv("CRING_NCCL_LIBRARY", fakes.nccl, 1);
     setenv("CRING_CUDART_LIBRARY", fakes.cudart, 1);
     test_staging();
+    test_fallback_allocator();
     /* the affected versions: 2.27.0 up to 2.29.6 */
     CHECK(!cring__gpu_nccl_one_rank_defect(22609) && cring__gpu_nccl_one_rank_defect(22700));
     CHECK(cring__gpu_nccl_one_rank_defect(22809) && cring__gpu_nccl_one_rank_defect(22906));
     CHECK(!cring__gpu_nccl_one_rank_defect(22907) && !cring__gpu_nccl_one_rank_defect(23007));
     setenv("CRING_FAKE_NCCL_VERSION", "22907", 1); /* one without the defect */
     for (int size = 1; size <= 3; size++) testutil_run_world(size, run_rank, 0, "nccl collectives");
+    for (int size = 1; size <= 3; size += 2)
+        testutil_run_world(size, run_owned_comms, 0, "communicators owned by their creators");
     setenv("CRING_FAKE_NCCL_ONE_RANK_DEFECT", "1", 1);
     setenv("CRING_FAKE_NCCL_VERSION", "22809", 1);
     testutil_run_world(1, run_defect, 22809, "one-rank defect, NCCL 2.28.9");

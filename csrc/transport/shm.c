@@ -21,7 +21,8 @@
 #include "../common/auth.h"
 #include "transport.h"
 
-#define SHM_MAGIC 0x43524e4753484d31ull /* "CRNGSHM1" */
+/* "CRNGSHM2": the header carries the algorithms' parameters since issue 35 */
+#define SHM_MAGIC 0x43524e4753484d32ull
 #define PAGE_BYTES 4096
 /* A spinning waiter yields the core once every this many pauses (about
  * 0.7 us here): a peer usually answers a small collective within that, so
@@ -55,6 +56,7 @@ typedef struct shm_header {
     uint8_t nonce[CRING__NONCE_BYTES];
     uint64_t size;
     uint64_t window_bytes;
+    uint64_t params[CRING__SHM_PARAMS]; /* rank 0's, for the algorithms */
     _Alignas(CRING_CACHE_LINE) _Atomic uint32_t aborted;
     /* who aborted and why: (detector + 1) | status << 16 | (peer + 1) << 32 */
     _Atomic uint64_t abort_info;
@@ -72,6 +74,7 @@ struct cring__shm {
     shm_ctrl_t *ctrl; /* size entries */
     unsigned char *windows;
     uint64_t my_seq;
+    uint64_t params[CRING__SHM_PARAMS]; /* the header's, copied at creation */
     /* the highest counter value seen per peer (they only grow): a wait it
      * already covers needs no load of the peer's line, which the peer has
      * usually written again since (a cross-core miss per small collective) */
@@ -154,6 +157,7 @@ static cring_status_t create_segment(cring__shm_t *shm, char *name, size_t name_
     shm->hdr = shm->base;
     shm->hdr->size = (uint64_t)shm->size;
     shm->hdr->window_bytes = shm->window_bytes;
+    memcpy(shm->hdr->params, shm->params, sizeof shm->params);
     cring__random_bytes(shm->hdr->nonce, sizeof shm->hdr->nonce);
     shm->hdr->magic = SHM_MAGIC;
 cleanup:
@@ -218,6 +222,7 @@ cring_status_t cring__shm_create(const cring__transport_init_t *init, size_t win
     shm->timeout_s = init->timeout_s;
     shm->err = init->err;
     shm->window_bytes = round_up(window_bytes, PAGE_BYTES);
+    if (init->shm_params) memcpy(shm->params, init->shm_params, sizeof shm->params);
     shm->map_bytes = windows_offset(init->size) + (size_t)init->size * shm->window_bytes;
     choose_spin_policy(shm);
     snprintf(key, sizeof key, "%s/shm/name", init->key_prefix);
@@ -256,6 +261,7 @@ cring_status_t cring__shm_create(const cring__transport_init_t *init, size_t win
         shm->ctrl = (shm_ctrl_t *)((unsigned char *)shm->base + ctrl_offset());
         shm->windows = (unsigned char *)shm->base + windows_offset(init->size);
         shm->ctrl[init->rank].pid = (int32_t)getpid();
+        memcpy(shm->params, shm->hdr->params, sizeof shm->params); /* rank 0's */
         /* Touch this rank's window so page faults are not paid in a collective. */
         memset(shm->windows + (size_t)init->rank * shm->window_bytes, 0, shm->window_bytes);
     }
@@ -308,6 +314,8 @@ void *cring__shm_window(cring__shm_t *shm, int peer) {
 }
 
 size_t cring__shm_window_bytes(const cring__shm_t *shm) { return shm->window_bytes; }
+
+const uint64_t *cring__shm_params(const cring__shm_t *shm) { return shm->params; }
 
 void *cring__shm_slot(cring__shm_t *shm, int peer, int index) {
     return shm->ctrl[peer].slots[index & 1];

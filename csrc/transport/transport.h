@@ -23,6 +23,9 @@ typedef struct cring__transport_init {
     const char *secret;      /* job secret for peer handshakes (may be NULL) */
     double timeout_s;        /* bound on every wait */
     cring__errmsg_t *err;    /* where failure detail goes (owned by the comm) */
+    /* shared memory: rank 0's CRING__SHM_PARAMS numbers for the algorithms
+     * (NULL: zeros); other ranks' are ignored (see cring__shm_params) */
+    const uint64_t *shm_params;
 } cring__transport_init_t;
 
 /* ---- point to point -------------------------------------------------------- */
@@ -78,6 +81,13 @@ typedef struct cring__shm cring__shm_t;
 cring_status_t cring__shm_create(const cring__transport_init_t *init, size_t window_bytes,
                                  cring__shm_t **out);
 void cring__shm_destroy(cring__shm_t *shm);
+
+/* Numbers the algorithms above choose (sizes of rounds and the like) that
+ * every rank must use alike: rank 0's init->shm_params, carried in the
+ * segment's header and copied by every rank at creation. The transport
+ * never reads them. */
+#define CRING__SHM_PARAMS 8
+const uint64_t *cring__shm_params(const cring__shm_t *shm);
 
 /* Base of peer's data window (peer == own rank gives this rank's). */
 void *cring__shm_window(cring__shm_t *shm, int peer);

@@ -315,7 +315,9 @@ _KNOBS = ("fusion_threshold_bytes", "cycle_time_ms", "autotune")
 def engine_stats() -> dict:
     """Counters of the background engine: negotiation cycles, data
     collectives run (a fused batch counts once), tensors completed, tensors
-    that went through the fusion buffer, response-cache hits, errors; and the
+    that went through the fusion buffer, response-cache hits, errors, CUDA
+    allreduces held for their gradient bucket (bucket_held) and releases of
+    held ones by the idle rule (bucket_idle_releases; docs/gpu.md); and the
     payload bytes this rank moved per transport (tcp_bytes_sent/_received on
     its sockets, shm_bytes_sent/_received through shared memory)."""
     _require_init()

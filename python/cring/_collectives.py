@@ -135,7 +135,7 @@ def _allreduce_async(
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
         _require_init()
-        if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
+        if _gpu.host_staged(tensors, name):
             wires = {_wire(compression, _gpu.info(x, name)[1]) for x in tensors}
             return _gpu.host_reduce_like(
                 _submit,
@@ -288,7 +288,7 @@ def _plain(compression: Any, prescale_factor: float, postscale_factor: float) ->
     )
 
 
-def allreduce(
+def _allreduce_out_general(
     tensor: Any,
     op: int = Average,
     name: Optional[str] = None,
@@ -297,9 +297,8 @@ def allreduce(
     postscale_factor: float = 1.0,
     process_set: Any = None,
 ) -> Any:
-    """Return a new tensor of the caller's kind holding the reduction of
-    `tensor` over all ranks; the input is unchanged.
-    op: cring.Average (default, as in Horovod), Sum, Min, Max or Product."""
+    """allreduce for what _C.allreduce does not do itself (CUDA and other
+    libraries' tensors, strided ones, compression, scaling, process sets)."""
     ps = _ps_id(process_set)
     return synchronize(
         _allreduce_async(
@@ -315,6 +314,18 @@ def allreduce(
             True,
         )
     )
+
+
+# cring.allreduce(tensor, op=Average, name=None, compression=None,
+# prescale_factor=1.0, postscale_factor=1.0, process_set=None): return a new
+# tensor of the caller's kind holding the reduction of `tensor` over all
+# ranks; the input is unchanged. A contiguous NumPy array or CPU torch tensor
+# on the global set, without compression or scaling, is reduced by
+# _C.allreduce without a Python frame (the output made by empty_like in C,
+# the caller waiting as allreduce_ does); the rest comes back to
+# _allreduce_out_general.
+_C.allreduce_out_fallback = _allreduce_out_general
+allreduce = _C.allreduce
 
 
 def _allreduce_inplace_general(
@@ -480,7 +491,7 @@ def _broadcast_async(
         n = _ps_size_rank(0)[0]
         if not ps and not 0 <= root < n:
             raise ValueError(f"tensor '{name}': root_rank {root} is out of range for size {n}")
-        if ps or _gpu.host_staged([tensor], name):  # another process set: staged (docs)
+        if _gpu.host_staged([tensor], name):
             return _gpu.host_reduce_like(
                 _submit,
                 _C.BROADCAST,
@@ -574,7 +585,7 @@ def _allgather_async(
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     cuda = _gpu.any_cuda(tensors)
     if cuda:
-        if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
+        if _gpu.host_staged(tensors, name):
             return _gpu.host_allgather(
                 _submit, list(tensors), name, grouped, p, caller_waits=caller_waits, process_set=ps
             )

@@ -43,7 +43,7 @@ def _reducescatter_async(
     submit, info = _submit, _info
     # ---- CUDA tensors: the same path on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda(tensors):
-        if ps or _gpu.host_staged(tensors, name):  # another process set: staged (docs)
+        if _gpu.host_staged(tensors, name):
             return _gpu.host_reducescatter(
                 _submit,
                 list(tensors),
@@ -197,7 +197,7 @@ def _alltoall_async(ps: int, tensor: Any, splits: Any, name: str, caller_waits: 
     info, like, stream = _info, result_like, None
     # ---- CUDA tensors: NCCL on the caller's stream, or host staging (cring._gpu) ----
     if _gpu.any_cuda([tensor]):
-        if ps or _gpu.host_staged([tensor], name):  # another process set: staged (docs)
+        if _gpu.host_staged([tensor], name):
             return _gpu.host_alltoall(submit, tensor, name, p)
         info, like, stream = _gpu.info, _gpu.result_like, _gpu.nccl_stream([tensor], name)
         # NCCL: the result goes to room of the input's size (torch's allocator) where it fits

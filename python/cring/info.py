@@ -182,7 +182,57 @@ def collect(environ: Optional[dict] = None) -> dict:
         "cuda": cuda_info(),
         "warnings": known_defects(nccl_code),
         "knobs": _knobs(env),
+        "shm_tuning": _shm_tuning(env),
     }
+
+
+# The shared-memory collectives' sizes: (key, what it is, knob, how the default is derived)
+_SHM_SIZES = (
+    ("round_bytes", "rounds", "CRING_SHM_ROUND_BYTES", "L2 / 4"),
+    ("small_allreduce_bytes", "one-exchange allreduce up to", "CRING_SHM_SMALL_BYTES", "L1d / 3"),
+    ("reduce_block_bytes", "reduce blocks", "CRING_SHM_REDUCE_BLOCK_BYTES", "L1d x 2/3"),
+    (
+        "stream_min_bytes",
+        "streaming stores from",
+        "CRING_SHM_STREAM_MIN_BYTES",
+        "L3 per CPU sharing it / 2",
+    ),
+    ("inplace_round_bytes", "shared-region rounds", "CRING_SHM_INPLACE_ROUND_BYTES", "L3 / 8"),
+    (
+        "inplace_stream_min_bytes",
+        "shared-region streaming from",
+        "CRING_SHM_INPLACE_STREAM_MIN_BYTES",
+        "L2 / 4",
+    ),
+)
+
+
+def _shm_tuning(environ: dict) -> dict:
+    """The shared-memory sizes (_C.shm_tuning) and which knobs set them."""
+    tuning = dict(_C.shm_tuning())
+    tuning["set"] = [knob for _, _, knob, _ in _SHM_SIZES if knob in environ]
+    return tuning
+
+
+def _bytes(n: int) -> str:
+    if not n:
+        return "unknown"
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _shm_lines(tuning: dict) -> list:
+    """The shared-memory sizes, and where each comes from (derived or set)."""
+    lines = [
+        f"    caches: L1d {_bytes(tuning['l1d_bytes'])}, L2 {_bytes(tuning['l2_bytes'])}, "
+        f"L3 {_bytes(tuning['l3_bytes'])} (cpu0, as the machine reports them)"
+    ]
+    for key, what, knob, rule in _SHM_SIZES:
+        source = f"{knob} is set" if knob in tuning["set"] else f"{rule}; {knob}"
+        lines.append(f"    {what + ':':<30} {_bytes(tuning[key]):>9}  ({source})")
+    return lines
 
 
 def _mark(flag: bool) -> str:
@@ -238,6 +288,9 @@ def report(info: Optional[dict] = None) -> str:
         )
     else:
         lines.append(f"    {_mark(False)} CUDA runtime: {cuda['error']}")
+    if "shm_tuning" in info:
+        lines += ["", "Shared-memory sizes (rank 0's are used by the job):"]
+        lines += _shm_lines(info["shm_tuning"])
     lines += ["", "Known defects of the loaded libraries:"]
     lines += [f"    WARNING: {w}" for w in info["warnings"]] or ["    none"]
     lines += ["", "Knobs (CRING_* set here, HOROVOD_* as cring reads them):"]

@@ -1,9 +1,10 @@
 """One rank of tests/test_gpu_results.py: out-of-place results of fake CUDA
 tensors (FakeCudaTensor, an Array-API producer, and fake_cupy.ndarray, a
 CuPy-like one) through the NCCL path against the test doubles, whose
-cudaFree overwrites freed memory. Only the NumPy views of the results are
-kept (as a user keeps a CuPy array and drops what made it): every result must
-own its memory. Writes <outdir>/rank<R>.json. argv: outdir."""
+cudaFree and cudaFreeAsync overwrite freed memory. Only the NumPy views of the
+results are kept (as a user keeps a CuPy array and drops what made it): every
+result must own its memory, and give it back stream-ordered (cudaFreeAsync,
+never a device-wide cudaFree). Writes <outdir>/rank<R>.json. argv: outdir."""
 
 from __future__ import annotations
 
@@ -33,13 +34,15 @@ def values(k: int, rank: int, shape: tuple, dtype: str) -> np.ndarray:
     return ((np.arange(n) * (rank + 1) + k) % 97).reshape(shape).astype(dtype)
 
 
-def frees() -> int:
+def frees(call: str) -> int:
+    """This process's calls of the fake runtime's `call` ("free": cudaFree,
+    "freeasync": cudaFreeAsync) so far."""
     path = os.environ.get("CRING_FAKE_CUDA_LOG")
     if not path:
         return -1
-    pid = f"pid={os.getpid()} "
+    pid = f"pid={os.getpid()}"
     with open(path) as f:
-        return sum(1 for line in f if line.startswith(pid) and line.rstrip().endswith(" free"))
+        return sum(1 for line in f if line.split()[:2] == [pid, call])
 
 
 def main() -> None:
@@ -86,10 +89,10 @@ def main() -> None:
         for what, got, exp in kept
         if got.shape != exp.shape or got.dtype != exp.dtype or not np.array_equal(got, exp)
     ]
-    frees_before = frees()
+    frees_before = frees("freeasync")
     del kept
     gc.collect()
-    frees_released = frees() - frees_before  # the kept allgather results' memory
+    frees_released = frees("freeasync") - frees_before  # the kept allgather results' memory
 
     # a CuPy-like producer (module-level empty/from_dlpack) gets its own kind
     c = fake_cupy.asarray(values(1, r, (r + 1, 4), "float32"))
@@ -115,6 +118,7 @@ def main() -> None:
         bad.append("cupy reducescatter")
 
     stats = _gpu.stats()
+    device_wide_frees = frees("free")
     cring.shutdown()
     with open(outdir / f"rank{r}.json", "w") as f:
         json.dump(
@@ -124,6 +128,7 @@ def main() -> None:
                 "bad": bad,
                 "checked": KEEP,
                 "frees_released": frees_released,
+                "device_wide_frees": device_wide_frees,
                 "cupy_kinds": cupy_kinds,
                 "stats": stats,
             },

@@ -103,15 +103,17 @@ class _Sweep:
             self.compare(f"{what}[{k}]" if len(got) > 1 else what, g, np.asarray(w), close)
 
 
-def _half_factor_at_one_rank(s: _Sweep) -> None:
-    """Device tensors at world size 1 only: a scaled float16 Sum/Average is
-    x * factor with the factor (prescale x postscale) rounded to float16 first,
-    as NCCL's pre-multiplied sum and Horovod's GPU path compute it, whether
-    NCCL or the staged route (the one-rank defect's guard) ran it. The CPU path
-    scales float16 by the float32 factor (Horovod's CPU rule), and so do
-    process sets other than the global one, which go through host memory and
-    the CPU path (docs/gpu.md), so this is not compared with the CPU; 0.3 and
-    0.15 are not float16 numbers, so the two rules differ here."""
+def _half_factor_at_one_rank(s: _Sweep, process_set: Any = None) -> None:
+    """Device tensors on one rank (world size 1, or a process set of one rank):
+    a scaled float16 Sum/Average is x * factor with the factor (prescale x
+    postscale) rounded to float16 first, as NCCL's pre-multiplied sum and
+    Horovod's GPU path compute it, whether NCCL or the staged route (the
+    one-rank defect's guard) ran it, on the global set and on a process set
+    alike (each set has its own NCCL communicator; docs/gpu.md). The CPU path
+    scales float16 by the float32 factor (Horovod's CPU rule), so this is not
+    compared with the CPU; 0.3 and 0.15 are not float16 numbers, so the two
+    rules differ here."""
+    where_set = "" if process_set is None else " on a one-rank set"
     for pre, post in ((0.3, 1.0), (1.0, 0.3), (2.0, 0.15)):
         factor = np.float32(np.float16(pre * post))
         for op_name, op in OPS[:2]:
@@ -119,9 +121,11 @@ def _half_factor_at_one_rank(s: _Sweep) -> None:
                 x = values("float16", (17, 17, 17), 0, 1, 13)
                 want = (x.astype(np.float32) * factor).astype(np.float16)
                 where = "in place" if in_place else "out of place"
-                what = f"one-rank float16 {op_name} x{pre},{post} {where}"
+                what = f"one-rank float16 {op_name} x{pre},{post} {where}{where_set}"
                 s.log(f"case {what}", verbose=True)
                 kw = dict(op=op, prescale_factor=pre, postscale_factor=post)
+                if process_set is not None:
+                    kw["process_set"] = process_set
                 try:
                     t = s.dev(x)
                     tensor_name = f"sweep.half.{pre}.{post}.{op_name}.{in_place}"
@@ -305,6 +309,7 @@ def sweep(
                 return out, np.asarray(received, dtype=np.int64)
 
             s.both(f"one-rank set alltoall {dtype}", ps_a2a)
+        _half_factor_at_one_rank(s, mine)
         for ps in sets:
             cring.remove_process_set(ps)
     return s.cases, s.failures

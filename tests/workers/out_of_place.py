@@ -1,12 +1,13 @@
-"""Worker: the out-of-place async allreduce (cring.allreduce_async and
+"""Worker: the out-of-place allreduce (cring.allreduce_async and
 cring.torch.allreduce_async, queued in C for NumPy arrays and CPU torch
-tensors): exact results into new tensors with the inputs unchanged, in
-bursts that the engine fuses (submitted in a different order on each rank),
-sizes on both sides of shared memory's small/large forms, dtypes and ops,
-0-d and empty tensors, read-only inputs, unnamed calls, in-place and
-out-of-place calls in one burst, dropped handles, and the Python route
-(scaling, compression) next to it. Values are small integers, so every sum
-is exact in every dtype. Writes <outdir>/rank<R>.json."""
+tensors; cring.allreduce, reduced in C and waited on by the caller): exact
+results into new tensors with the inputs unchanged, in bursts that the
+engine fuses (submitted in a different order on each rank), sizes on both
+sides of shared memory's small/large forms, dtypes and ops, 0-d and empty
+tensors, read-only inputs, unnamed calls, in-place and out-of-place calls in
+one burst, dropped handles, and the Python route (scaling, compression)
+next to it. Values are small integers, so every sum is exact in every
+dtype. Writes <outdir>/rank<R>.json."""
 
 import random
 import sys
@@ -163,6 +164,98 @@ def errors():
 if size > 1:
     checks.check("errors", errors)
 
+
+def sync_calls(n, dtype, op, named):
+    """cring.allreduce (synchronous, out of place; issue 35: reduced in C for
+    NumPy arrays, the caller waiting as allreduce_ does) on tensors 0..4."""
+    for i in range(5):
+        x = rank_values(i, rank, n, dtype)
+        keep = x.copy()
+        name = f"sync.{n}.{np.dtype(dtype).name}.{int(op)}.{i}" if named else None
+        got = cring.allreduce(x, op=op, name=name)
+        if type(got) is not np.ndarray or got is x or got.dtype != x.dtype:
+            return f"tensor {i}: {type(got).__name__} {getattr(got, 'dtype', None)}, input back"
+        problem = compare(got, expected(i, n, dtype, op)) or compare(x, keep)
+        if problem:
+            return f"tensor {i} ({n} x {np.dtype(dtype).name}): {problem}"
+    return None
+
+
+# 1 and 7 elements (odd), 4 KiB (rides the negotiation round), 64 KiB,
+# and sizes past shared memory's small form and its rounds
+for n in (1, 7, 1024, 16384, 100_003, 1_000_003):
+    checks.check(f"sync {n} float32 sum", lambda: sync_calls(n, np.float32, cring.Sum, True))
+for dtype in (np.float64, np.int32, np.int64, np.float16, np.uint8):
+    for op in (cring.Sum, cring.Max, cring.Min):
+        checks.check(
+            f"sync 1000 {np.dtype(dtype).name} op {int(op)}",
+            lambda: sync_calls(1000, dtype, op, True),
+        )
+checks.check("sync Average float64", lambda: sync_calls(333, np.float64, cring.Average, True))
+checks.check("sync unnamed", lambda: sync_calls(256, np.float32, cring.Sum, False))
+
+
+def sync_forms():
+    got = cring.allreduce(np.full(8, float(rank + 1), np.float32), name="sync.default")
+    if (problem := compare(got, np.full(8, (size + 1) / 2, np.float32))) is not None:
+        return f"default op (Average): {problem}"
+    for shape, label in (((), "scalar"), ((0,), "empty"), ((3, 4, 5), "3d")):
+        x = np.full(shape, rank + 1, np.int64)
+        got = cring.allreduce(x, op=cring.Sum, name=f"sync.shape.{label}")
+        problem = compare(got, np.full(shape, size * (size + 1) // 2, np.int64))
+        if got is x or got.shape != shape or problem:
+            return f"{label}: {got!r}: {problem}"
+    x = np.full(64, float(rank), np.float32)
+    x.setflags(write=False)
+    problem = compare(
+        cring.allreduce(x, op=cring.Sum, name="sync.ro"),
+        np.full(64, 1.0 * sum(range(size)), np.float32),
+    )
+    if problem:
+        return f"read-only input: {problem}"
+    strided = np.arange(20, dtype=np.float32)[::2] + rank  # the Python route copies it
+    got = cring.allreduce(strided, op=cring.Sum, name="sync.strided")
+    if problem := compare(got, size * np.arange(0, 20, 2, dtype=np.float32) + sum(range(size))):
+        return f"strided input: {problem}"
+    got = cring.allreduce(
+        np.full(4, 1.0, np.float32), op=cring.Sum, name="sync.scaled", prescale_factor=2.0
+    )
+    if (problem := compare(got, np.full(4, 2.0 * size, np.float32))) is not None:
+        return f"prescale (the Python route): {problem}"
+    return None
+
+
+checks.check("sync: default op, 0-d, empty, 3-d, read-only, strided, scaled", sync_forms)
+
+
+def sync_errors():
+    try:
+        cring.allreduce(np.ones(4, np.float32), op=99, name="sync.badop")
+    except ValueError as e:
+        if "op" not in str(e):
+            return f"bad op: {e}"
+    else:
+        return "an unknown op did not raise"
+    try:
+        cring.allreduce(np.ones(4 + rank, np.float32), name="sync.mismatch")
+    except cring.MismatchError as e:
+        if "sync.mismatch" not in str(e):
+            return f"mismatch error does not name the tensor: {e}"
+    else:
+        return "a shape mismatch did not raise"
+    try:
+        cring.allreduce([1.0, 2.0], name="sync.list")
+    except (TypeError, ValueError) as e:
+        if not str(e):
+            return "a list input raised an empty error"
+    else:
+        return "a list input did not raise"
+    return None
+
+
+if size > 1:
+    checks.check("sync errors", sync_errors)
+
 try:
     import torch
 except ImportError:
@@ -237,6 +330,23 @@ if torch is not None:
             yield
 
     checks.check("torch inputs: requires_grad, Parameter, 0-d, average=, scaling", torch_forms)
+
+    def torch_sync():
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            x = torch.full((1000,), float(rank + 1), dtype=dtype)
+            got = cring.allreduce(x, op=cring.Sum, name=f"sync.t.{dtype}")
+            want = torch.full((1000,), float(size * (size + 1) // 2), dtype=dtype)
+            if type(got) is not torch.Tensor or got is x or not torch.equal(got, want):
+                return f"{dtype}: {type(got).__name__} {got[:4] if hasattr(got, 'shape') else got}"
+            if not torch.equal(x, torch.full((1000,), float(rank + 1), dtype=dtype)):
+                return f"{dtype}: input changed"
+        w = torch.full((3,), float(rank + 1), requires_grad=True)
+        got = cring.allreduce(w, op=cring.Sum, name="sync.t.grad")
+        if got.requires_grad or got.tolist() != [float(size * (size + 1) // 2)] * 3:
+            return f"requires_grad input: {got}"
+        return None
+
+    checks.check("cring.allreduce on torch tensors", torch_sync)
 
 cring.shutdown()
 checks.finish()

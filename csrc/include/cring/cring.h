@@ -326,7 +326,9 @@ typedef struct cring_request {
 /* The name is one of a cycle that unnamed calls reuse in submission order
  * ("allreduce.noname.3"): a request whose name is still in flight on this
  * rank waits behind it (and is queued when it completes) instead of failing
- * as a duplicate, so the response cache serves unnamed calls too. */
+ * as a duplicate, so the response cache serves unnamed calls too. Such a
+ * request is no gradient: it is never held for a gradient bucket. Every rank
+ * must set the flag alike for a name. */
 #define CRING_REQUEST_SEQUENCED 2
 
 typedef struct cring_engine_stats {
@@ -336,6 +338,11 @@ typedef struct cring_engine_stats {
     uint64_t fused_tensors; /* tensors that went through the fusion buffer */
     uint64_t cache_hits;    /* requests negotiated from the response cache */
     uint64_t errors;        /* requests that completed with an error */
+    /* Gradient buckets (docs/gpu.md, "Gradient buckets"): CUDA allreduces
+     * that waited for the rest of their bucket, and releases of everything
+     * held by the idle rule (no gradient for 0.2 s, or one held for 2 s)
+     * rather than by complete buckets or a waiting thread. */
+    uint64_t bucket_held, bucket_idle_releases;
     /* Payload bytes this rank moved since init, per transport: TCP as sent
      * and received on its sockets, shared memory as given to and taken from
      * its collectives (a hierarchical communicator uses both). */
@@ -396,7 +403,11 @@ typedef void (*cring_output_free_fn)(void *ctx, void *ptr, size_t bytes);
  * `index` (engine-allocated, not lent) out of the handle, so the caller owns
  * the memory (a DLPack export's deleter, for one) and frees it with
  * *free_out(*ctx_out, ptr, *bytes_out) whenever it likes, before or after
- * cring_handle_free or the engine's stop. NULL (nothing moved) for host
+ * cring_handle_free or the engine's stop. That free never waits: it is
+ * ordered on the engine's stream (after the work queued there so far), so
+ * the caller must have ordered that stream after its own use of the memory
+ * on other streams first (the Python binding frees on the consumer's stream
+ * instead, through the GPU layer). NULL (nothing moved) for host
  * results, results in room the caller lent, a result already taken, a handle
  * not complete, or a zero-byte result. Not thread-safe against another
  * take of the same handle. */
@@ -426,6 +437,22 @@ CRING_API void cring_engine_timeline_mark_cycles(cring_engine_t *engine, int on)
 /* Name of the reduction kernel family chosen for this CPU at run time
  * ("avx512", "avx2", "scalar", ...). Thread-safe. */
 CRING_API const char *cring_reduce_isa(void);
+
+/* The sizes the shared-memory collectives work in on this machine, and the
+ * caches they come from (docs/performance.md, "Sizes from the machine").
+ * A job uses rank 0's. Cache sizes are 0 where the machine reports none. */
+typedef struct cring_shm_tuning {
+    size_t l1d_bytes, l2_bytes, l3_bytes; /* per core (L3: as reported) */
+    size_t round_bytes;                   /* CRING_SHM_ROUND_BYTES: L2 / 4 */
+    size_t small_allreduce_bytes;         /* CRING_SHM_SMALL_BYTES: L1d / 3 */
+    size_t reduce_block_bytes;            /* CRING_SHM_REDUCE_BLOCK_BYTES: L1d * 2/3 */
+    size_t stream_min_bytes;              /* CRING_SHM_STREAM_MIN_BYTES: L3 per CPU / 2 */
+    size_t inplace_round_bytes;           /* CRING_SHM_INPLACE_ROUND_BYTES: L3 / 8 */
+    size_t inplace_stream_min_bytes;      /* CRING_SHM_INPLACE_STREAM_MIN_BYTES: L2 / 4 */
+} cring_shm_tuning_t;
+/* Fill *out from the caches and the environment (powers of two, clamped;
+ * a variable that is set wins). Reads sysfs; thread-safe. */
+CRING_API void cring_shm_tuning(cring_shm_tuning_t *out);
 
 #ifdef __cplusplus
 }

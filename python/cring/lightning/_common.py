@@ -319,6 +319,54 @@ class GradientAverager:
                 pass
 
 
+COMM_STATE_KEY = "cring_comm_state"  # where a checkpoint keeps the hook's state
+
+
+def check_comm_hook(comm_hook: Any, comm_state: Any, shard_state: int) -> tuple:
+    """The strategy's comm_hook/comm_state arguments, checked."""
+    if comm_hook is None:
+        if comm_state is not None:
+            raise ValueError("comm_state was given without a comm_hook")
+        return None, None
+    if not callable(comm_hook):
+        raise TypeError(
+            f"comm_hook must be callable as hook(state, bucket), got {type(comm_hook).__name__}"
+        )
+    if shard_state == 2:
+        raise ValueError(
+            "comm_hook cannot be combined with shard_state=2 (its gradients are "
+            "reduce-scattered; a hook returns whole buckets): use shard_state=1 or 0"
+        )
+    return comm_hook, comm_state
+
+
+def make_averager(module: torch.nn.Module, comm_hook: Any, comm_state: Any) -> Any:
+    """The strategy's averager: through the communication hook when there is one."""
+    if comm_hook is None:
+        return GradientAverager(module, "lightning.grad")
+    from cring.torch._comm_hook import HookAverager
+
+    return HookAverager(module, "lightning.hook", comm_hook, comm_state)
+
+
+def with_comm_state(checkpoint: dict, comm_state: Any) -> dict:
+    """`checkpoint` with the hook state's state_dict() added (rank 0's is the
+    one written; docs/hooks.md says what each rank takes back)."""
+    if comm_state is None or not hasattr(comm_state, "state_dict"):
+        return checkpoint
+    return {**checkpoint, COMM_STATE_KEY: comm_state.state_dict()}
+
+
+def load_comm_state(checkpoint: Any, comm_state: Any) -> None:
+    if (
+        comm_state is not None
+        and hasattr(comm_state, "load_state_dict")
+        and isinstance(checkpoint, dict)
+        and COMM_STATE_KEY in checkpoint
+    ):
+        comm_state.load_state_dict(checkpoint[COMM_STATE_KEY])
+
+
 @contextmanager
 def sync_paused(averager: Optional[GradientAverager]) -> Iterator[None]:
     """Within this context backward does not communicate: gradients only

@@ -39,9 +39,16 @@ def is_sharded(optimizer: Any) -> bool:
     return getattr(optimizer, "_zero_stage", 0) > 0
 
 
-def wrap(optimizer: torch.optim.Optimizer, shard_state: int, prefix: str) -> Any:
+def wrap(
+    optimizer: torch.optim.Optimizer,
+    shard_state: int,
+    prefix: str,
+    comm_hook: Any = None,
+    comm_state: Any = None,
+) -> Any:
     """`optimizer` as a sharded DistributedOptimizer (its hooks reduce the
-    gradients; collectives named `prefix`.<group>.<index>)."""
+    gradients, through `comm_hook` if given; collectives named
+    `prefix`.<group>.<index>)."""
     from cring.torch.optimizer import DistributedOptimizer
 
     if is_sharded(optimizer):
@@ -51,7 +58,13 @@ def wrap(optimizer: torch.optim.Optimizer, shard_state: int, prefix: str) -> Any
         for i, group in enumerate(optimizer.param_groups)
         for j, p in enumerate(group["params"])
     ]
-    return DistributedOptimizer(optimizer, named_parameters=named, shard_state=shard_state)
+    return DistributedOptimizer(
+        optimizer,
+        named_parameters=named,
+        shard_state=shard_state,
+        comm_hook=comm_hook,
+        comm_state=comm_state,
+    )
 
 
 def synchronize(optimizers: Any) -> None:
@@ -112,8 +125,15 @@ class TrainerSharding:
                 "on_before_optimizer_step"
             )
         originals = list(self.optimizers)  # type: ignore[has-type]
+        hook, state = getattr(self, "_comm_hook", None), getattr(self, "_comm_state", None)
+        if hook is not None and len(originals) > 1:
+            raise ValueError(
+                "strategy 'cring' with shard_state and a comm_hook takes one optimizer (the "
+                f"hook's state holds one set of buckets), got {len(originals)}"
+            )
         wrapped = [
-            wrap(opt, self._shard_state, f"lightning.zero{k}") for k, opt in enumerate(originals)
+            wrap(opt, self._shard_state, f"lightning.zero{k}", hook, state)
+            for k, opt in enumerate(originals)
         ]
         for config in getattr(self, "lr_scheduler_configs", []):
             for old, new in zip(originals, wrapped):

@@ -44,6 +44,13 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
             default CRING_TIMEOUT_SECONDS or 600.
         shard_state: 1 or 2 shards the optimizer state (and, 2, the
             gradients) over the ranks, ZeRO-style (docs/sharded.md); 0 (default) does not.
+        comm_hook, comm_state: a communication hook and its state, as
+            DDPStrategy's ddp_comm_hook/ddp_comm_state (docs/hooks.md): e.g.
+            cring.torch.hooks.powerSGD_hook with a PowerSGDState. The
+            gradients are averaged bucket by bucket through the hook; a state
+            with state_dict() is saved in checkpoints ("cring_comm_state")
+            and loaded back on resume. With shard_state=1 the (single)
+            optimizer's buckets go through it; not with shard_state=2.
         accelerator, parallel_devices, checkpoint_io, precision_plugin: as for
             every Lightning strategy (CPU or CUDA devices; precision "32",
             "bf16-mixed", "16-mixed" with its gradient scaler, and the rest of
@@ -62,9 +69,14 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
         precision_plugin: Any = None,
         timeout_s: Optional[float] = None,
         shard_state: int = 0,
+        comm_hook: Optional[Callable] = None,
+        comm_state: Any = None,
     ) -> None:
         self._cluster_environment = None
         self._shard_state = _sharded.check_shard_state(shard_state)
+        self._comm_hook, self._comm_state = _common.check_comm_hook(
+            comm_hook, comm_state, self._shard_state
+        )
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -137,7 +149,9 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
         if fitting:
             self.setup_optimizers(trainer)
             if not self._shard_state:  # else the sharded optimizers' hooks reduce
-                self._averager = _common.GradientAverager(self.model, "lightning.grad")
+                self._averager = _common.make_averager(
+                    self.model, self._comm_hook, self._comm_state
+                )
         self.setup_precision_plugin()
         if fitting:
             self._lib.optimizers_to_device(self.optimizers, self.root_device)
@@ -182,6 +196,19 @@ class _CRingStrategyBase(_sharded.TrainerSharding, _common.StrategyMixin):
         if averager is not None and averager.enabled and averager.in_flight:
             averager.wait()  # a backward that did not go through the strategy
         return super().optimizer_step(optimizer, closure, model, **kwargs)
+
+    # ---- checkpoints: the communication hook's state ----------------------------------------
+
+    def save_checkpoint(
+        self, checkpoint: dict, filepath: Any, storage_options: Optional[Any] = None
+    ) -> None:
+        checkpoint = _common.with_comm_state(checkpoint, self._comm_state)
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        _common.load_comm_state(checkpoint, self._comm_state)
+        return checkpoint
 
     # ---- collectives ---------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import torch
 
 import cring
 
-from . import _adasum, _buckets
+from . import _adasum, _buckets, _comm_hook
 from . import sharded as _sharded
 from .functions import broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import sparse_allreduce_async as _sparse_allreduce_async
@@ -103,6 +103,8 @@ class _DistributedOptimizer:
         sparse_as_dense: bool,
         process_set: Any = None,
         bucket_view: bool = False,
+        comm_hook: Any = None,
+        comm_state: Any = None,
     ) -> None:
         if isinstance(compression, cring.Compressor) or compression is None:
             self._cring_engine_compression, self._cring_torch_compression = compression, None
@@ -152,7 +154,13 @@ class _DistributedOptimizer:
         self._cring_should_synchronize = True
         self._cring_hook_handles: list = []
         self._cring_buckets: Optional[_buckets.BucketLayout] = None
-        if bucket_view:  # shared buckets where possible (_buckets.py), else the usual units
+        self._cring_hook_runner: Optional[_comm_hook.HookRunner] = None
+        if comm_hook is not None:  # the hook reduces DDP-style buckets (_comm_hook.py)
+            self._cring_hook_runner, self._cring_units = _comm_hook.optimizer_units(
+                self, trainable, comm_hook, comm_state, bucket_view
+            )
+            self._cring_unit_of = {p: u for u in self._cring_units for p in u.params}
+        elif bucket_view:  # shared buckets where possible (_buckets.py), else the usual units
             self._cring_buckets, units = _buckets.plan_units(
                 self, trainable, groups, compression, process_set
             )
@@ -211,6 +219,8 @@ class _DistributedOptimizer:
             self._cring_touched.add(p)
             if isinstance(unit, _buckets.BucketUnit):
                 self._cring_buckets.attach(p)  # later passes accumulate into the view
+            elif isinstance(unit, _comm_hook.HookUnit):
+                unit.bucket.attach(p)  # the same, with gradient_as_bucket_view
             if self._cring_delay[p] == 0:
                 unit.ready += 1
                 if unit.ready == len(unit.params):
@@ -219,6 +229,10 @@ class _DistributedOptimizer:
     def _cring_submit(self, unit: _Unit) -> None:
         """Start the allreduce of `unit`'s gradients (zeros for a parameter
         that has none: another rank may have one, and every rank must submit)."""
+        if isinstance(unit, _comm_hook.HookUnit):  # the hook's turn, in bucket order
+            for started, pending in self._cring_hook_runner.ready(unit):
+                self._cring_handles[started] = [(pending, [])]
+            return
         if isinstance(unit, _buckets.BucketUnit):  # in place: the views hold the result
             entry = _Entry(unit.params[0], unit.flat, unit.flat, unit.flat, False, None, False)
             self._cring_handles[unit] = [(_buckets.submit(self, unit), [entry])]
@@ -279,6 +293,9 @@ class _DistributedOptimizer:
                 submitted.append((handle, part))
 
     def _cring_finish(self, handle: Any, entries: list) -> None:
+        if isinstance(handle, _comm_hook.Pending):
+            self._cring_hook_runner.finish(handle)
+            return
         if not isinstance(handle, cring.Handle):  # a sparse gradient's gather
             (e,) = entries
             reduced = handle()
@@ -429,6 +446,8 @@ class _DistributedOptimizer:
         self._cring_touched.clear()
         for unit in self._cring_units:
             unit.ready = 0
+        if self._cring_hook_runner is not None:
+            self._cring_hook_runner.reset()
         for p in self._cring_delay:
             self._cring_delay[p] = self.backward_passes_per_step
         self._cring_synchronized = False
@@ -561,6 +580,8 @@ def DistributedOptimizer(
     shard_state: int = 0,
     process_set: Any = None,
     gradient_as_bucket_view: Optional[bool] = None,
+    comm_hook: Any = None,
+    comm_state: Any = None,
 ) -> torch.optim.Optimizer:
     """Wrap `optimizer` so that gradients are reduced over all ranks before
     each step, as horovod.torch.DistributedOptimizer does.
@@ -624,6 +645,14 @@ def DistributedOptimizer(
             process set, gradient_predivide_factor or an op other than
             Average/Sum the usual path is taken. Parameters added later with
             add_param_group are reduced the usual way.
+        comm_hook, comm_state: torch DDP's communication hook API
+            (register_comm_hook(state, hook); docs/hooks.md): the trainable
+            parameters are cut into DDP's buckets and hook(comm_state,
+            bucket) reduces each one, e.g. cring.torch.hooks.powerSGD_hook
+            with a PowerSGDState, or fp16_compress, bf16_compress, int8_hook.
+            The hook averages over process_set; not with op, compression,
+            groups, gradient_predivide_factor or shard_state=2. With
+            gradient_as_bucket_view the gradients are views into the buckets.
 
     Parameters that do not require grad are left alone. A trainable
     parameter with no gradient at step() gets a zero gradient that is
@@ -636,6 +665,10 @@ def DistributedOptimizer(
         )
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("optimizer is already a cring DistributedOptimizer")
+    if comm_hook is not None:
+        _comm_hook.check_arguments(
+            comm_hook, op, compression, groups, gradient_predivide_factor, shard_state
+        )
     if op == cring.Adasum and cring.size() > 1:  # Horovod's delta optimizer: _adasum.py
         if shard_state or groups is not None or gradient_predivide_factor != 1.0:
             raise ValueError(
@@ -675,6 +708,8 @@ def DistributedOptimizer(
         sparse_as_dense,
         process_set,
         _buckets.requested(gradient_as_bucket_view) and not shard_state,
+        comm_hook,
+        comm_state,
     )
     if shard_state:
         wrapped._zero_setup()
