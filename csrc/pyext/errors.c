@@ -34,12 +34,25 @@ const char *cring__pyext_collective_label(int c) {
     return cring_collective_name((cring_collective_t)c);
 }
 
+/* Does the detail name the tensor other than in the "('x' was pending)" note
+ * that a failure of everything pending appends? That note alone still gets
+ * "<collective> of tensor 'x' failed" in front, so the message leads with it. */
+static int names_tensor(const char *detail, const char *quoted) {
+    static const char pending[] = " was pending)";
+    for (const char *hit = strstr(detail, quoted); hit; hit = strstr(hit + 1, quoted)) {
+        int note = hit > detail && hit[-1] == '(' &&
+                   strncmp(hit + strlen(quoted), pending, sizeof pending - 1) == 0;
+        if (!note) return 1;
+    }
+    return 0;
+}
+
 PyObject *cring__pyext_raise_handle(module_state *s, cring_handle_t *h, cring_status_t st,
                                     int collective, const char *name) {
     char context[512], quoted[512];
     const char *detail = cring_handle_error(h);
     snprintf(quoted, sizeof quoted, "'%s'", name);
-    if (strstr(detail, quoted)) /* the detail names the tensor already */
+    if (names_tensor(detail, quoted)) /* the detail names the tensor already */
         snprintf(context, sizeof context, "%s failed", cring__pyext_collective_label(collective));
     else
         snprintf(context, sizeof context, "%s of tensor '%s' failed",
@@ -52,7 +65,7 @@ PyObject *cring__pyext_raise_submit(module_state *s, cring_status_t st, int coll
     char context[512], quoted[512];
     const char *detail = cring_engine_error_message();
     snprintf(quoted, sizeof quoted, "'%s'", name);
-    if (strstr(detail, quoted)) /* the engine's message names the tensor already */
+    if (names_tensor(detail, quoted)) /* the engine's message names the tensor already */
         snprintf(context, sizeof context, "%s", cring__pyext_collective_label(collective));
     else
         snprintf(context, sizeof context, "%s of tensor '%s'",
