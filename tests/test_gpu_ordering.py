@@ -157,22 +157,24 @@ def test_the_gpu_leases_ordering_check_on_the_fakes_through_host_staging(
         assert all(c["ok"] for c in checks), checks
 
 
-def test_the_gpu_leases_ordering_check_on_the_fakes_through_nccl(fakes, tmp_path):
-    """Its NCCL run (one process per GPU there), here at 2 ranks on the
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_gpu_leases_ordering_check_on_the_fakes_through_nccl(fakes, tmp_path, world_size):
+    """Its NCCL run (one process per GPU there), here at 2 and 3 ranks on the
     doubles: side streams, freed tensors and a bucket with other traffic
     through the engine's CUDA backend."""
     pytest.importorskip("torch")
     checks = "side_streams,freed_after_sync,bucket_with_traffic"
-    for ranks in run_ordering_check(fakes, tmp_path, 2, "--checks", checks):
+    for ranks in run_ordering_check(fakes, tmp_path, world_size, "--checks", checks):
         assert [c["check"] for c in ranks] == checks.split(",")
         assert all(c["ok"] for c in ranks), ranks
 
 
-def test_a_process_set_through_nccl_then_global_calls_on_the_fakes(fakes, tmp_path):
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_process_set_through_nccl_then_global_calls_on_the_fakes(fakes, tmp_path, world_size):
     """A set of every rank but the last, added, used on CUDA (through NCCL,
     on the set's own communicator) and removed between global CUDA calls,
     then 20 global allreduces: exact, < 10 s (finding 3: before, removing the
     set destroyed the members' global communicator and the ranks hung)."""
     pytest.importorskip("torch")
-    for ranks in run_ordering_check(fakes, tmp_path, 2, "--checks", "process_sets"):
+    for ranks in run_ordering_check(fakes, tmp_path, world_size, "--checks", "process_sets"):
         assert all(c["ok"] for c in ranks), ranks
