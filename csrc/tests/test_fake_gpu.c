@@ -4,7 +4,8 @@
  * cudaStreamWaitEvent (on the record current at the call), the legacy
  * default stream order streams; host waits wait; cudaFree
  * synchronises the device and poisons; stream-ordered frees are reused at
- * once on their stream; a collective waits for its peers on the device's
+ * once on their stream and on another only once they have run (counted;
+ * refused as without memory pools when asked to); a collective waits for its peers on the device's
  * thread, and ncclCommAbort gets it out. Loads the doubles with dlopen (no
  * cring code involved). Slow "kernels" (fake_cuda_kernel) make the late
  * work late enough to observe. */
@@ -37,6 +38,7 @@ static struct {
     int (*MemsetAsync)(void *, int, size_t, stream_t);
     int (*LaunchHostFunc)(stream_t, void (*)(void *), void *);
     int (*kernel)(stream_t, void *, int, size_t, unsigned);
+    long (*count)(const char *);
 } cu;
 
 typedef struct {
@@ -79,6 +81,7 @@ static void load(const testutil_fakes_t *f) {
     *(void **)&cu.MemsetAsync = need(c, "cudaMemsetAsync");
     *(void **)&cu.LaunchHostFunc = need(c, "cudaLaunchHostFunc");
     *(void **)&cu.kernel = need(c, "fake_cuda_kernel");
+    *(void **)&cu.count = need(c, "fake_cuda_count");
     *(void **)&nc.GetUniqueId = need(n, "ncclGetUniqueId");
     *(void **)&nc.CommInitRank = need(n, "ncclCommInitRank");
     *(void **)&nc.CommDestroy = need(n, "ncclCommDestroy");
@@ -169,6 +172,28 @@ static void test_memory(void) {
     CHECK(cu.FreeAsync(r, a) == 0);
     CHECK(cu.StreamSynchronize(a) == 0);
     CHECK(r[0] == 0xDB);
+
+    /* another stream takes a stream-ordered block only once its free has run */
+    stream_t b = stream(1);
+    unsigned char *s = NULL, *t = NULL, *u = NULL;
+    long async0 = cu.count("malloc_async"), frees0 = cu.count("free_async");
+    CHECK(cu.MallocAsync((void **)&s, 64, b) == 0);
+    CHECK(s == r); /* r's free has run: any stream may have it */
+    CHECK(cu.kernel(b, s, 3, 64, SLOW_US) == 0);
+    CHECK(cu.FreeAsync(s, b) == 0);
+    CHECK(cu.MallocAsync((void **)&t, 64, a) == 0);
+    CHECK(t != s); /* s's free is still queued behind b's kernel */
+    CHECK(cu.StreamSynchronize(b) == 0);
+    CHECK(cu.MallocAsync((void **)&u, 64, a) == 0);
+    CHECK(u == s && u[0] == 0xDB); /* now it may, poisoned */
+    CHECK(cu.FreeAsync(t, a) == 0 && cu.FreeAsync(u, a) == 0);
+    CHECK(cu.count("malloc_async") - async0 == 3 && cu.count("free_async") - frees0 == 3);
+    /* a device without memory pools */
+    setenv("CRING_FAKE_CUDA_ASYNC_ALLOC", "unsupported", 1);
+    CHECK(cu.MallocAsync((void **)&t, 64, a) == 801 && t == NULL); /* cudaErrorNotSupported */
+    unsetenv("CRING_FAKE_CUDA_ASYNC_ALLOC");
+    CHECK(cu.count("malloc_async") - async0 == 3); /* only what succeeded counts */
+    CHECK(cu.StreamSynchronize(a) == 0);
     printf("memory: ok\n");
 }
 
