@@ -144,6 +144,16 @@ int cring__pyext_parse_op(PyObject *obj);
 /* The next name of an unnamed call of `kind` ("allreduce.noname.3") into out,
  * counted when `consume`; -1 with the error set. Needs the GIL. */
 int cring__pyext_noname(const char *kind, char *out, size_t cap, int consume);
+/* Whether name is one cring__pyext_noname made (".noname." then digits only).
+ * Every path flags such a name CRING_REQUEST_SEQUENCED, named or not, so
+ * every rank flags a name alike (the engine never holds such a request for a
+ * gradient bucket). */
+int cring__pyext_is_generated(const char *name);
+/* cring._C.noname(kind) and noname_reset([suffix]) (submit.c's table): the
+ * next name of an unnamed call of that kind; every kind (or those ending in
+ * suffix, a removed process set's) counting from 0 again. */
+PyObject *cring__pyext_py_noname(PyObject *module, PyObject *arg);
+PyObject *cring__pyext_py_noname_reset(PyObject *module, PyObject *args);
 /* Submit req, wait here (running signal handlers) and raise its error; views
  * are its tensor views, released here (cring__pyext_release_after: a CUDA
  * request's once cring's stream has run its work, whether it succeeded or
