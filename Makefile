@@ -41,17 +41,20 @@ $(BUILD)/tests/%: csrc/tests/%.c csrc/tests/testutil.h $(BUILD)/libcring.a
 	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/libcring.a $(LDFLAGS) $(LDLIBS)
 
 # Test doubles for the GPU layer ("device memory" is host memory).
-$(BUILD)/tests/libfake_nccl.so: csrc/tests/fake_nccl.c
+FAKE_NCCL_SRCS := csrc/tests/fake_nccl.c csrc/tests/fake_nccl_reduce.c csrc/tests/fake_nccl.h
+$(BUILD)/tests/libfake_nccl.so: $(FAKE_NCCL_SRCS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared $< -o $@ $(LDFLAGS) -pthread -lrt -lm
+	$(CC) $(CFLAGS) -shared $(filter %.c,$^) -o $@ $(LDFLAGS) -pthread -lrt -lm -ldl
 
-$(BUILD)/tests/libfake_nccl_no_allgather.so: csrc/tests/fake_nccl.c
+$(BUILD)/tests/libfake_nccl_no_allgather.so: $(FAKE_NCCL_SRCS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DFAKE_NCCL_WITHOUT_ALLGATHER -shared $< -o $@ $(LDFLAGS) -pthread -lrt -lm
+	$(CC) $(CFLAGS) -DFAKE_NCCL_WITHOUT_ALLGATHER -shared $(filter %.c,$^) -o $@ $(LDFLAGS) \
+	    -pthread -lrt -lm -ldl
 
-$(BUILD)/tests/libfake_cudart.so: csrc/tests/fake_cudart.c
+$(BUILD)/tests/libfake_cudart.so: csrc/tests/fake_cudart.c csrc/tests/fake_device.c \
+                                   csrc/tests/fake_device.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared $< -o $@ $(LDFLAGS)
+	$(CC) $(CFLAGS) -shared $(filter %.c,$^) -o $@ $(LDFLAGS) -pthread
 
 test: all
 	@set -e; for t in $(TEST_BINS); do echo "== $$t"; timeout 300 $$t; done; \

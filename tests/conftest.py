@@ -1,7 +1,9 @@
 """Shared pytest helpers: run a worker script on N ranks under cringrun with a
 hard timeout, so a hang fails the test instead of blocking the suite; ports
 that no other test process on the machine is handed at the same time; the
-suite's markers and xdist groups, given by module (docs/testing.md); and, under
+GPU test doubles (`fakes`, built once per session; tests/fake_gpu.py) with
+their seed in the header and in every failed test's report; the suite's
+markers and xdist groups, given by module (docs/testing.md); and, under
 CI=true, a skip is a failure (a missing tool or permission must not hide an
 area)."""
 
@@ -16,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+import fake_gpu
 import pytest
 
 from ports import free_port  # noqa: F401  (re-exported: `from conftest import free_port`)
@@ -74,6 +77,25 @@ def rank_results(tmp_path: Path, np_: int) -> list[dict]:
     return out
 
 
+# ------------------------------------------------------------------------- the GPU test doubles
+
+
+@pytest.fixture(scope="session")
+def fakes(tmp_path_factory) -> fake_gpu.FakeGPU:
+    """libfake_nccl.so, libfake_nccl_no_allgather.so and libfake_cudart.so
+    (csrc/tests/fake_*.c), compiled once per session: fakes["nccl"] etc. are
+    their paths, fakes.env(**extra) an environment for a process on them
+    (seeded as the session is)."""
+    try:
+        return fake_gpu.FakeGPU(fake_gpu.build(tmp_path_factory.mktemp("fakes")))
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+def pytest_report_header(config) -> str:
+    return fake_gpu.FakeGPU().describe()
+
+
 # ------------------------------------------------------------------------------------ signals
 
 
@@ -119,6 +141,7 @@ AREAS = {
         "test_gpu_comms",
         "test_gpu_engine",
         "test_gpu_loader",
+        "test_gpu_ordering",
         "test_gpu_results",
         "test_gpu_sweep",
         "test_lightning_cuda",
@@ -223,13 +246,16 @@ def _skip_reason(longrepr) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """Under CI=true a skipped test fails, with the skip's reason: CI installs
     everything the suite needs (scripts/test.sh), so a skip there means a tool,
-    package or permission went missing and an area went untested unnoticed."""
+    package or permission went missing and an area went untested unnoticed. A
+    failed test that used the GPU test doubles reports their seed."""
     report = yield
     if _ci() and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = (
             f"skipped under CI=true, where no test may skip: {_skip_reason(report.longrepr)}"
         )
+    if report.failed and "fakes" in getattr(item, "fixturenames", ()):
+        report.sections.append(("fake GPU", fake_gpu.FakeGPU().describe()))
     return report
 
 

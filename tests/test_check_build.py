@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,22 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CRING_PACKAGE = Path(cring.__file__).resolve().parent
 PYTHON_DIR = CRING_PACKAGE.parent
 TIMEOUT_S = 120
-FAKE_DIR = ROOT / "build" / "tests"
-
-
-@pytest.fixture(scope="module")
-def fakes() -> dict:
-    """The test doubles, built by the Makefile (as the C tests use them)."""
-    if shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no make or C compiler to build the test doubles")
-    libs = {"nccl": FAKE_DIR / "libfake_nccl.so", "cudart": FAKE_DIR / "libfake_cudart.so"}
-    subprocess.run(
-        ["make", "-s", *(str(p.relative_to(ROOT)) for p in libs.values())],
-        cwd=ROOT,
-        check=True,
-        timeout=TIMEOUT_S,
-    )
-    return {k: str(v) for k, v in libs.items()}
 
 
 def clean_env(**extra: str) -> dict:

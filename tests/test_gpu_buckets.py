@@ -31,7 +31,6 @@ import pytest
 import test_gpu_engine as engine_tests
 import test_gpu_loader as loader
 
-fakes = loader.fakes  # the fixture that builds the test doubles
 GPU_TESTS = loader.GPU_TESTS
 
 DDP_BUCKET_BYTES = 25 << 20

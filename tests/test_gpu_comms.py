@@ -22,9 +22,6 @@ timeout (tests/gpu/comms_worker.py):
 from __future__ import annotations
 
 import test_gpu_engine as engine
-import test_gpu_loader as loader
-
-fakes = loader.fakes  # the fixture that builds the test doubles
 
 
 def test_a_process_set_added_used_and_removed_leaves_the_global_set_working(fakes):

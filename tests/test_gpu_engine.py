@@ -33,7 +33,6 @@ import test_gpu_loader as loader
 
 from test_bootstrap import free_port
 
-fakes = loader.fakes  # the fixture that builds the test doubles
 GPU_TESTS, clean_env, run_world = loader.GPU_TESTS, loader.clean_env, loader.run_world
 
 TIMEOUT_S = 90
@@ -206,43 +205,35 @@ cring.shutdown()
     assert len(calls) == 1 and f"stream={cring_stream} " in calls[0]
 
 
-# torch without CUDA, dressed as a CUDA build for cring's C fast paths: the
-# export it calls (torch._C._to_dlpack_versioned) hands over the CPU memory
-# as kDLCUDA, the current stream is 0x4242, and tensors say is_cuda; `frames`
-# collects the Python frames that run while `profile` is set
+# torch without CUDA, dressed as a CUDA build (tests/gpu/fake_torch_cuda.py:
+# tensors say is_cuda and export their memory as kDLCUDA, the current stream
+# is 0x4242, "CUDA" tensors come from a stand-in for torch's caching
+# allocator and torch functions run in their stream's order); `frames`
+# collects the Python frames of cring's package that run while `profile` is set
 STAND_INS = """
-import json, sys
+import json, os, sys
 import torch, cring
 import cring.torch as hvd
 from cring import _gpu
-from fake_cuda import FakeCudaTensor as F
+import fake_torch_cuda
+from fake_torch_cuda import cuda
 
-keep = []
-
-
-def fake_export(t):
-    f = F(t.numpy())
-    keep.append(f)
-    return f.__dlpack__()
-
-
-torch._C._to_dlpack_versioned = fake_export
-torch._C._cuda_getCurrentRawStream = lambda index: 0x4242
-torch.Tensor.is_cuda = property(lambda self: True)
+fake_torch_cuda.install()
 cring.init(rank=0, size=1)
 assert cring.nccl_available() and cring.cuda_available()  # what the first CUDA call does
+PACKAGE = os.path.dirname(cring.__file__) + os.sep
 frames = []
 
 
 def profile(frame, event, arg):
-    if event == "call":
+    if event == "call" and frame.f_code.co_filename.startswith(PACKAGE):
         frames.append(frame.f_code.co_filename + ":" + frame.f_code.co_name)
 """
 
 FAST_PATH = (
     STAND_INS
     + """
-x = torch.ones(6)
+x = cuda(torch.ones(6))
 before = _gpu.stats()
 sys.setprofile(profile)
 r1 = cring.allreduce_(x, op=cring.Sum, name="fast")
@@ -263,7 +254,7 @@ print(json.dumps({"same": r1 is x and r2 is x, "x": x.tolist(), "frames": frames
 ALLGATHER_FAST = (
     STAND_INS
     + """
-x = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+x = cuda(torch.arange(6, dtype=torch.float32).reshape(3, 2))
 before = _gpu.stats()
 sys.setprofile(profile)
 ys = [cring.allgather(x, name="fast_gather") for _ in range(3)]
@@ -302,8 +293,7 @@ def test_c_fast_path_for_torch_cuda_tensors(fakes, tmp_path):
     stream is read and gets the producer's event, and it waits on the result."""
     out, cuda = run_stand_in_script(fakes, tmp_path, FAST_PATH)
     assert out["same"] and out["x"] == [1.0] * 6  # sums over one rank, in place
-    cring_frames = [f for f in out["frames"] if "/cring/" in f]
-    assert cring_frames == [], cring_frames
+    assert out["frames"] == [], out["frames"]
     # a producer's event per call (4), a completion event per batch (calls that were
     # ready together share one)
     assert 6 <= out["events"] <= 8
@@ -321,8 +311,7 @@ def test_c_fast_path_of_allgather_for_torch_cuda_tensors(fakes, tmp_path):
     out, cuda = run_stand_in_script(fakes, tmp_path, ALLGATHER_FAST)
     assert out["values"] == [[[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]] * 3
     assert out["kinds"] == ["Tensor"] * 3
-    cring_frames = [f for f in out["frames"] if "/cring/" in f]
-    assert cring_frames == [], cring_frames
+    assert out["frames"] == [], out["frames"]
     assert out["device_allocs"] == 0
     assert out["stream_waits"] == 6
     assert "streamwait stream=0x4242 " in cuda

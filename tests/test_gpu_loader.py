@@ -27,6 +27,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import fake_gpu
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,53 +35,7 @@ GPU_TESTS = ROOT / "tests" / "gpu"
 TIMEOUT_S = 120
 
 
-@pytest.fixture(scope="session")
-def fakes(tmp_path_factory) -> dict:
-    """Compile the test doubles once per session."""
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        pytest.skip(f"no C compiler ({cc}) to build the test doubles")
-    out = tmp_path_factory.mktemp("fakes")
-    built = {}
-    for name, source, extra in (
-        ("nccl", "fake_nccl.c", []),
-        ("nccl_no_allgather", "fake_nccl.c", ["-DFAKE_NCCL_WITHOUT_ALLGATHER"]),
-        ("cudart", "fake_cudart.c", []),
-    ):
-        lib = out / f"libfake_{name}.so"
-        subprocess.run(
-            [
-                cc,
-                "-std=c11",
-                "-O1",
-                "-fPIC",
-                "-shared",
-                *extra,
-                str(ROOT / "csrc" / "tests" / source),
-                "-o",
-                str(lib),
-                "-pthread",
-                "-lrt",
-                "-lm",
-            ],
-            check=True,
-            timeout=120,
-        )
-        built[name] = str(lib)
-    return built
-
-
-def clean_env(**extra: str) -> dict:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("CRING_", "HOROVOD_", "OMPI_", "PMI", "SLURM_"))
-        and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(GPU_TESTS), env.get("PYTHONPATH")) if p)
-    env["CRING_TIMEOUT_SECONDS"] = "60"
-    env.update(extra)
-    return env
+clean_env = fake_gpu.clean_env  # the environment of a process on the fakes
 
 
 def run_py(code: str, env: dict, check: bool = True) -> subprocess.CompletedProcess:
@@ -369,7 +324,10 @@ def test_an_asynchronous_nccl_error_is_raised(fakes):
         x = F(np.ones(3, np.float32))
         h = cring.allreduce_async_(x)
         errors = []
-        for attempt in (lambda: cring.synchronize(h), lambda: cring.allreduce_(x)):
+        # the error is the device's: known once the work has run, which
+        # block_host waits for (a plain synchronize() may return before)
+        for attempt in (lambda: cring.synchronize(h, block_host=True),
+                        lambda: cring.allreduce_(x)):
             try:
                 attempt()
                 errors.append(None)

@@ -26,7 +26,6 @@ import sys
 import pytest
 import test_gpu_loader as loader
 
-fakes = loader.fakes  # the fixture that builds the test doubles
 TIMEOUT_S = 120
 
 
@@ -105,43 +104,17 @@ def test_a_device_result_is_handed_out_once(fakes):
 
 
 TORCH_ROOMS = """
-import gc, json, os, sys, types
-import numpy as np
+import gc, json, os
 import torch, cring
 from cring import _gpu
-from fake_cuda import FakeCudaTensor as F, consume
+import fake_torch_cuda
+from fake_torch_cuda import cuda
 
-# torch without CUDA, dressed as a CUDA build (as test_gpu_engine's fast-path
-# test does): tensors say is_cuda and export their CPU memory as kDLCUDA, the
-# current stream is 0x4242, and from_dlpack takes the engine's device memory
-keep = []
-
-
-def export(t, *, stream=None, **kw):
-    f = F(t.numpy())
-    keep.append(f)
-    return f.__dlpack__()
-
-
-class _Capsule:
-    def __init__(self, capsule):
-        self.capsule = capsule
-
-    def __dlpack__(self, **kw):
-        return self.capsule
-
-    def __dlpack_device__(self):
-        return (2, 0)
-
-
-torch.Tensor.is_cuda = property(lambda self: True)
-torch.Tensor.__dlpack__ = export
-torch.Tensor.__dlpack_device__ = lambda self: (2, 0)
-torch._C._to_dlpack_versioned = export
-torch._C._cuda_getCurrentRawStream = lambda index: 0x4242
-torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(cuda_stream=0x4242)
-torch.cuda.current_device = lambda: None
-torch.from_dlpack = lambda c: torch.from_numpy(consume(_Capsule(c), lambda a, device: a))
+# torch without CUDA, dressed as a CUDA build (tests/gpu/fake_torch_cuda.py,
+# as test_gpu_engine's fast-path tests do): tensors say is_cuda and export
+# their memory as kDLCUDA, the current stream is 0x4242, torch.empty is the
+# caching allocator's stand-in, and from_dlpack takes the engine's memory
+fake_torch_cuda.install()
 
 cring.init()
 r, p = cring.rank(), cring.size()
@@ -149,15 +122,15 @@ allocs = lambda: _gpu.stats()["device_allocs"]
 out = {}
 kept = []
 for k in range(10):
-    x = torch.arange(6, dtype=torch.float64).reshape(3, 2) + 100 * r + k
+    x = cuda(torch.arange(6, dtype=torch.float64).reshape(3, 2) + 100 * r + k)
     before = allocs()
     y = cring.allgather(x, name=f"even{k}")
     out.setdefault("even_allocs", []).append(allocs() - before)
     kept.append((y, torch.cat([torch.arange(6, dtype=torch.float64).reshape(3, 2) + 100 * q + k
                                for q in range(p)])))
-    cring.allgather(torch.ones(5, dtype=torch.int32) * k, name=f"later{k}")
+    cring.allgather(cuda(torch.ones(5, dtype=torch.int32) * k), name=f"later{k}")
 before = allocs()
-u = cring.allgather(torch.full((r + 1, 2), r, dtype=torch.int64), name="uneven")
+u = cring.allgather(cuda(torch.full((r + 1, 2), r, dtype=torch.int64)), name="uneven")
 out["uneven_allocs"] = allocs() - before
 out["uneven_ok"] = u.tolist() == [[q, q] for q in range(p) for _ in range(q + 1)]
 def calls(word):
@@ -168,11 +141,11 @@ del u  # the engine's memory (rank 0): freed on the stream it was handed out on
 gc.collect()
 out["freed_on"] = [c[0] for c in calls("freeasync")[before:]]
 out["device_wide_frees"] = len(calls("free"))
-g = cring.grouped_allgather([torch.full((2,), r, dtype=torch.int8),
-                             torch.tensor(float(r))], name="group")
+g = cring.grouped_allgather([cuda(torch.full((2,), r, dtype=torch.int8)),
+                             cuda(torch.tensor(float(r)))], name="group")
 out["group"] = [g[0].tolist(), g[1].tolist()]
 # alltoall: room of the input's size; an even exchange fits, so no cudaMalloc
-a = torch.arange(4 * p, dtype=torch.float32).reshape(2 * p, 2) + 100 * r
+a = cuda(torch.arange(4 * p, dtype=torch.float32).reshape(2 * p, 2) + 100 * r)
 before = allocs()
 y, got = cring.alltoall(a, name="a2a-even")
 out["a2a_even_allocs"] = allocs() - before

@@ -27,7 +27,6 @@ import test_gpu_loader as loader
 
 from test_bootstrap import free_port
 
-fakes = loader.fakes  # the fixture that builds the test doubles
 GPU_TESTS = loader.GPU_TESTS
 TIMEOUT_S = 300
 

@@ -45,7 +45,7 @@ def test_never_collected():
 
 
 def _scratch(tmp_path: Path, modules: dict[str, str]) -> Path:
-    for helper in ("conftest.py", "ports.py"):
+    for helper in ("conftest.py", "ports.py", "fake_gpu.py"):
         shutil.copy(HERE / helper, tmp_path / helper)
     for name, source in modules.items():
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))

@@ -23,8 +23,6 @@ from conftest import rank_results, run_ranks
 
 torch = pytest.importorskip("torch")
 
-fakes = loader.fakes  # the fixture that builds the test doubles
-
 
 def test_nccl_built_is_the_version_code(fakes):
     code = """

@@ -8,7 +8,8 @@
  * reduced by one NCCL call and unpacked; a batch of one tensor, or a tensor
  * too large to share a buffer, runs in place. A
  * completion event recorded after the batch goes to every handle of it, for
- * consumers' streams to wait on. Returns once the work is enqueued: it never
+ * consumers' streams to wait on; a batch that fails after queueing work gets
+ * one too (fail_after_queueing). Returns once the work is enqueued: it never
  * waits for the device (its device memory is stream-ordered: csrc/gpu/gpu.h),
  * and knows nothing of Python. A reduction NCCL cannot do as the CPU path does (a
  * dtype or op NCCL lacks, scaled integers, a scaled reduction at one rank on
@@ -261,6 +262,26 @@ static cring_status_t record_done(cring_engine_t *e, const lane_t *L, req_t **ba
     return CRING_OK;
 }
 
+/* A batch that fails once its lane is open may have queued work on cring's
+ * stream (waits, copies into and out of the fusion buffer, collectives of
+ * its first tensors): its handles still get a completion event after that
+ * work, so consumers' streams resume, and the binding lets the tensors go,
+ * only once it has run (docs/gpu.md, "Ordering and lifetime"). Should even
+ * that event fail, the engine thread waits for cring's stream here (an error
+ * path only). Returns st; e->exec.error keeps the batch's own error. */
+static cring_status_t fail_after_queueing(cring_engine_t *e, const lane_t *L, req_t **batch, int n,
+                                          cring_status_t st) {
+    if (st == CRING_OK) return st;
+    char error[sizeof e->exec.error];
+    memcpy(error, e->exec.error, sizeof error);
+    if (record_done(e, L, batch, n) != CRING_OK) {
+        cring__errmsg_t err = {{0}};
+        (void)cring__gpu_stream_sync(L->g, L->stream, &err);
+    }
+    memcpy(e->exec.error, error, sizeof error);
+    return st;
+}
+
 /* *buf (of *cap bytes, used only on the lane's stream) with room for bytes:
  * grown to the next power of two from 1 MiB by a free and an allocation both
  * ordered on that stream, so no host waits and no work still using the old
@@ -398,15 +419,16 @@ static cring_status_t run_batch(cring_engine_t *e, req_t **batch, int n) {
                     first->name);
     lane_t L;
     CRING_CHECK(open_lane(e, first, &L));
-    CRING_CHECK(wait_producers(e, &L, batch, n));
-    if (cring__cuda_host_route(e, batch, n, cring__gpu_nccl_version(L.g))) {
-        CRING_CHECK(cring__cuda_host_run(e, L.g, L.device, L.stream, batch, n));
-        return record_done(e, &L, batch, n);
+    cring_status_t st = wait_producers(e, &L, batch, n);
+    if (st == CRING_OK && cring__cuda_host_route(e, batch, n, cring__gpu_nccl_version(L.g))) {
+        st = cring__cuda_host_run(e, L.g, L.device, L.stream, batch, n);
+        if (st == CRING_OK) st = record_done(e, &L, batch, n);
+        return fail_after_queueing(e, &L, batch, n, st);
     }
+    if (st != CRING_OK) return fail_after_queueing(e, &L, batch, n, st);
     int total = 0;
     for (int b = 0; b < n; b++) total += batch[b]->ntensors;
     item_t *items = calloc((size_t)total + 1, sizeof *items);
-    cring_status_t st = CRING_OK;
     if (!items) {
         st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
         goto done;
@@ -471,6 +493,7 @@ static cring_status_t run_batch(cring_engine_t *e, req_t **batch, int n) {
     if (st == CRING_OK) st = record_done(e, &L, batch, n);
     spans(e, batch, n, phase_name(first->coll), t0, cring__engine_tl_now(e), &L, nfused);
 done:
+    st = fail_after_queueing(e, &L, batch, n, st);
     free(items);
     return st;
 }
@@ -564,14 +587,14 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
     cring_handle_t *h = r->handle;
     lane_t L;
     CRING_CHECK(open_lane(e, r, &L));
-    CRING_CHECK(wait_producers(e, &L, &r, 1));
+    cring_status_t st = wait_producers(e, &L, &r, 1);
+    if (st != CRING_OK) return fail_after_queueing(e, &L, &r, 1, st);
     const size_t P = (size_t)e->size, nt = (size_t)r->ntensors;
     h->outputs = calloc(nt, sizeof *h->outputs);
     h->output_bytes = calloc(nt, sizeof *h->output_bytes);
     h->first_dims = malloc(sizeof(int64_t) * nt * P);
     size_t *counts = malloc(sizeof *counts * nt * P);
     cring__gpu_tensor_t *ts = calloc(nt, sizeof *ts);
-    cring_status_t st = CRING_OK;
     if (!h->outputs || !h->output_bytes || !h->first_dims || !counts || !ts) {
         st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
         goto done;
@@ -599,22 +622,23 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
 done:
     free(counts);
     free(ts);
-    return st;
+    return fail_after_queueing(e, &L, &r, 1, st);
 }
 
 /* Reducescatter: n rows split as n/P, one more for ranks below n%P. */
 static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
     lane_t L;
     CRING_CHECK(open_lane(e, r, &L));
-    CRING_CHECK(wait_producers(e, &L, &r, 1));
-    if (cring__cuda_host_route(e, &r, 1, cring__gpu_nccl_version(L.g))) {
-        CRING_CHECK(cring__cuda_host_run(e, L.g, L.device, L.stream, &r, 1));
-        return record_done(e, &L, &r, 1);
+    cring_status_t st = wait_producers(e, &L, &r, 1);
+    if (st == CRING_OK && cring__cuda_host_route(e, &r, 1, cring__gpu_nccl_version(L.g))) {
+        st = cring__cuda_host_run(e, L.g, L.device, L.stream, &r, 1);
+        if (st == CRING_OK) st = record_done(e, &L, &r, 1);
+        return fail_after_queueing(e, &L, &r, 1, st);
     }
+    if (st != CRING_OK) return fail_after_queueing(e, &L, &r, 1, st);
     const size_t P = (size_t)e->size, nt = (size_t)r->ntensors;
     size_t *counts = malloc(sizeof *counts * nt * P);
     cring__gpu_tensor_t *ts = calloc(nt, sizeof *ts);
-    cring_status_t st = CRING_OK;
     if (!counts || !ts) {
         st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
         goto done;
@@ -639,7 +663,7 @@ static cring_status_t run_reducescatter(cring_engine_t *e, req_t *r) {
 done:
     free(counts);
     free(ts);
-    return st;
+    return fail_after_queueing(e, &L, &r, 1, st);
 }
 
 /* Alltoall of a batch (several ready alltoalls of one device, grouped by
@@ -651,12 +675,12 @@ done:
 static cring_status_t run_alltoall(cring_engine_t *e, req_t **batch, int n) {
     lane_t L;
     CRING_CHECK(open_lane(e, batch[0], &L));
-    CRING_CHECK(wait_producers(e, &L, batch, n));
+    cring_status_t st = wait_producers(e, &L, batch, n);
+    if (st != CRING_OK) return fail_after_queueing(e, &L, batch, n, st);
     const size_t P = (size_t)e->size, N = (size_t)n, me = (size_t)e->rank;
     int64_t *mine = malloc(sizeof *mine * N * P), *rows = malloc(sizeof *rows * N * P * P);
     size_t *counts = malloc(sizeof *counts * (P + 2 * N * P)); /* byte sizes; sent, received */
     cring__gpu_tensor_t *ts = calloc(N, sizeof *ts);
-    cring_status_t st = CRING_OK;
     if (!mine || !rows || !counts || !ts) {
         st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
         goto done;
@@ -717,7 +741,7 @@ done:
     free(rows);
     free(counts);
     free(ts);
-    return st;
+    return fail_after_queueing(e, &L, batch, n, st);
 }
 
 /* The engine stops: its buffers go (ordered on their streams), then its

@@ -261,6 +261,10 @@ cring_status_t cring__gpu_event_check(cring__gpu_t *g, cring__gpu_event_t *ev,
  * (cudaStreamWaitEvent): no host wait. Thread-safe. */
 cring_status_t cring__gpu_stream_wait(cring__gpu_t *g, int device, void *stream,
                                       const cring__gpu_event_t *ev, cring__errmsg_t *err);
+/* 1 when ev's work has run (cudaEventQuery), 0 while it has not. A runtime
+ * error (a broken device) also answers 1: nothing more will run, so nothing
+ * should wait for it. Never blocks. Thread-safe. */
+int cring__gpu_event_done(cring__gpu_t *g, const cring__gpu_event_t *ev);
 /* Block the calling thread until ev's work has run (cudaEventSynchronize).
  * Thread-safe. */
 cring_status_t cring__gpu_event_sync(cring__gpu_t *g, const cring__gpu_event_t *ev,

@@ -108,6 +108,11 @@ cring_status_t cring__gpu_stream_wait(cring__gpu_t *g, int device, void *stream,
     return CRING_OK;
 }
 
+int cring__gpu_event_done(cring__gpu_t *g, const cring__gpu_event_t *ev) {
+    if (!cring__gpu_has_cudart(g)) return 1;
+    return g->cudart.EventQuery(ev->event) != CRING_CUDA_ERROR_NOT_READY;
+}
+
 cring_status_t cring__gpu_event_sync(cring__gpu_t *g, const cring__gpu_event_t *ev,
                                      cring__errmsg_t *err) {
     CRING_CHECK(need_runtime(g, ev->device, err));

@@ -208,6 +208,8 @@ static PyObject *Gpu_thread_stream(GpuState *self, PyObject *unused) {
     return thread_stream_set ? PyLong_FromVoidPtr(thread_stream) : Py_NewRef(Py_None);
 }
 
+int cring__pyext_thread_stream_set(void) { return thread_stream_set; }
+
 int cring__pyext_cuda_stream(int device, int torch, void *fallback, void **out) {
     *out = fallback;
     if (thread_stream_set) {
@@ -248,8 +250,9 @@ int cring__pyext_cuda_after(module_state *s, cring_handle_t *h, const char *name
     if (st == CRING_OK) st = cring__gpu_stream_wait(g, device, consumer, ev, &err);
     if (st == CRING_OK && producer != consumer)
         st = cring__gpu_stream_wait(g, device, producer, ev, &err);
-    if (st == CRING_OK && block_host) {
+    if (st == CRING_OK && block_host) { /* the work has run: an error of it is known now */
         Py_BEGIN_ALLOW_THREADS st = cring__gpu_event_sync(g, ev, &err);
+        if (st == CRING_OK) st = cring__gpu_event_check(g, ev, &err); /* again: never waits */
         Py_END_ALLOW_THREADS
     }
     if (st == CRING_OK) return 0;
@@ -264,6 +267,24 @@ void cring__pyext_cuda_order_release(cring_handle_t *h, int device, void *produc
     cring__gpu_event_t *ev = cring_handle_device_event(h);
     cring__errmsg_t err = {{0}};
     if (g && ev) (void)cring__gpu_stream_wait(g, device, producer, ev, &err);
+}
+
+void *cring__pyext_cuda_event_ref(void *event) {
+    if (event) cring__gpu_event_ref(event);
+    return event;
+}
+
+void cring__pyext_cuda_event_put(void *event) {
+    if (event) cring__gpu_event_put(cring__gpu_global(), event);
+}
+
+int cring__pyext_cuda_event_done(void *event) {
+    return !event || cring__gpu_event_done(cring__gpu_global(), event);
+}
+
+void cring__pyext_cuda_event_wait(void *event) {
+    cring__errmsg_t err = {{0}};
+    if (event) (void)cring__gpu_event_sync(cring__gpu_global(), event, &err);
 }
 
 /* ---- loading ---------------------------------------------------------------------- */

@@ -26,17 +26,45 @@ int cring__pyext_wait(cring_handle_t *h, cring_status_t *st) {
     return 1;
 }
 
-/* ---- dropped requests ------------------------------------------------------------ */
-static void release_refs(cring__dl_ref_t *refs, int nrefs) {
-    for (int i = 0; i < nrefs; i++) cring__dl_release(&refs[i]);
-    PyMem_Free(refs);
+/* ---- dropped requests, and views waiting for CUDA work ------------------------------ */
+/* Release views (a deleter may run Python code: an exception set stays set). */
+static void release_views(cring__dl_ref_t *views, int n) {
+    if (n <= 0) return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    for (int i = 0; i < n; i++) cring__dl_release(&views[i]);
+    PyErr_Restore(type, value, tb);
+}
+
+void cring__pyext_release_after(module_state *s, void *event, cring__dl_ref_t *views, int n) {
+    if (n <= 0) return;
+    if (!cring__pyext_cuda_event_done(event)) {
+        cring__dl_ref_t *kept = PyMem_Calloc((size_t)n, sizeof *kept);
+        cring__pyext_dropped_t *d = kept ? PyMem_Malloc(sizeof *d) : NULL;
+        if (d) {
+            memcpy(kept, views, sizeof *kept * (size_t)n); /* release() reads no inner pointer */
+            memset(views, 0, sizeof *views * (size_t)n);   /* the caller's copies: empty */
+            *d = (cring__pyext_dropped_t){.next = s->dropped,
+                                          .event = cring__pyext_cuda_event_ref(event),
+                                          .refs = kept,
+                                          .nrefs = n,
+                                          .cuda_device = -1};
+            s->dropped = d;
+            return;
+        }
+        PyMem_Free(kept); /* nowhere to keep them: the only safe thing left is to wait */
+        Py_BEGIN_ALLOW_THREADS cring__pyext_cuda_event_wait(event);
+        Py_END_ALLOW_THREADS
+    }
+    release_views(views, n);
 }
 
 void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs, int nrefs,
                        int cuda_device, void *cuda_stream) {
     if (cring_handle_done(h)) {
         if (cuda_device >= 0 && nrefs) cring__pyext_cuda_order_release(h, cuda_device, cuda_stream);
-        release_refs(refs, nrefs);
+        cring__pyext_release_after(s, cring_handle_device_event(h), refs, nrefs);
+        PyMem_Free(refs);
         cring_handle_free(h);
         return;
     }
@@ -45,16 +73,17 @@ void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs
         Py_BEGIN_ALLOW_THREADS cring_handle_wait(h);
         Py_END_ALLOW_THREADS if (cuda_device >= 0 && nrefs)
             cring__pyext_cuda_order_release(h, cuda_device, cuda_stream);
-        release_refs(refs, nrefs);
+        cring__pyext_release_after(s, cring_handle_device_event(h), refs, nrefs);
+        PyMem_Free(refs);
         cring_handle_free(h);
         return;
     }
-    d->handle = h;
-    d->refs = refs;
-    d->nrefs = nrefs;
-    d->cuda_device = cuda_device;
-    d->cuda_stream = cuda_stream;
-    d->next = s->dropped;
+    *d = (cring__pyext_dropped_t){.next = s->dropped,
+                                  .handle = h,
+                                  .refs = refs,
+                                  .nrefs = nrefs,
+                                  .cuda_device = cuda_device,
+                                  .cuda_stream = cuda_stream};
     s->dropped = d;
 }
 
@@ -62,15 +91,32 @@ void cring__pyext_sweep(module_state *s, int all) {
     cring__pyext_dropped_t **link = &s->dropped;
     while (*link) {
         cring__pyext_dropped_t *d = *link;
-        if (!all && !cring_handle_done(d->handle)) {
+        int ready =
+            d->handle ? cring_handle_done(d->handle) : cring__pyext_cuda_event_done(d->event);
+        if (!all && !ready) {
             link = &d->next;
             continue;
         }
         *link = d->next; /* unlink first: a view's deleter may run Python code */
-        if (d->cuda_device >= 0 && d->nrefs && cring_handle_done(d->handle))
-            cring__pyext_cuda_order_release(d->handle, d->cuda_device, d->cuda_stream);
-        release_refs(d->refs, d->nrefs);
-        cring_handle_free(d->handle);
+        if (d->handle && cring_handle_done(d->handle)) {
+            void *event = cring_handle_device_event(d->handle);
+            if (d->cuda_device >= 0 && d->nrefs)
+                cring__pyext_cuda_order_release(d->handle, d->cuda_device, d->cuda_stream);
+            if (all && event) { /* the engine stopped: what it queued still runs */
+                Py_BEGIN_ALLOW_THREADS cring__pyext_cuda_event_wait(event);
+                Py_END_ALLOW_THREADS
+            }
+            cring__pyext_release_after(s, event, d->refs, d->nrefs); /* may queue them again */
+        } else {
+            if (all && !ready) {
+                Py_BEGIN_ALLOW_THREADS cring__pyext_cuda_event_wait(d->event);
+                Py_END_ALLOW_THREADS
+            }
+            release_views(d->refs, d->nrefs);
+        }
+        PyMem_Free(d->refs);
+        if (d->handle) cring_handle_free(d->handle);
+        cring__pyext_cuda_event_put(d->event);
         PyMem_Free(d);
     }
 }
@@ -141,16 +187,23 @@ static PyObject *Handle_wait(HandleObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     int ordered = 0;
-    if (st == CRING_OK && self->cuda_device >= 0) {
+    if (self->cuda_device >= 0) {
         void *consumer;
         ordered = cring__pyext_cuda_stream(self->cuda_device, self->cuda_torch, self->cuda_stream,
                                            &consumer);
-        if (ordered == 0)
+        if (ordered == 0 && st == CRING_OK)
             ordered = cring__pyext_cuda_after(s, self->handle, self->name, self->cuda_device,
                                               consumer, self->cuda_stream, block_host);
+        else if (ordered ==
+                 0) { /* failed: whatever it queued still runs before the caller's work */
+            cring__pyext_cuda_order_release(self->handle, self->cuda_device, consumer);
+            if (consumer != self->cuda_stream)
+                cring__pyext_cuda_order_release(self->handle, self->cuda_device, self->cuda_stream);
+        }
     }
-    if (!self->released) {
-        for (int i = 0; i < self->nrefs; i++) cring__dl_release(&self->refs[i]);
+    if (!self->released) { /* held on until cring's stream has run its work */
+        cring__pyext_release_after(s, cring_handle_device_event(self->handle), self->refs,
+                                   self->nrefs);
         self->released = 1;
     }
     if (ordered < 0) return NULL;

@@ -7,12 +7,15 @@
 #include "cring/cring.h"
 #include "dlpack_ingest.h"
 
-/* What the engine may still write into or read from after its handle object
- * was dropped: kept here until the engine reports the handle done. */
+/* Tensor views the engine or the device may still use: those of a handle
+ * dropped in flight (kept until the engine reports it done), and those of a
+ * completed CUDA request whose work cring's stream has not run yet (kept
+ * until its completion event has: docs/gpu.md, "Ordering and lifetime"). */
 typedef struct cring__pyext_dropped {
     struct cring__pyext_dropped *next;
-    cring_handle_t *handle;
-    cring__dl_ref_t *refs; /* PyMem, released with the GIL held */
+    cring_handle_t *handle; /* NULL: waiting for `event` only */
+    void *event;            /* a reference to a CUDA completion event, or NULL */
+    cring__dl_ref_t *refs;  /* PyMem, released with the GIL held */
     int nrefs;
     int cuda_device;   /* -1 unless a CUDA request: then the producer's stream */
     void *cuda_stream; /* waits on its completion before the views go */
@@ -113,9 +116,20 @@ int cring__pyext_wait(cring_handle_t *h, cring_status_t *st);
  * the GIL. */
 void cring__pyext_drop(module_state *s, cring_handle_t *h, cring__dl_ref_t *refs, int nrefs,
                        int cuda_device, void *cuda_stream);
-/* Release what dropped handles kept once their request is done; with all
- * set (after the engine stopped), everything. Needs the GIL. */
+/* Release what dropped handles kept once their request is done, and views
+ * whose CUDA work has run; with all set (after the engine stopped),
+ * everything (waiting, without the GIL, for CUDA work still queued).
+ * Needs the GIL. */
 void cring__pyext_sweep(module_state *s, int all);
+/* Release the views of a completed request whose CUDA completion event is
+ * `event` (borrowed; NULL for none): at once when there is none or cring's
+ * stream has run that work, else they move (copied: the caller must not
+ * release them too) to the dropped list with a reference to the event,
+ * released by a later sweep once the work has run. So a tensor's memory is
+ * never handed out again while cring's stream may still read or write it,
+ * whatever stream the framework allocated it on. An exception set stays
+ * set (a deleter may run Python code). Needs the GIL. */
+void cring__pyext_release_after(module_state *s, void *event, cring__dl_ref_t *views, int n);
 extern PyMethodDef cring__pyext_handle_functions[];
 /* A new cring.Handle (the module's handle_wrapper class) with its slots
  * _h, _finish, _result and _finished set to the given objects; NULL with
@@ -130,14 +144,28 @@ int cring__pyext_parse_op(PyObject *obj);
 /* The next name of an unnamed call of `kind` ("allreduce.noname.3") into out,
  * counted when `consume`; -1 with the error set. Needs the GIL. */
 int cring__pyext_noname(const char *kind, char *out, size_t cap, int consume);
+/* Whether name is one cring__pyext_noname made (".noname." then digits only).
+ * Every path flags such a name CRING_REQUEST_SEQUENCED, named or not, so
+ * every rank flags a name alike (the engine never holds such a request for a
+ * gradient bucket). */
+int cring__pyext_is_generated(const char *name);
+/* cring._C.noname(kind) and noname_reset([suffix]) (submit.c's table): the
+ * next name of an unnamed call of that kind; every kind (or those ending in
+ * suffix, a removed process set's) counting from 0 again. */
+PyObject *cring__pyext_py_noname(PyObject *module, PyObject *arg);
+PyObject *cring__pyext_py_noname_reset(PyObject *module, PyObject *args);
 /* Submit req, wait here (running signal handlers) and raise its error; views
- * are its tensor views, released by the caller unless an interrupted wait
- * took them (*nviews is then 0). 0, or -1 with the error set. */
+ * are its tensor views, released here (cring__pyext_release_after: a CUDA
+ * request's once cring's stream has run its work, whether it succeeded or
+ * not) or kept by the dropped list when the wait is interrupted; *nviews is
+ * 0 after. 0, or -1 with the error set. */
 int cring__pyext_submit_wait_here(module_state *s, cring_engine_t *engine,
                                   const cring_request_t *req, cring__dl_ref_t *views, int *nviews);
 
 /* cring__pyext_submit_wait_here, and on success the completed handle in
- * *keep (the caller frees it) when keep is not NULL. */
+ * *keep when keep is not NULL: then the views stay the caller's, who
+ * releases them with cring__pyext_release_after (the handle's completion
+ * event) once done with them, and frees the handle. */
 int cring__pyext_submit_wait_keep(module_state *s, cring_engine_t *engine,
                                   const cring_request_t *req, cring__dl_ref_t *views, int *nviews,
                                   cring_handle_t **keep);
@@ -224,6 +252,9 @@ int cring__pyext_gpu_init(PyObject *module, module_state *s);
  * (torch._C._cuda_getCurrentRawStream, looked up once), else `fallback`.
  * 0 with *out set, or -1 with the error set. Needs the GIL. */
 int cring__pyext_cuda_stream(int device, int torch, void *fallback, void **out);
+/* 1 while this thread is inside cring._gpu.use_stream() (its stream, not the
+ * framework's current one, orders its CUDA work), else 0. */
+int cring__pyext_thread_stream_set(void);
 /* After a CUDA request h completed successfully: surface NCCL's
  * asynchronous errors, make `consumer` (and `producer` when it differs) wait
  * on h's completion event, and with block_host wait for it on this thread
@@ -233,5 +264,12 @@ int cring__pyext_cuda_after(module_state *s, cring_handle_t *h, const char *name
 /* The producer's stream of a dropped CUDA request waits on its completion
  * (best effort: errors are ignored, nothing is raised). */
 void cring__pyext_cuda_order_release(cring_handle_t *h, int device, void *producer);
+/* A CUDA completion event (cring_handle_device_event's): another reference,
+ * dropping one, whether its work has run (1; also for NULL), and a host wait
+ * for it (call without the GIL). */
+void *cring__pyext_cuda_event_ref(void *event);
+void cring__pyext_cuda_event_put(void *event);
+int cring__pyext_cuda_event_done(void *event);
+void cring__pyext_cuda_event_wait(void *event);
 
 #endif

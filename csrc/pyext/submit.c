@@ -5,7 +5,7 @@
  * allreduce_async_ for torch CUDA tensors; cring.torch's allreduce_,
  * allreduce_async_ and allreduce_async resolved into them or into
  * submit_small.c's allreduce_async), and the small DLPack utilities
- * (tensor_info, copy). Arguments are bound and checked once, here or in the
+ * (tensor_info, copy). The names of unnamed calls are noname.c's. Arguments are bound and checked once, here or in the
  * engine's validation (whose statuses errors.c maps); no waiting logic (handles.c). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -69,9 +69,11 @@ static void drop_views(module_state *s, cring_handle_t *h, cring__dl_ref_t *view
 }
 
 /* Submit, wait (running signal handlers) and report; views are the request's
- * tensor views, released by the caller unless an interrupted wait took them
- * (then *nviews is set to 0). A CUDA request's stream (the caller's) then
- * waits on its completion: no host wait for the device. Returns 0, or -1
+ * tensor views: released here (cring__pyext_release_after: a CUDA request's
+ * once cring's stream has run its work) and *nviews set to 0, except with
+ * keep on success, where the caller releases them (the same way) after
+ * using them. A CUDA request's stream (the caller's) then waits on its
+ * completion, failed or not: no host wait for the device. Returns 0, or -1
  * with the error set. */
 int cring__pyext_submit_wait_here(module_state *s, cring_engine_t *engine,
                                   const cring_request_t *req, cring__dl_ref_t *views, int *nviews) {
@@ -98,87 +100,19 @@ int cring__pyext_submit_wait_keep(module_state *s, cring_engine_t *engine,
         rc = cring__pyext_cuda_after(s, handle, req->name, req->device.id, req->device.stream,
                                      req->device.stream, 0);
     else if (st != CRING_OK) {
+        if (req->device.type == CRING_DEVICE_CUDA) /* what it queued runs before the caller's */
+            cring__pyext_cuda_order_release(handle, req->device.id, req->device.stream);
         cring__pyext_raise_handle(s, handle, st, req->collective, req->name);
         rc = -1;
     }
-    if (keep && rc == 0) *keep = handle;
-    else cring_handle_free(handle);
+    if (keep && rc == 0) {
+        *keep = handle;
+        return 0;
+    }
+    cring__pyext_release_after(s, cring_handle_device_event(handle), views, *nviews);
+    *nviews = 0;
+    cring_handle_free(handle);
     return rc;
-}
-
-/* ---- names of unnamed calls ------------------------------------------------
- * The k-th unnamed call of a kind is "<kind>.noname.<k mod NONAME_CYCLE>":
- * every rank makes unnamed calls in the same order, so the names match in
- * call order, and reused names let the response cache serve them (a name
- * still in flight makes the next one wait behind it: CRING_REQUEST_SEQUENCED).
- * The cycle bounds how many unnamed calls of a kind one round can fuse. */
-#define NONAME_CYCLE 64  /* at most 100: two digits */
-#define NONAME_KINDS 256 /* kinds x process sets */
-static struct {
-    char kind[40];
-    unsigned long long next;
-} noname_counters[NONAME_KINDS];
-static int noname_nkinds;
-
-/* The next generated name of `kind` into out (GIL held), counted when
- * `consume` (else the same name comes next time); -1 with an error. */
-int cring__pyext_noname(const char *kind, char *out, size_t cap, int consume) {
-    int i = 0;
-    while (i < noname_nkinds && strcmp(noname_counters[i].kind, kind) != 0) i++;
-    if (i == noname_nkinds) {
-        if (i == NONAME_KINDS || strlen(kind) >= sizeof noname_counters[i].kind) {
-            PyErr_Format(PyExc_ValueError, "cannot name unnamed '%s' calls", kind);
-            return -1;
-        }
-        snprintf(noname_counters[i].kind, sizeof noname_counters[i].kind, "%s", kind);
-        noname_counters[i].next = 0;
-        noname_nkinds++;
-    }
-    /* by hand: snprintf's "%s...%llu" costs a tenth of a small call */
-    size_t len = strlen(noname_counters[i].kind);
-    unsigned k = (unsigned)(noname_counters[i].next % NONAME_CYCLE);
-    if (cap < len + 8 + 4) return PyErr_Format(PyExc_ValueError, "kind %s too long", kind), -1;
-    memcpy(out, noname_counters[i].kind, len);
-    memcpy(out + len, ".noname.", 8);
-    len += 8;
-    if (k >= 10) out[len++] = (char)('0' + k / 10);
-    out[len++] = (char)('0' + k % 10);
-    out[len] = 0;
-    noname_counters[i].next += consume != 0;
-    return 0;
-}
-
-/* A name noname_next made: ".noname." then digits only. Every path flags
- * such a name CRING_REQUEST_SEQUENCED, named or not, so every rank flags a
- * name alike (the engine never holds such a request for a gradient bucket). */
-static int is_generated(const char *name) {
-    const char *p = strstr(name, ".noname.");
-    if (!p || !p[8]) return 0;
-    for (p += 8; *p; p++)
-        if (*p < '0' || *p > '9') return 0;
-    return 1;
-}
-
-/* noname(kind) -> the next name of an unnamed call of that kind. */
-static PyObject *py_noname(PyObject *module, PyObject *arg) {
-    const char *kind = PyUnicode_AsUTF8(arg);
-    char name[64];
-    if (!kind || cring__pyext_noname(kind, name, sizeof name, 1) < 0) return NULL;
-    return PyUnicode_FromString(name);
-}
-
-/* noname_reset([suffix]): every kind counts from 0 again (a new job: init),
- * or only the kinds that end in suffix (a removed process set's). */
-static PyObject *py_noname_reset(PyObject *module, PyObject *args) {
-    const char *suffix = NULL;
-    if (!PyArg_ParseTuple(args, "|s", &suffix)) return NULL;
-    size_t ls = suffix ? strlen(suffix) : 0;
-    for (int i = 0; i < noname_nkinds; i++) {
-        size_t lk = strlen(noname_counters[i].kind);
-        if (!suffix || (lk >= ls && strcmp(noname_counters[i].kind + lk - ls, suffix) == 0))
-            noname_counters[i].next = 0;
-    }
-    Py_RETURN_NONE;
 }
 
 int cring__pyext_is_one(PyObject *x) {
@@ -286,8 +220,8 @@ static PyObject *py_allreduce_(PyObject *module, PyObject *const *args, Py_ssize
             if (unnamed) cring__pyext_noname("allreduce", generated, sizeof generated, 1);
             one_tensor_request(&req, &t, &one, &ref, name, op);
             /* by the name, as the Python path does: every rank flags a name alike */
-            req.flags =
-                CRING_REQUEST_CALLER_WAITS | (is_generated(name) ? CRING_REQUEST_SEQUENCED : 0);
+            req.flags = CRING_REQUEST_CALLER_WAITS |
+                        (cring__pyext_is_generated(name) ? CRING_REQUEST_SEQUENCED : 0);
             if (ref.t->device.device_type == CRING_DL_CUDA &&
                 cring__pyext_cuda_device_of(&ref, &req.device) < 0) {
                 cring__dl_release(&ref);
@@ -362,7 +296,8 @@ static PyObject *py_allreduce_async_(PyObject *module, PyObject *const *args, Py
     cring_tensor_t t;
     cring_request_t req;
     one_tensor_request(&req, &t, &one, ref, name, op);
-    if (is_generated(name)) req.flags = CRING_REQUEST_SEQUENCED; /* as the Python path: by name */
+    if (cring__pyext_is_generated(name))
+        req.flags = CRING_REQUEST_SEQUENCED; /* as the Python path: by name */
     if (cuda && cring__pyext_cuda_device_of(ref, &req.device) < 0) goto fail;
     if (s->dropped) cring__pyext_sweep(s, 0);
     cring_handle_t *handle;
@@ -701,7 +636,7 @@ static PyObject *py_submit(PyObject *module, PyObject *args) {
                            .ntensors = (int)n,
                            .tensors = ts,
                            .flags = (caller_waits ? CRING_REQUEST_CALLER_WAITS : 0) |
-                                    (is_generated(name) ? CRING_REQUEST_SEQUENCED : 0),
+                                    (cring__pyext_is_generated(name) ? CRING_REQUEST_SEQUENCED : 0),
                            .splits = splits,
                            .device = device};
     if (caller_waits == 2) {
@@ -796,8 +731,9 @@ PyMethodDef cring__pyext_submit_functions[] = {
     {"submit", py_submit, METH_VARARGS,
      "submit(collective, name, [(send, recv), ...], op, root, prescale, postscale, "
      "compression, caller_waits[, splits[, stream[, process_set]]]) -> Handle"},
-    {"noname", py_noname, METH_O, "noname(kind) -> the next name of an unnamed call of that kind"},
-    {"noname_reset", py_noname_reset, METH_VARARGS,
+    {"noname", cring__pyext_py_noname, METH_O,
+     "noname(kind) -> the next name of an unnamed call of that kind"},
+    {"noname_reset", cring__pyext_py_noname_reset, METH_VARARGS,
      "noname_reset([suffix]): count unnamed calls (of kinds ending in suffix) from 0 again"},
     {"tensor_info", py_tensor_info, METH_VARARGS, "(shape, dtype name, read_only) via DLPack"},
     {"copy", py_copy, METH_VARARGS, "copy(src, dst[, name]): copy between DLPack tensors"},

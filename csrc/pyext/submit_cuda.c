@@ -3,7 +3,8 @@
  * loaded, CRING_GPU_OPERATIONS not "host"), a tensor's device and the
  * caller's stream, the general path's export of a CUDA tensor, and the C
  * fast path of cring.allgather for a torch CUDA tensor (room for the result
- * from torch's allocator, the request submitted and waited on here). Used by
+ * from torch's allocator on the stream the request is ordered after, the
+ * request submitted and waited on here). Used by
  * submit.c and submit_small.c; no request of its own beyond the allgather. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -92,6 +93,13 @@ static PyObject *gathered(PyObject *module, module_state *s, PyObject *x, PyObje
 PyObject *cring__pyext_torch_cuda_allgather(PyObject *module, module_state *s, PyObject *x,
                                             const char *name, int unnamed, int *declined) {
     *declined = 0;
+    if (cring__pyext_thread_stream_set()) {
+        /* torch's allocator would serve the room on torch's current stream,
+         * which neither orders cring's stream nor waits for the result (the
+         * use_stream() stream does): the Python path, lending no room then */
+        *declined = 1;
+        return NULL;
+    }
     cring__dl_ref_t views[2];
     int taken = cring__dl_acquire_fast(x, name, 0, 1, &views[0]);
     if (taken < 0 && !PyErr_ExceptionMatches(PyExc_ValueError)) return NULL;
@@ -153,9 +161,11 @@ PyObject *cring__pyext_torch_cuda_allgather(PyObject *module, module_state *s, P
     int nviews = 2;
     cring_handle_t *h = NULL;
     int rc = cring__pyext_submit_wait_keep(s, s->engine, &req, views, &nviews, &h);
+    void *event = rc < 0 ? NULL : cring__pyext_cuda_event_ref(cring_handle_device_event(h));
     PyObject *res =
         rc < 0 ? NULL : gathered(module, s, x, room, &views[0], &views[1], h, name, &device);
-    for (int i = 0; i < nviews; i++) cring__dl_release(&views[i]);
+    cring__pyext_release_after(s, event, views, nviews); /* once cring's stream is done */
+    cring__pyext_cuda_event_put(event);
     Py_DECREF(room);
     return res;
 }

@@ -2,16 +2,27 @@
  * loaded through CRING_NCCL_LIBRARY by the CPU tests. "Device memory" is host
  * memory. The unique id names a POSIX shared-memory segment; the ranks of a
  * communicator are processes that map it, write their part to their own slot,
- * meet at a barrier and read the others' parts. Collectives run when called
- * (inside ncclGroupStart/End: at ncclGroupEnd, in call order), so a grouped
- * call is observable as one group in the log. ncclSend/ncclRecv inside a
- * group run together as one point-to-point phase at ncclGroupEnd: each rank
- * writes its sends (destination, bytes, payload) into its slot, meets the
- * others, and each receive takes the next send addressed to it from its peer,
- * which must have the same byte count (as NCCL requires). Every rank of the
- * communicator must take part in such a phase (cring's alltoall calls every
- * peer, zero counts included); a send or receive outside a group is a phase
- * of its own. Never used outside tests.
+ * meet at a barrier and read the others' parts.
+ *
+ * As on a GPU, a collective runs when its stream reaches it: each call (a
+ * group's calls together, at ncclGroupEnd, in call order, so a grouped call is
+ * observable as one group in the log) is checked and logged when it is made,
+ * then enqueued on the fake CUDA runtime's stream (fake_cudart.c's
+ * fake_cuda_enqueue_group; a group on several streams joins them, as NCCL
+ * does) and run by that stream's device thread, which waits there for its
+ * peers. What fails there is an asynchronous error (ncclCommGetAsyncError),
+ * as a peer missing for CRING_FAKE_NCCL_TIMEOUT_S is. ncclCommDestroy waits
+ * for the communicator's queued work; ncclCommAbort makes it give up at once
+ * (a device thread waiting for peers returns) and then frees it. Without the
+ * fake runtime in the process, calls run at once on the calling thread.
+ *
+ * ncclSend/ncclRecv inside a group run together as one point-to-point phase:
+ * each rank writes its sends (destination, bytes, payload) into its slot,
+ * meets the others, and each receive takes the next send addressed to it from
+ * its peer, which must have the same byte count (as NCCL requires). Every rank
+ * of the communicator must take part in such a phase (cring's alltoall calls
+ * every peer, zero counts included); a send or receive outside a group is a
+ * phase of its own. Never used outside tests.
  *   CRING_FAKE_NCCL_LOG          append one line per call (rank, op, count, stream)
  *   CRING_FAKE_NCCL_VERSION      version code reported (default 22703)
  *   CRING_FAKE_NCCL_ONE_RANK_DEFECT  1: reproduce NCCL 2.27.0-2.29.6's
@@ -25,8 +36,8 @@
  *   CRING_FAKE_NCCL_DEFECT_BLOCKS  BLOCKS above (default 16: 17**3 elements
  *                                lose 1, 2**20 + 3 lose 3, as on the H100)
  *   CRING_FAKE_NCCL_SLOT_BYTES   largest part one rank may send (default 4 MiB)
- *   CRING_FAKE_NCCL_FAIL_AFTER   after this many collectives on a communicator,
- *                                report an asynchronous remote error
+ *   CRING_FAKE_NCCL_FAIL_AFTER   after this many collectives have run on a
+ *                                communicator, report an asynchronous remote error
  *   CRING_FAKE_NCCL_TIMEOUT_S    barrier time-out (default 30): a missing peer
  *                                fails the call instead of hanging
  *   CRING_FAKE_NCCL_INIT_GATE    a path: every ncclCommInitRank of a process
@@ -35,12 +46,16 @@
  *                                above, then fails), so a test can hold an
  *                                engine inside communicator set-up
  * fake_nccl_calls() (exported, for C tests): collectives this process called.
+ * The element arithmetic (types, half and bfloat16, reductions) is in
+ * fake_nccl_reduce.c, built into the same library.
  * Build with -DFAKE_NCCL_WITHOUT_ALLGATHER for a library lacking ncclAllGather. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -52,6 +67,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "fake_nccl.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -67,20 +84,6 @@ enum {
     INVALID_USAGE = 5,
     REMOTE_ERROR = 6
 };
-enum {
-    INT8 = 0,
-    UINT8 = 1,
-    INT32 = 2,
-    UINT32 = 3,
-    INT64 = 4,
-    UINT64 = 5,
-    FLOAT16 = 6,
-    FLOAT32 = 7,
-    FLOAT64 = 8,
-    BFLOAT16 = 9,
-    NTYPES = 10
-};
-enum { SUM = 0, PROD = 1, MAX = 2, MIN = 3, AVG = 4, FIRST_PREMUL = 5 };
 #define MAX_PREMUL 32
 #define MAGIC "cring-fake-nccl"
 
@@ -97,8 +100,11 @@ struct ncclComm {
     header_t *hdr;
     unsigned char *slots;
     size_t slot_bytes, map_bytes;
-    int async_error;
-    long collectives;
+    _Atomic int async_error; /* set by whichever thread sees it fail */
+    _Atomic int aborted;     /* ncclCommAbort: queued and waiting work gives up */
+    _Atomic int pending;     /* calls enqueued and not yet run */
+    char async_message[256]; /* what failed, for ncclGetLastError */
+    long collectives;        /* run so far (by the device thread) */
     double premul[MAX_PREMUL];
     int premul_used[MAX_PREMUL];
     char name[128];
@@ -135,6 +141,15 @@ static int fail(int code, const char *fmt, ...) {
     return code;
 }
 
+/* An error of work that ran after its call returned: the communicator's
+ * asynchronous error (the first one stays), with its message. */
+static int fail_async(struct ncclComm *c, int code, const char *what) {
+    int none = OK;
+    if (atomic_compare_exchange_strong(&c->async_error, &none, code))
+        snprintf(c->async_message, sizeof c->async_message, "%s", what);
+    return code;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -146,145 +161,9 @@ static double env_double(const char *name, double dflt) {
     return s && *s ? atof(s) : dflt;
 }
 
-/* ---- element access: floats through double, integers through int64 ---- */
-static size_t type_size(int dt) {
-    static const size_t sizes[NTYPES] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
-    return dt >= 0 && dt < NTYPES ? sizes[dt] : 0;
-}
-
-static int is_float(int dt) {
-    return dt == FLOAT16 || dt == FLOAT32 || dt == FLOAT64 || dt == BFLOAT16;
-}
-
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        float f = ldexpf((float)man, -24);
-        return sign ? -f : f;
-    }
-    if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
-    else bits = sign | ((exp + 112) << 23) | (man << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static uint16_t float_to_half(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)(sign | 0x7e00);
-    float a = fabsf(f);
-    if (a >= 65520.0f) return (uint16_t)(sign | 0x7c00);
-    if (a < 6.103515625e-05f) return (uint16_t)(sign | (uint16_t)lrintf(a * 16777216.0f));
-    int e;
-    float m = frexpf(a, &e); /* a = m * 2^e, 0.5 <= m < 1 */
-    long mant = lrintf((m * 2.0f - 1.0f) * 1024.0f);
-    int exp = e - 1 + 15;
-    if (mant == 1024) {
-        mant = 0;
-        exp++;
-    }
-    return (uint16_t)(sign | (uint32_t)(exp << 10) | (uint32_t)mant);
-}
-
-static float bf16_to_float(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static uint16_t float_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
-    x += 0x7fff + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
-static double load_f(const void *p, int dt, size_t i) {
-    switch (dt) {
-    case FLOAT16: return half_to_float(((const uint16_t *)p)[i]);
-    case BFLOAT16: return bf16_to_float(((const uint16_t *)p)[i]);
-    case FLOAT32: return ((const float *)p)[i];
-    default: return ((const double *)p)[i];
-    }
-}
-
-static void store_f(void *p, int dt, size_t i, double v) {
-    switch (dt) {
-    case FLOAT16: ((uint16_t *)p)[i] = float_to_half((float)v); break;
-    case BFLOAT16: ((uint16_t *)p)[i] = float_to_bf16((float)v); break;
-    case FLOAT32: ((float *)p)[i] = (float)v; break;
-    default: ((double *)p)[i] = v; break;
-    }
-}
-
-static int64_t load_i(const void *p, int dt, size_t i) {
-    switch (dt) {
-    case INT8: return ((const int8_t *)p)[i];
-    case UINT8: return ((const uint8_t *)p)[i];
-    case INT32: return ((const int32_t *)p)[i];
-    case UINT32: return ((const uint32_t *)p)[i];
-    default: return ((const int64_t *)p)[i];
-    }
-}
-
-static void store_i(void *p, int dt, size_t i, int64_t v) {
-    switch (dt) {
-    case INT8: ((int8_t *)p)[i] = (int8_t)v; break;
-    case UINT8: ((uint8_t *)p)[i] = (uint8_t)v; break;
-    case INT32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case UINT32: ((uint32_t *)p)[i] = (uint32_t)v; break;
-    default: ((int64_t *)p)[i] = v; break;
-    }
-}
-
-/* out[i] = op over ranks of parts[r][first + i]. */
-static void reduce_parts(ncclComm_t c, int dt, int op, const unsigned char *const *parts,
-                         size_t first, size_t count, void *out) {
-    for (size_t i = 0; i < count; i++) {
-        size_t k = first + i;
-        if (is_float(dt) || op >= FIRST_PREMUL) {
-            double acc = 0;
-            for (int r = 0; r < c->nranks; r++) {
-                double v = is_float(dt) ? load_f(parts[r], dt, k) : (double)load_i(parts[r], dt, k);
-                if (op >= FIRST_PREMUL) v *= c->premul[op - FIRST_PREMUL];
-                if (r == 0) acc = v;
-                else if (op == SUM || op == AVG || op >= FIRST_PREMUL) acc += v;
-                else if (op == PROD) acc *= v;
-                else if (op == MAX) acc = (v > acc || isnan(v)) ? v : acc;
-                else if (op == MIN) acc = (v < acc || isnan(v)) ? v : acc;
-            }
-            if (op == AVG) acc /= c->nranks;
-            if (is_float(dt)) store_f(out, dt, i, acc);
-            else store_i(out, dt, i, (int64_t)acc);
-        } else {
-            uint64_t uacc = 0;
-            int64_t acc = 0;
-            for (int r = 0; r < c->nranks; r++) {
-                int64_t v = load_i(parts[r], dt, k);
-                if (r == 0) {
-                    acc = v;
-                    uacc = (uint64_t)v;
-                } else if (op == SUM || op == AVG) uacc += (uint64_t)v;
-                else if (op == PROD) uacc *= (uint64_t)v;
-                else if (op == MAX) acc = v > acc ? v : acc;
-                else if (op == MIN) acc = v < acc ? v : acc;
-            }
-            if (op == SUM || op == PROD) acc = (int64_t)uacc;
-            if (op == AVG) { /* the sum wraps in the element type, then divides toward zero */
-                int64_t wrapped = 0;
-                store_i(&wrapped, dt, 0, (int64_t)uacc);
-                acc = load_i(&wrapped, dt, 0) / c->nranks;
-            }
-            store_i(out, dt, i, acc);
-        }
-    }
-}
-
 /* ---- the shared segment ---- */
+/* Every rank meets here. A peer missing for CRING_FAKE_NCCL_TIMEOUT_S, or an
+ * abort, fails the call (and the communicator). */
 static int barrier(ncclComm_t c) {
     header_t *h = c->hdr;
     uint32_t gen = atomic_load(&h->generation);
@@ -296,9 +175,18 @@ static int barrier(ncclComm_t c) {
     double deadline = now_s() + env_double("CRING_FAKE_NCCL_TIMEOUT_S", 30);
     for (unsigned spins = 0; atomic_load(&h->generation) == gen; spins++) {
         if (spins > 1000) sched_yield();
-        if ((spins & 1023) == 0 && now_s() > deadline) {
-            c->async_error = SYSTEM_ERROR;
-            return fail(SYSTEM_ERROR, "fake NCCL: rank %d waited too long for its peers", c->rank);
+        if (spins > 20000) {
+            struct timespec pause = {0, 50000}; /* the machine is shared: do not spin long */
+            nanosleep(&pause, NULL);
+        }
+        if ((spins & 255) == 0 && atomic_load(&c->aborted))
+            return fail_async(c, SYSTEM_ERROR, "fake NCCL: the communicator was aborted");
+        if ((spins & 255) == 0 && now_s() > deadline) {
+            char what[128];
+            snprintf(what, sizeof what, "fake NCCL: rank %d waited too long for its peers",
+                     c->rank);
+            fail(SYSTEM_ERROR, "%s", what);
+            return fail_async(c, SYSTEM_ERROR, what);
         }
     }
     return OK;
@@ -333,7 +221,11 @@ EXPORT const char *ncclGetErrorString(int result) {
     }
 }
 
-EXPORT const char *ncclGetLastError(ncclComm_t comm) { return last_error; }
+EXPORT const char *ncclGetLastError(ncclComm_t comm) {
+    if (comm && atomic_load(&comm->async_error) != OK && comm->async_message[0])
+        return comm->async_message;
+    return last_error;
+}
 
 EXPORT int ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
     *out = NULL;
@@ -404,20 +296,34 @@ static void comm_free(ncclComm_t c) {
     free(c);
 }
 
+/* Wait until the communicator's enqueued work has run (it gives up at once
+ * after an abort, and after a time-out when a peer is missing). */
+static void wait_idle(ncclComm_t c) {
+    struct timespec pause = {0, 1000000};
+    while (atomic_load(&c->pending) > 0) nanosleep(&pause, NULL);
+}
+
+/* Like NCCL's: waits for the communicator's work to complete first. */
 EXPORT int ncclCommDestroy(ncclComm_t c) {
-    if (c) log_line("destroy rank=%d", c->rank);
+    if (!c) return OK;
+    log_line("destroy rank=%d", c->rank);
+    wait_idle(c);
     comm_free(c);
     return OK;
 }
 
+/* Work still queued or waiting for peers gives up; then the communicator goes. */
 EXPORT int ncclCommAbort(ncclComm_t c) {
-    if (c) log_line("abort rank=%d", c->rank);
+    if (!c) return OK;
+    log_line("abort rank=%d", c->rank);
+    atomic_store(&c->aborted, 1);
+    wait_idle(c);
     comm_free(c);
     return OK;
 }
 
 EXPORT int ncclCommGetAsyncError(ncclComm_t c, int *async_error) {
-    *async_error = c ? c->async_error : OK;
+    *async_error = c ? atomic_load(&c->async_error) : OK;
     return c ? OK : INVALID_ARGUMENT;
 }
 
@@ -425,7 +331,8 @@ EXPORT int ncclRedOpCreatePreMulSum(int *op, void *scalar, int dt, int residence
     for (int i = 0; i < MAX_PREMUL; i++) {
         if (c->premul_used[i]) continue;
         c->premul_used[i] = 1;
-        c->premul[i] = is_float(dt) ? load_f(scalar, dt, 0) : (double)load_i(scalar, dt, 0);
+        c->premul[i] =
+            fake__is_float(dt) ? fake__load_f(scalar, dt, 0) : (double)fake__load_i(scalar, dt, 0);
         *op = FIRST_PREMUL + i;
         log_line("premul rank=%d op=%d scalar=%g residence=%d", c->rank, *op, c->premul[i],
                  residence);
@@ -455,6 +362,8 @@ typedef struct {
     int dt, op, root; /* root: the peer of a send or receive */
     ncclComm_t comm;
     void *stream;
+    double scalar; /* a pre-multiplied sum's factor, taken when the call is made (the op may
+                      be destroyed before the call runs, as NCCL allows) */
 } call_t;
 
 #define MAX_GROUP 4096
@@ -472,13 +381,15 @@ static size_t written(const call_t *k) {
     return blocks ? k->count - k->count % blocks : k->count;
 }
 
+/* The bytes one rank puts in its slot for a collective. */
+static size_t part_bytes(const call_t *k) {
+    size_t es = fake__type_size(k->dt);
+    return k->kind == K_REDUCESCATTER ? k->count * (size_t)k->comm->nranks * es : k->count * es;
+}
+
 static int run(const call_t *k) {
     ncclComm_t c = k->comm;
-    size_t es = type_size(k->dt);
-    size_t part = k->kind == K_REDUCESCATTER ? k->count * (size_t)c->nranks * es : k->count * es;
-    if (part > c->slot_bytes)
-        return fail(INVALID_ARGUMENT, "fake NCCL: %zu bytes exceed CRING_FAKE_NCCL_SLOT_BYTES",
-                    part);
+    size_t part = part_bytes(k);
     unsigned char *mine = c->slots + (size_t)c->rank * c->slot_bytes;
     const unsigned char *parts[256];
     for (int r = 0; r < c->nranks && r < 256; r++) parts[r] = c->slots + (size_t)r * c->slot_bytes;
@@ -487,9 +398,12 @@ static int run(const call_t *k) {
     int rc = barrier(c);
     if (rc != OK) return rc;
     switch (k->kind) {
-    case K_ALLREDUCE: reduce_parts(c, k->dt, k->op, parts, 0, written(k), k->recv); break;
+    case K_ALLREDUCE:
+        fake__reduce_parts(c->nranks, k->dt, k->op, k->scalar, parts, 0, written(k), k->recv);
+        break;
     case K_REDUCE:
-        if (c->rank == k->root) reduce_parts(c, k->dt, k->op, parts, 0, written(k), k->recv);
+        if (c->rank == k->root)
+            fake__reduce_parts(c->nranks, k->dt, k->op, k->scalar, parts, 0, written(k), k->recv);
         break;
     case K_BROADCAST: memcpy(k->recv, parts[k->root], part); break;
     case K_ALLGATHER:
@@ -497,14 +411,16 @@ static int run(const call_t *k) {
             memcpy((unsigned char *)k->recv + (size_t)r * part, parts[r], part);
         break;
     case K_REDUCESCATTER:
-        reduce_parts(c, k->dt, k->op, parts, (size_t)c->rank * k->count, written(k), k->recv);
+        fake__reduce_parts(c->nranks, k->dt, k->op, k->scalar, parts, (size_t)c->rank * k->count,
+                           written(k), k->recv);
         break;
     }
     rc = barrier(c);
     if (rc != OK) return rc;
     c->collectives++;
     long fail_after = (long)env_double("CRING_FAKE_NCCL_FAIL_AFTER", 0);
-    if (fail_after > 0 && c->collectives >= fail_after) c->async_error = REMOTE_ERROR;
+    if (fail_after > 0 && c->collectives >= fail_after)
+        fail_async(c, REMOTE_ERROR, "fake NCCL: CRING_FAKE_NCCL_FAIL_AFTER reached");
     return OK;
 }
 
@@ -528,7 +444,7 @@ static int run_p2p(const call_t *k, int m) {
         else if (k[i].root < 0 || k[i].root >= c->nranks)
             rc = fail(INVALID_ARGUMENT, "fake NCCL: peer %d of %d", k[i].root, c->nranks);
         if (k[i].kind != K_SEND || rc != OK) continue;
-        size_t bytes = k[i].count * type_size(k[i].dt);
+        size_t bytes = k[i].count * fake__type_size(k[i].dt);
         if (at + sizeof(message_t) * 2 + bytes + 8 > c->slot_bytes) {
             rc = fail(INVALID_ARGUMENT, "fake NCCL: sends exceed CRING_FAKE_NCCL_SLOT_BYTES");
             break;
@@ -547,7 +463,7 @@ static int run_p2p(const call_t *k, int m) {
     for (int i = 0; i < m && rc == OK; i++) {
         if (k[i].kind != K_RECV) continue;
         int q = k[i].root;
-        size_t bytes = k[i].count * type_size(k[i].dt), off = 0;
+        size_t bytes = k[i].count * fake__type_size(k[i].dt), off = 0;
         const unsigned char *theirs = c->slots + (size_t)q * c->slot_bytes;
         int seen = 0, found = 0;
         for (;;) {
@@ -574,6 +490,7 @@ static int run_p2p(const call_t *k, int m) {
     brc = barrier(c);
     if (rc == OK) rc = brc;
     if (rc == OK) c->collectives++;
+    else if (atomic_load(&c->async_error) == OK) fail_async(c, rc, last_error);
     return rc;
 }
 
@@ -581,11 +498,135 @@ static _Atomic long collective_calls;
 
 EXPORT long fake_nccl_calls(void) { return atomic_load(&collective_calls); }
 
+/* ---- enqueueing on the fake runtime's streams ---- */
+typedef int (*enqueue_fn)(void *const *streams, int n, void (*fn)(void *), void *arg);
+static enqueue_fn runtime_enqueue;
+static pthread_once_t runtime_once = PTHREAD_ONCE_INIT;
+
+/* fake_cudart.c's fake_cuda_enqueue_group, from the copy the process loaded
+ * (cring loads it from CRING_CUDART_LIBRARY, privately). */
+static void find_runtime(void) {
+    runtime_enqueue = (enqueue_fn)dlsym(RTLD_DEFAULT, "fake_cuda_enqueue_group");
+    const char *path = getenv("CRING_CUDART_LIBRARY");
+    if (!runtime_enqueue && path && *path) {
+        void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+        if (lib) runtime_enqueue = (enqueue_fn)dlsym(lib, "fake_cuda_enqueue_group");
+    }
+}
+
+typedef struct {
+    int n;
+    call_t calls[]; /* in call order */
+} job_t;
+
+/* A group's calls, in order (consecutive sends and receives as one phase);
+ * the first failure stops the rest and becomes the communicator's error. */
+static int run_calls(const call_t *calls, int n) {
+    int rc = OK;
+    for (int i = 0; i < n && rc == OK;) {
+        ncclComm_t c = calls[i].comm;
+        if (atomic_load(&c->aborted) || atomic_load(&c->async_error) != OK) {
+            rc = atomic_load(&c->async_error) != OK ? atomic_load(&c->async_error) : SYSTEM_ERROR;
+            break;
+        }
+        int j = i;
+        while (j < n && (calls[j].kind == K_SEND || calls[j].kind == K_RECV)) j++;
+        if (j > i) {
+            rc = run_p2p(&calls[i], j - i);
+            i = j;
+        } else {
+            rc = run(&calls[i++]);
+        }
+    }
+    return rc;
+}
+
+/* On a stream's device thread: the job's calls, then they are no longer pending. */
+static void run_job(void *arg) {
+    job_t *job = arg;
+    run_calls(job->calls, job->n);
+    for (int i = 0; i < job->n; i++) atomic_fetch_sub(&job->calls[i].comm->pending, 1);
+    free(job);
+}
+
+/* Enqueue calls[0..n) as one job on their streams (joined when several), or
+ * run them here when no fake runtime is loaded. */
+static int launch(const call_t *calls, int n) {
+    if (n == 0) return OK;
+    pthread_once(&runtime_once, find_runtime);
+    if (!runtime_enqueue) return run_calls(calls, n);
+    job_t *job = malloc(sizeof *job + sizeof(call_t) * (size_t)n);
+    void **streams = malloc(sizeof *streams * (size_t)n);
+    if (!job || !streams) {
+        free(job);
+        free(streams);
+        return fail(SYSTEM_ERROR, "fake NCCL: out of memory");
+    }
+    job->n = n;
+    memcpy(job->calls, calls, sizeof(call_t) * (size_t)n);
+    int nstreams = 0;
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int k = 0; k < nstreams && !seen; k++) seen = streams[k] == calls[i].stream;
+        if (!seen) streams[nstreams++] = calls[i].stream;
+        atomic_fetch_add(&calls[i].comm->pending, 1);
+    }
+    int rc = runtime_enqueue(streams, nstreams, run_job, job);
+    free(streams);
+    if (rc != 0) {
+        for (int i = 0; i < n; i++) atomic_fetch_sub(&calls[i].comm->pending, 1);
+        free(job);
+        return fail(SYSTEM_ERROR, "fake NCCL: the fake runtime refused the work (cuda error %d)",
+                    rc);
+    }
+    return OK;
+}
+
+/* What NCCL checks when a call is made. */
+static int check_call(const call_t *k) {
+    if (!k->comm) return fail(INVALID_ARGUMENT, "fake NCCL: NULL communicator");
+    if (fake__type_size(k->dt) == 0)
+        return fail(INVALID_ARGUMENT, "fake NCCL: bad datatype %d", k->dt);
+    int async_error = atomic_load(&k->comm->async_error);
+    if (async_error) return fail(async_error, "fake NCCL: communicator failed");
+    if (atomic_load(&k->comm->aborted)) return fail(INVALID_USAGE, "fake NCCL: aborted");
+    if (k->kind == K_SEND || k->kind == K_RECV) {
+        if (k->root < 0 || k->root >= k->comm->nranks)
+            return fail(INVALID_ARGUMENT, "fake NCCL: peer %d of %d", k->root, k->comm->nranks);
+    } else if (part_bytes(k) > k->comm->slot_bytes) {
+        return fail(INVALID_ARGUMENT, "fake NCCL: %zu bytes exceed CRING_FAKE_NCCL_SLOT_BYTES",
+                    part_bytes(k));
+    }
+    return OK;
+}
+
+/* A group's sends of one phase must fit the sender's slot. */
+static int check_sends(const call_t *k, int n) {
+    for (int i = 0; i < n;) {
+        int j = i;
+        size_t need = sizeof(message_t);
+        while (j < n && (k[j].kind == K_SEND || k[j].kind == K_RECV)) {
+            if (k[j].comm != k[i].comm)
+                return fail(INVALID_USAGE,
+                            "fake NCCL: one group's sends use several communicators");
+            if (k[j].kind == K_SEND)
+                need +=
+                    sizeof(message_t) + ((k[j].count * fake__type_size(k[j].dt) + 7) & ~(size_t)7);
+            j++;
+        }
+        if (j > i && need + 8 > k[i].comm->slot_bytes)
+            return fail(INVALID_ARGUMENT, "fake NCCL: sends exceed CRING_FAKE_NCCL_SLOT_BYTES");
+        i = j > i ? j : i + 1;
+    }
+    return OK;
+}
+
 static int submit(call_t k) {
     atomic_fetch_add(&collective_calls, 1);
-    if (!k.comm) return fail(INVALID_ARGUMENT, "fake NCCL: NULL communicator");
-    if (type_size(k.dt) == 0) return fail(INVALID_ARGUMENT, "fake NCCL: bad datatype %d", k.dt);
-    if (k.comm->async_error) return fail(k.comm->async_error, "fake NCCL: communicator failed");
+    int rc = check_call(&k);
+    if (rc != OK) return rc;
+    if (k.op >= FIRST_PREMUL && k.op < FIRST_PREMUL + MAX_PREMUL)
+        k.scalar = k.comm->premul[k.op - FIRST_PREMUL];
     log_line("%s rank=%d count=%zu dtype=%d op=%d root=%d stream=0x%lx group=%d",
              kind_names[k.kind], k.comm->rank, k.count, k.dt, k.op, k.root,
              (unsigned long)(uintptr_t)k.stream, group_depth > 0);
@@ -594,7 +635,7 @@ static int submit(call_t k) {
         group_calls[group_len++] = k;
         return OK;
     }
-    return k.kind == K_SEND || k.kind == K_RECV ? run_p2p(&k, 1) : run(&k);
+    return launch(&k, 1);
 }
 
 EXPORT int ncclGroupStart(void) {
@@ -605,54 +646,45 @@ EXPORT int ncclGroupStart(void) {
 EXPORT int ncclGroupEnd(void) {
     if (group_depth == 0) return fail(INVALID_USAGE, "fake NCCL: ncclGroupEnd without start");
     if (--group_depth > 0) return OK;
-    int n = group_len, rc = OK;
+    int n = group_len;
     group_len = 0;
     log_line("groupend calls=%d", n);
-    for (int i = 0; i < n && rc == OK;) {
-        int j = i;
-        while (j < n && (group_calls[j].kind == K_SEND || group_calls[j].kind == K_RECV)) j++;
-        if (j > i) {
-            rc = run_p2p(&group_calls[i], j - i);
-            i = j;
-        } else {
-            rc = run(&group_calls[i++]);
-        }
-    }
-    return rc;
+    int rc = check_sends(group_calls, n);
+    return rc == OK ? launch(group_calls, n) : rc;
 }
 
 EXPORT int ncclAllReduce(const void *send, void *recv, size_t count, int dt, int op,
                          ncclComm_t comm, void *stream) {
-    return submit((call_t){K_ALLREDUCE, send, recv, count, dt, op, 0, comm, stream});
+    return submit((call_t){K_ALLREDUCE, send, recv, count, dt, op, 0, comm, stream, 1.0});
 }
 
 EXPORT int ncclBroadcast(const void *send, void *recv, size_t count, int dt, int root,
                          ncclComm_t comm, void *stream) {
-    return submit((call_t){K_BROADCAST, send, recv, count, dt, 0, root, comm, stream});
+    return submit((call_t){K_BROADCAST, send, recv, count, dt, 0, root, comm, stream, 1.0});
 }
 
 EXPORT int ncclReduce(const void *send, void *recv, size_t count, int dt, int op, int root,
                       ncclComm_t comm, void *stream) {
-    return submit((call_t){K_REDUCE, send, recv, count, dt, op, root, comm, stream});
+    return submit((call_t){K_REDUCE, send, recv, count, dt, op, root, comm, stream, 1.0});
 }
 
 #ifndef FAKE_NCCL_WITHOUT_ALLGATHER
 EXPORT int ncclAllGather(const void *send, void *recv, size_t send_count, int dt, ncclComm_t comm,
                          void *stream) {
-    return submit((call_t){K_ALLGATHER, send, recv, send_count, dt, 0, 0, comm, stream});
+    return submit((call_t){K_ALLGATHER, send, recv, send_count, dt, 0, 0, comm, stream, 1.0});
 }
 #endif
 
 EXPORT int ncclReduceScatter(const void *send, void *recv, size_t recv_count, int dt, int op,
                              ncclComm_t comm, void *stream) {
-    return submit((call_t){K_REDUCESCATTER, send, recv, recv_count, dt, op, 0, comm, stream});
+    return submit((call_t){K_REDUCESCATTER, send, recv, recv_count, dt, op, 0, comm, stream, 1.0});
 }
 
 EXPORT int ncclSend(const void *send, size_t count, int dt, int peer, ncclComm_t comm,
                     void *stream) {
-    return submit((call_t){K_SEND, send, NULL, count, dt, 0, peer, comm, stream});
+    return submit((call_t){K_SEND, send, NULL, count, dt, 0, peer, comm, stream, 1.0});
 }
 
 EXPORT int ncclRecv(void *recv, size_t count, int dt, int peer, ncclComm_t comm, void *stream) {
-    return submit((call_t){K_RECV, NULL, recv, count, dt, 0, peer, comm, stream});
+    return submit((call_t){K_RECV, NULL, recv, count, dt, 0, peer, comm, stream, 1.0});
 }

@@ -35,27 +35,13 @@
 
 #define MANY 40
 
-static char fake_nccl[PATH_MAX], fake_cudart[PATH_MAX];
-
-static void find_fakes(void) {
-    char exe[PATH_MAX - 64];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    CHECK(n > 0);
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    CHECK(slash != NULL);
-    *slash = '\0';
-    snprintf(fake_nccl, sizeof fake_nccl, "%s/libfake_nccl.so", exe);
-    snprintf(fake_cudart, sizeof fake_cudart, "%s/libfake_cudart.so", exe);
-    CHECK(access(fake_nccl, R_OK) == 0);
-    CHECK(access(fake_cudart, R_OK) == 0);
-}
+static testutil_fakes_t fakes;
 
 static void *stream_of(int rank) { return (void *)(uintptr_t)(0x1000 + rank); }
 
 /* The test doubles' own counters (fake_nccl_calls, fake_cuda_count). */
 static long fake_nccl_count(void) {
-    void *lib = dlopen(fake_nccl, RTLD_NOW | RTLD_NOLOAD);
+    void *lib = dlopen(fakes.nccl, RTLD_NOW | RTLD_NOLOAD);
     CHECK(lib != NULL);
     long (*fn)(void) = (long (*)(void))dlsym(lib, "fake_nccl_calls");
     CHECK(fn != NULL);
@@ -65,7 +51,7 @@ static long fake_nccl_count(void) {
 }
 
 static long fake_cuda(const char *what) {
-    void *lib = dlopen(fake_cudart, RTLD_NOW | RTLD_NOLOAD);
+    void *lib = dlopen(fakes.cudart, RTLD_NOW | RTLD_NOLOAD);
     CHECK(lib != NULL);
     long (*fn)(const char *) = (long (*)(const char *))dlsym(lib, "fake_cuda_count");
     CHECK(fn != NULL);
@@ -129,7 +115,7 @@ static void run_rank(int rank, int size, int port, int unused) {
             submit(e, name, CRING_COLL_ALLREDUCE, CRING_SUM, 0, &mt[i], 1, CRING_DEVICE_CUDA, rank);
     }
     for (int i = 0; i < MANY; i++) {
-        CHECK_OK(cring_handle_wait(mh[i]));
+        CHECK_OK(testutil_cuda_wait(mh[i]));
         for (int j = 0; j < 5; j++)
             CHECK(many[i][j] == (float)(100 * S * (S - 1) / 2 + S * (i + j)));
         cring_handle_free(mh[i]);
@@ -166,8 +152,8 @@ static void run_rank(int rank, int size, int port, int unused) {
     if (rank % 2) CHECK_OK(cring_engine_submit(e, &scaled, &sh));
     gh = submit(e, "group", CRING_COLL_ALLREDUCE, CRING_SUM, 0, grp, 3, CRING_DEVICE_CUDA, rank);
     if (rank % 2 == 0) CHECK_OK(cring_engine_submit(e, &scaled, &sh));
-    CHECK_OK(cring_handle_wait(gh));
-    CHECK_OK(cring_handle_wait(sh));
+    CHECK_OK(testutil_cuda_wait(gh));
+    CHECK_OK(testutil_cuda_wait(sh));
     CHECK(a1[0] == (float)(S * (S + 1) / 2));
     for (int i = 0; i < 1001; i++) CHECK(a2[i] == (float)(3 * S * (S - 1) / 2 + S * (i % 11)));
     for (int i = 0; i < 7; i++) /* average of rank + i, times 0.5 * 2 */
@@ -190,8 +176,8 @@ static void run_rank(int rank, int size, int port, int unused) {
         submit(e, "cpu", CRING_COLL_ALLREDUCE, CRING_SUM, 0, &ct, 1, CRING_DEVICE_CPU, rank);
     cring_handle_t *bh =
         submit(e, "bcast", CRING_COLL_BROADCAST, CRING_SUM, S - 1, bt, 2, CRING_DEVICE_CUDA, rank);
-    CHECK_OK(cring_handle_wait(bh));
-    CHECK_OK(cring_handle_wait(cpuh));
+    CHECK_OK(testutil_cuda_wait(bh));
+    CHECK_OK(testutil_cuda_wait(cpuh));
     for (int i = 0; i < 9; i++) CHECK(br[i] == (S - 1) * 100.0 + i);
     for (int i = 0; i < 4; i++) CHECK(bi[i] == S - 1);
     CHECK(cpu[0] == S * (S - 1) / 2 && cpu[1] == S && cpu[2] == 2 * S);
@@ -216,8 +202,8 @@ static void run_rank(int rank, int size, int port, int unused) {
     if (rank % 2 == 0)
         rsh = submit(e, "rs", CRING_COLL_REDUCESCATTER, CRING_SUM, 0, &rt, 1, CRING_DEVICE_CUDA,
                      rank);
-    CHECK_OK(cring_handle_wait(agh));
-    CHECK_OK(cring_handle_wait(rsh));
+    CHECK_OK(testutil_cuda_wait(agh));
+    CHECK_OK(testutil_cuda_wait(rsh));
     size_t bytes = 0;
     const int64_t *first = NULL;
     const int64_t *all = cring_handle_output(agh, 0, &bytes, &first);
@@ -252,7 +238,7 @@ static void run_rank(int rank, int size, int port, int unused) {
         CHECK(st2.nccl_calls == st1.nccl_calls);
         cring_handle_t *after = submit(e, "after", CRING_COLL_ALLREDUCE, CRING_SUM, 0, &mxt, 1,
                                        CRING_DEVICE_CUDA, rank);
-        CHECK_OK(cring_handle_wait(after));
+        CHECK_OK(testutil_cuda_wait(after));
         CHECK(mx[0] == (float)S && mx[2] == 3.0f * (float)S);
         cring_handle_free(after);
     }
@@ -283,7 +269,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                               .device = {CRING_DEVICE_CUDA, 0, stream_of(rank)}};
         cring_handle_t *a2h = NULL;
         CHECK_OK(cring_engine_submit(e, &aq, &a2h));
-        CHECK_OK(cring_handle_wait(a2h));
+        CHECK_OK(testutil_cuda_wait(a2h));
         CHECK(cring_handle_device_event(a2h) != NULL);
         size_t abytes = 0;
         const int64_t *got_rows = NULL;
@@ -315,7 +301,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                               .flags = CRING_REQUEST_CALLER_WAITS};
         cring_handle_t *bh6;
         CHECK_OK(cring_engine_submit(e, &bq, &bh6));
-        CHECK_OK(cring_handle_wait(bh6));
+        CHECK_OK(testutil_cuda_wait(bh6));
         cring_handle_free(bh6);
         cring__gpu_stats_t g0, g1;
         cring__gpu_get_stats(g, &g0);
@@ -345,7 +331,7 @@ static void run_rank(int rank, int size, int port, int unused) {
             CHECK_OK(cring_engine_submit(e, &q, &ha[k]));
         }
         for (int k = 0; k < K; k++) {
-            CHECK_OK(cring_handle_wait(ha[k]));
+            CHECK_OK(testutil_cuda_wait(ha[k]));
             size_t nb = 0;
             const int64_t *gr = NULL;
             const double *o = cring_handle_output(ha[k], 0, &nb, &gr);
@@ -496,7 +482,7 @@ static void run_rank(int rank, int size, int port, int unused) {
             for (int dev = 0; dev < 2; dev++) {
                 if (cring_handle_wait(hs[dev]) != CRING_OK)
                     fprintf(stderr, "%s: %s\n", cases[k].name, cring_handle_error(hs[dev]));
-                CHECK_OK(cring_handle_wait(hs[dev]));
+                CHECK_OK(testutil_cuda_wait(hs[dev]));
                 cring_handle_free(hs[dev]);
             }
             if (memcmp(cases[k].recv[0], cases[k].recv[1], cases[k].bytes) != 0)
@@ -514,7 +500,7 @@ static void run_rank(int rank, int size, int port, int unused) {
         cring_handle_t *jh = NULL;
         if (rank == S - 1) {
             CHECK_OK(cring_engine_submit(e, &jq, &jh));
-            CHECK_OK(cring_handle_wait(jh));
+            CHECK_OK(testutil_cuda_wait(jh));
         } else {
             float jx[6];
             int64_t j6 = 6;
@@ -522,12 +508,12 @@ static void run_rank(int rank, int size, int port, int unused) {
             cring_tensor_t jt = {jx, jx, CRING_FLOAT32, 1, &j6};
             cring_handle_t *h = submit(e, "while_joined", CRING_COLL_ALLREDUCE, CRING_SUM, 0, &jt,
                                        1, CRING_DEVICE_CUDA, rank);
-            CHECK_OK(cring_handle_wait(h));
+            CHECK_OK(testutil_cuda_wait(h));
             for (int i = 0; i < 6; i++) /* ranks 0 .. S-2 */
                 CHECK(jx[i] == (float)((S - 1) * (S - 2) / 2 + (S - 1) * i));
             cring_handle_free(h);
             CHECK_OK(cring_engine_submit(e, &jq, &jh));
-            CHECK_OK(cring_handle_wait(jh));
+            CHECK_OK(testutil_cuda_wait(jh));
         }
         cring_handle_free(jh);
     }
@@ -548,7 +534,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                               .flags = CRING_REQUEST_CALLER_WAITS};
         cring_handle_t *bh;
         CHECK_OK(cring_engine_submit(e, &bq, &bh));
-        CHECK_OK(cring_handle_wait(bh));
+        CHECK_OK(testutil_cuda_wait(bh));
         cring_handle_free(bh);
         long calls0 = fake_nccl_count(), copies0 = fake_cuda("memcpy_d2d");
         long waits0 = fake_cuda("stream_wait");
@@ -563,7 +549,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                            CRING_DEVICE_CUDA, rank);
         }
         for (int i = 0; i < N; i++) {
-            CHECK_OK(cring_handle_wait(hs[i]));
+            CHECK_OK(testutil_cuda_wait(hs[i]));
             CHECK(cring_handle_device_event(hs[i]) != NULL);
             for (int j = 0; j <= i; j++) CHECK(xs[i][j] == (float)(S * (S - 1) / 2 + S * i * j));
             cring_handle_free(hs[i]);
@@ -606,7 +592,7 @@ static void run_rank(int rank, int size, int port, int unused) {
             }
             for (int i = 0; i < N; i++) {
                 if (!hs[i]) continue;
-                CHECK_OK(cring_handle_wait(hs[i]));
+                CHECK_OK(testutil_cuda_wait(hs[i]));
                 for (int j = 0; j < 300; j++)
                     CHECK(xs[i][j] == (float)(S * (S - 1) / 2 + S * (step + i * j)));
                 cring_handle_free(hs[i]);
@@ -693,9 +679,7 @@ static void run_rank(int rank, int size, int port, int unused) {
 }
 
 int main(void) {
-    find_fakes();
-    setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
-    setenv("CRING_CUDART_LIBRARY", fake_cudart, 1);
+    fakes = testutil_find_fakes();
     /* the rounds of asynchronous work wait this long for more (CRING_CYCLE_TIME,
      * ms): ranks a few ms apart on a loaded machine still fuse the 100 */
     setenv("CRING_CYCLE_TIME", "20", 1);

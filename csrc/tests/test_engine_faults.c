@@ -26,21 +26,6 @@
 #include "gpu/gpu.h"
 #include "testutil.h"
 
-static char fake_nccl[PATH_MAX], fake_cudart[PATH_MAX];
-
-static void find_fakes(void) {
-    char exe[PATH_MAX - 64];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    CHECK(n > 0);
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    CHECK(slash != NULL);
-    *slash = '\0';
-    snprintf(fake_nccl, sizeof fake_nccl, "%s/libfake_nccl.so", exe);
-    snprintf(fake_cudart, sizeof fake_cudart, "%s/libfake_cudart.so", exe);
-    CHECK(access(fake_nccl, R_OK) == 0 && access(fake_cudart, R_OK) == 0);
-}
-
 static cring_handle_t *submit(cring_engine_t *e, const char *name, cring_collective_t coll,
                               cring_tensor_t *t, cring_device_type_t type, int rank) {
     cring_request_t q = {.name = name,
@@ -170,9 +155,7 @@ static void run_hostile_record(int rank, int size, int port, int unused) {
 }
 
 int main(void) {
-    find_fakes();
-    setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
-    setenv("CRING_CUDART_LIBRARY", fake_cudart, 1);
+    (void)testutil_find_fakes(); /* sets CRING_NCCL_LIBRARY, CRING_CUDART_LIBRARY; the seed */
     testutil_run_world(2, run_out_of_memory, 0, "out of memory while forming batches");
     testutil_run_world(2, run_hostile_record, 0, "a peer's allgather rows that cannot be");
     TEST_DONE("test_engine_faults");

@@ -18,21 +18,7 @@
 #include "gpu/gpu.h"
 #include "testutil.h"
 
-static char fake_nccl[PATH_MAX], fake_cudart[PATH_MAX];
-
-static void find_fakes(void) {
-    char exe[PATH_MAX - 64];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    CHECK(n > 0);
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    CHECK(slash != NULL);
-    *slash = '\0';
-    snprintf(fake_nccl, sizeof fake_nccl, "%s/libfake_nccl.so", exe);
-    snprintf(fake_cudart, sizeof fake_cudart, "%s/libfake_cudart.so", exe);
-    CHECK(access(fake_nccl, R_OK) == 0);
-    CHECK(access(fake_cudart, R_OK) == 0);
-}
+static testutil_fakes_t fakes;
 
 /* An allgather of one int32 tensor of `rows` x 2 on cuda:0, with `room` lent
  * (or NULL), waited for. */
@@ -50,7 +36,7 @@ static cring_handle_t *allgather(cring_engine_t *e, const char *name, const int3
                          .device = {.type = CRING_DEVICE_CUDA, .id = 0, .stream = NULL}};
     cring_handle_t *h = NULL;
     CHECK_OK(cring_engine_submit(e, &q, &h));
-    CHECK_OK(cring_handle_wait(h));
+    CHECK_OK(testutil_cuda_wait(h));
     return h;
 }
 
@@ -125,9 +111,7 @@ static void run_rank(int rank, int size, int port, int unused) {
 }
 
 int main(void) {
-    find_fakes();
-    setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
-    setenv("CRING_CUDART_LIBRARY", fake_cudart, 1);
+    fakes = testutil_find_fakes();
     for (int size = 1; size <= 3; size++)
         testutil_run_world(size, run_rank, 0, "results of cuda allgathers");
     TEST_DONE("test_engine_results");

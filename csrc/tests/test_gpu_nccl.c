@@ -30,28 +30,22 @@
 #include "gpu/gpu.h"
 #include "testutil.h"
 
-static char fake_nccl[PATH_MAX], fake_nccl_no_allgather[PATH_MAX], fake_cudart[PATH_MAX];
+static testutil_fakes_t fakes;
 
-static void find_fakes(void) {
-    char exe[PATH_MAX - 64];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    CHECK(n > 0);
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    CHECK(slash != NULL);
-    *slash = '\0';
-    snprintf(fake_nccl, sizeof fake_nccl, "%s/libfake_nccl.so", exe);
-    snprintf(fake_nccl_no_allgather, sizeof fake_nccl_no_allgather,
-             "%s/libfake_nccl_no_allgather.so", exe);
-    snprintf(fake_cudart, sizeof fake_cudart, "%s/libfake_cudart.so", exe);
-    CHECK(access(fake_nccl, R_OK) == 0);
-    CHECK(access(fake_nccl_no_allgather, R_OK) == 0);
-    CHECK(access(fake_cudart, R_OK) == 0);
+/* The host waits for the streams these tests enqueue on (the fake runs a
+ * stream's work late, as a GPU does): 0x5000, 0x5001, 0x77 and the legacy
+ * default stream. */
+static void settle(cring__gpu_t *g) {
+    cring__errmsg_t err;
+    void *const streams[] = {(void *)(uintptr_t)0x5000, (void *)(uintptr_t)0x5001,
+                             (void *)(uintptr_t)0x77, NULL};
+    for (size_t i = 0; i < sizeof streams / sizeof *streams; i++)
+        CHECK_OK(cring__gpu_stream_sync(g, streams[i], &err));
 }
 
 /* The fake runtime's counters (fake_cuda_count): "malloc", "free", ... */
 static long fake_cuda(const char *what) {
-    void *lib = dlopen(fake_cudart, RTLD_NOW | RTLD_NOLOAD);
+    void *lib = dlopen(fakes.cudart, RTLD_NOW | RTLD_NOLOAD);
     CHECK(lib != NULL);
     long (*fn)(const char *) = (long (*)(const char *))dlsym(lib, "fake_cuda_count");
     CHECK(fn != NULL);
@@ -77,19 +71,19 @@ static void test_loader(void) {
     CHECK(strstr(err.text, "CRING_NCCL_LIBRARY=/nonexistent/libnccl.so.2") != NULL);
     CHECK(cring__gpu_nccl_path(g) == NULL);
     /* The outcome is remembered: fixing the variable later changes nothing. */
-    setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
+    setenv("CRING_NCCL_LIBRARY", fakes.nccl, 1);
     CHECK(cring__gpu_load_nccl(g, NULL, 0, &err) == CRING_ERR_NOT_SUPPORTED);
     cring__gpu_destroy(g);
 
     /* A library without a needed symbol is refused, naming the symbol. */
-    setenv("CRING_NCCL_LIBRARY", fake_nccl_no_allgather, 1);
+    setenv("CRING_NCCL_LIBRARY", fakes.nccl_no_allgather, 1);
     g = fresh();
     CHECK(cring__gpu_load_nccl(g, NULL, 0, &err) == CRING_ERR_NOT_SUPPORTED);
     CHECK(strstr(err.text, "ncclAllGather") != NULL);
     cring__gpu_destroy(g);
 
     /* Too old a NCCL is refused with its version. */
-    setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
+    setenv("CRING_NCCL_LIBRARY", fakes.nccl, 1);
     setenv("CRING_FAKE_NCCL_VERSION", "2708", 1);
     g = fresh();
     CHECK(cring__gpu_load_nccl(g, NULL, 0, &err) == CRING_ERR_NOT_SUPPORTED);
@@ -106,7 +100,7 @@ static void test_loader(void) {
 
     /* Without the variable, wheel candidates are tried in order (missing files skipped). */
     unsetenv("CRING_NCCL_LIBRARY");
-    const char *wheels[] = {"/nonexistent/nvidia/nccl/lib/libnccl.so.2", fake_nccl};
+    const char *wheels[] = {"/nonexistent/nvidia/nccl/lib/libnccl.so.2", fakes.nccl};
     g = fresh();
     void *system_nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
     CHECK_OK(cring__gpu_load_nccl(g, wheels, 2, &err));
@@ -126,7 +120,7 @@ static void test_loader(void) {
     }
 
     /* The runtime: device count and the driver's complaint when there is none. */
-    setenv("CRING_CUDART_LIBRARY", fake_cudart, 1);
+    setenv("CRING_CUDART_LIBRARY", fakes.cudart, 1);
     g = fresh();
     CHECK_OK(cring__gpu_load_cudart(g, NULL, 0, &err));
     CHECK(cring__gpu_cudart_version(g) == 12080);
@@ -194,6 +188,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                            .ntensors = 3,
                            .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+    settle(g);
     for (int k = 1; k < 3; k++)
         for (size_t i = 0; i < counts[k]; i++) {
             float expect = 0;
@@ -207,6 +202,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                             .ntensors = 1,
                             .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+    settle(g);
     for (int i = 0; i < 5; i++) {
         int sum = 0;
         for (int r = 0; r < size; r++) sum += r * 10 + i - 7;
@@ -223,6 +219,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                             .ntensors = 1,
                             .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+    settle(g);
     for (size_t i = 0; i < 7; i++) {
         float expect = 0;
         for (int r = 0; r < size; r++) expect += fval(r, i);
@@ -247,6 +244,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                             .ntensors = 1,
                             .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+    settle(g);
     for (int i = 0; i < 9; i++) CHECK(brecv[i] == (size - 1) * 100.0 + i);
 
     /* Allgather: uneven parts (rank r sends r + 1 elements) and even ones, grouped. */
@@ -265,6 +263,7 @@ static void run_rank(int rank, int size, int port, int unused) {
     c = (cring__gpu_coll_t){
         .collective = CRING_COLL_ALLGATHER, .scale = 1.0, .ntensors = 2, .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+    settle(g);
     size_t at = 0;
     for (int r = 0; r < size; r++)
         for (int i = 0; i <= r; i++) CHECK(grecv[at++] == r * 1000 + i);
@@ -291,6 +290,7 @@ static void run_rank(int rank, int size, int port, int unused) {
                             .ntensors = 2,
                             .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+    settle(g);
     for (size_t i = 0; i < rs_counts[rank]; i++) {
         float expect = 0;
         for (int r = 0; r < size; r++) expect += fval(r, my_off + i);
@@ -313,6 +313,7 @@ static void run_rank(int rank, int size, int port, int unused) {
     c = (cring__gpu_coll_t){
         .collective = CRING_COLL_BROADCAST, .root = 0, .scale = 1.0, .ntensors = 2, .tensors = ts};
     CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+    settle(g);
     for (int i = 0; i < 5; i++) CHECK(hb[i] == -300 * i - 1);
     for (int i = 0; i < 3; i++) CHECK(flags[i] == i % 2);
     /* ... but an int16 reduction is refused (the engine stages it through host memory) */
@@ -350,6 +351,7 @@ static void run_rank(int rank, int size, int port, int unused) {
     cring__gpu_stats_t before, after;
     cring__gpu_get_stats(g, &before);
     CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+    settle(g);
     cring__gpu_get_stats(g, &after);
     /* one group: a send and a receive per peer and tensor */
     CHECK(after.groups == before.groups + 1);
@@ -408,6 +410,7 @@ static void run_defect(int rank, int size, int port, int version) {
                            .ntensors = 1,
                            .tensors = &t};
     CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+    settle(g);
     for (int i = 0; i < N; i++) CHECK(y[i] == x[i]);
     for (int i = 0; i < N; i++) y[i] = -1e9f;
     c.scale = 0.5;
@@ -417,6 +420,7 @@ static void run_defect(int rank, int size, int port, int version) {
         CHECK(y[0] == -1e9f);
     } else {
         CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+        settle(g);
         for (int i = 0; i < N - 1; i++) CHECK(y[i] == x[i] * 0.5f);
         CHECK(y[N - 1] == -1e9f); /* the defect, reproduced */
     }
@@ -450,6 +454,7 @@ static void run_async_error(int rank, int size, int port, int unused) {
                            .ntensors = 1,
                            .tensors = &t};
     CHECK_OK(cring__gpu_collective(g, comm0, &c, &err));
+    settle(g);
     CHECK(cring__gpu_comm_check(g, comm0, &err) == CRING_ERR_PEER_FAILURE);
     CHECK(strstr(err.text, "remote process exited") != NULL);
     CHECK(cring__gpu_collective(g, comm0, &c, &err) == CRING_ERR_BROKEN);
@@ -500,6 +505,7 @@ static void test_staging(void) {
     CHECK(strstr(err.text, "cudaSetDevice(7)") != NULL);
     CHECK_OK(cring__gpu_zero_async(g, d1, 64, (void *)0x77, &err));
     CHECK_OK(cring__gpu_copy_device(g, d2, d1, 64, (void *)0x77, &err));
+    settle(g);
     for (int i = 0; i < 64; i++) CHECK(((char *)d2)[i] == 0);
     cring__gpu_get_stats(g, &stats);
     CHECK(stats.device_allocs == 2 && stats.device_reuses == 0);
@@ -706,12 +712,12 @@ static void run_owned_comms(int rank, int size, int port, int unused) {
 }
 
 int main(void) {
-    find_fakes();
+    fakes = testutil_find_fakes();
     unsetenv("CRING_NCCL_LIBRARY");
     unsetenv("CRING_CUDART_LIBRARY");
     test_loader();
-    setenv("CRING_NCCL_LIBRARY", fake_nccl, 1);
-    setenv("CRING_CUDART_LIBRARY", fake_cudart, 1);
+    setenv("CRING_NCCL_LIBRARY", fakes.nccl, 1);
+    setenv("CRING_CUDART_LIBRARY", fakes.cudart, 1);
     test_staging();
     test_fallback_allocator();
     /* the affected versions: 2.27.0 up to 2.29.6 */

@@ -4,11 +4,14 @@
 #define CRING_TESTUTIL_H
 
 #include <arpa/inet.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cring/cring.h"
@@ -92,5 +95,63 @@ testutil_run_world(int size, void (*rank_main)(int, int, int, int), int arg, con
 }
 
 #define TEST_DONE(name) printf("%s: %d checks passed\n", (name), testutil_checks)
+
+/* ---- the GPU test doubles --------------------------------------------------------------
+ * libfake_nccl.so, libfake_nccl_no_allgather.so and libfake_cudart.so, built
+ * next to the test programs (csrc/tests/fake_*.c: a GPU whose streams run
+ * their work late, on threads of their own, after random delays). */
+typedef struct {
+    char nccl[PATH_MAX], nccl_no_allgather[PATH_MAX], cudart[PATH_MAX];
+} testutil_fakes_t;
+
+/* The doubles' paths (each checked to exist), with CRING_NCCL_LIBRARY and
+ * CRING_CUDART_LIBRARY set to them. The fake GPU's delays are seeded from
+ * CRING_FAKE_CUDA_SEED: when it is unset, a seed is chosen here; it is
+ * printed either way, so a failure can be replayed with it. Call before
+ * forking the ranks (they inherit the environment). */
+static __attribute__((unused)) testutil_fakes_t testutil_find_fakes(void) {
+    testutil_fakes_t f;
+    char dir[PATH_MAX - 64];
+    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    CHECK(n > 0);
+    dir[n] = '\0';
+    char *slash = strrchr(dir, '/');
+    CHECK(slash != NULL);
+    *slash = '\0';
+    snprintf(f.nccl, sizeof f.nccl, "%s/libfake_nccl.so", dir);
+    snprintf(f.nccl_no_allgather, sizeof f.nccl_no_allgather, "%s/libfake_nccl_no_allgather.so",
+             dir);
+    snprintf(f.cudart, sizeof f.cudart, "%s/libfake_cudart.so", dir);
+    CHECK(access(f.nccl, R_OK) == 0);
+    CHECK(access(f.nccl_no_allgather, R_OK) == 0);
+    CHECK(access(f.cudart, R_OK) == 0);
+    setenv("CRING_NCCL_LIBRARY", f.nccl, 1);
+    setenv("CRING_CUDART_LIBRARY", f.cudart, 1);
+    const char *seed = getenv("CRING_FAKE_CUDA_SEED");
+    if (!seed || !*seed) {
+        char chosen[32];
+        snprintf(chosen, sizeof chosen, "%lu",
+                 ((unsigned long)time(NULL) * 2654435761ul ^ (unsigned long)getpid()) %
+                     1000000000ul);
+        setenv("CRING_FAKE_CUDA_SEED", chosen, 1);
+    }
+    printf("fake GPU: CRING_FAKE_CUDA_SEED=%s (set it to replay this run)\n",
+           getenv("CRING_FAKE_CUDA_SEED"));
+    fflush(stdout);
+    return f;
+}
+
+#ifdef CRING_GPU_GPU_H
+/* Wait for a CUDA request as a host reader must: until its handle completes
+ * (its work is then only enqueued), then until the device has run it (its
+ * completion event). Returns the handle's status. */
+static __attribute__((unused)) cring_status_t testutil_cuda_wait(cring_handle_t *h) {
+    cring_status_t st = cring_handle_wait(h);
+    const cring__gpu_event_t *ev = cring_handle_device_event(h);
+    cring__errmsg_t err;
+    if (ev) CHECK_OK(cring__gpu_event_sync(cring__gpu_global(), ev, &err));
+    return st;
+}
+#endif
 
 #endif

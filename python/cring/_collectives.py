@@ -59,24 +59,23 @@ def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
     return shape, dtype_name
 
 
+# the dtypes a NumPy array (and so the CPU path) may have, in cring's names
+NUMPY_DTYPES = (
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "bool",
+)
 # keyed by dtype object: NumPy computes `dtype.name` in Python, about 2 us
-_NUMPY_NAMES = {
-    _np.dtype(n): n
-    for n in (
-        "float16",
-        "float32",
-        "float64",
-        "int8",
-        "uint8",
-        "int16",
-        "uint16",
-        "int32",
-        "uint32",
-        "int64",
-        "uint64",
-        "bool",
-    )
-}
+_NUMPY_NAMES = {_np.dtype(n): n for n in NUMPY_DTYPES}
 _TORCH_NAMES: dict = {}  # torch dtype -> cring name, filled when torch is first seen
 
 

@@ -8,8 +8,13 @@
 # ../shared/horovod_suite's shims under shim/ (copy them into an ignored,
 # carried folder beforehand: shared/ and the Horovod mirror do not travel),
 # and a wheel of mock under HVD_SUITE_DIR/whl if the machine lacks it.
-# The project's own checks and Horovod's suite run side by side (each at world
-# size 1, in its own process); the benchmark runs alone afterwards.
+# First, ordering and lifetime with torch's real caching allocator
+# (tests/gpu/ordering_check.py; issue 33): two processes on the one GPU
+# through host staging, plain and under TORCH_CUDA_SANITIZER=1, and one
+# process through NCCL (gradient buckets); about 20 s each, results in
+# $OUT/ordering_*/rank*.json. Then the project's own checks and Horovod's
+# suite run side by side (each at world size 1, in its own process); the
+# benchmark runs alone afterwards.
 # Settings: CRING_DEVICE_LIGHTNING=1 adds the Lightning cring-vs-ddp comparison
 # (minutes; it passed on both earlier loans); CRING_DEVICE_BENCH=full runs the
 # whole benchmark instead of its per-call, allgather and step parts.
@@ -34,6 +39,13 @@ step() { # name, seconds, command...
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/summary.txt" 2>&1
 step build 150 "$PY" setup.py -q build_ext --inplace -j 16
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+order=("$PY" tests/gpu/ordering_check.py)
+step ordering_host 60 env CRING_GPU_OPERATIONS=host CRING_TIMEOUT_SECONDS=30 \
+    "$PY" -m cring.run -np 2 "${order[@]}" --out "$OUT/ordering_host"
+step ordering_sanitizer 120 env CRING_GPU_OPERATIONS=host CRING_TIMEOUT_SECONDS=30 \
+    TORCH_CUDA_SANITIZER=1 "$PY" -m cring.run -np 2 "${order[@]}" --out "$OUT/ordering_sanitizer"
+step ordering_nccl 60 env CRING_TIMEOUT_SECONDS=30 "$PY" -m cring.run -np 1 "${order[@]}" \
+    --checks side_streams,freed_after_sync,bucket_with_traffic --out "$OUT/ordering_nccl"
 skip=(--skip-lightning)
 [ "${CRING_DEVICE_LIGHTNING:-0}" = 1 ] && skip=()
 step checks 300 "$PY" tests/gpu/run_gpu_checks.py --out "$OUT/gpu_checks.json" "${skip[@]}" &

@@ -1,5 +1,6 @@
 """A CuPy-like DLPack producer for the CPU tests of cring's GPU path: arrays
-that claim a CUDA device (kDLCUDA) while their memory is NumPy's, with
+that claim a CUDA device (kDLCUDA) while their memory is the fake device's
+(tests/gpu/fake_cuda.py: the caching allocator and its stream rules), with
 `empty` and `from_dlpack` at module level and no `__array_namespace__` on
 the arrays, as CuPy has. cring must give such a producer results of its own
 kind (fake_cupy.ndarray), made through the module's functions.
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fake_cuda import FakeCudaTensor, consume
+from fake_cuda import FakeCudaTensor, consume, current_stream, device_array
 
 
 class _Device:
@@ -37,8 +38,8 @@ class ndarray(FakeCudaTensor):  # noqa: N801 (CuPy's name)
 
     __array_namespace__ = None  # type: ignore[assignment]
 
-    def __init__(self, array: np.ndarray, device: Any = 0, label: Any = None):
-        super().__init__(array, device=int(device), label=label)
+    def __init__(self, array: np.ndarray, device: Any = 0, label: Any = None, wrap: bool = False):
+        super().__init__(array, device=int(device), label=label, wrap=wrap)
 
     @property
     def device(self) -> _Device:  # type: ignore[override]
@@ -57,7 +58,7 @@ ndarray.__module__ = __name__
 
 def empty(shape: Any, dtype: Any = None) -> ndarray:
     """Module-level empty, as cupy.empty (no device=: the current device)."""
-    return ndarray(np.empty(shape, dtype=dtype))
+    return ndarray(device_array(shape, dtype, current_stream()), wrap=True)
 
 
 def from_dlpack(x: Any) -> ndarray:

@@ -23,6 +23,7 @@ from fake_cuda import FakeCudaTensor as F  # noqa: E402
 
 
 def close(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    a = np.array(a, copy=True)  # what the host read, once
     if a.shape != b.shape or not np.allclose(a, b):
         raise AssertionError(f"{what}: got {a!r}, expected {b!r}")
 
@@ -98,13 +99,14 @@ def main() -> None:
     assert cring.synchronize(h) is a
     close(a.array, np.full(3, float(p)), "async allreduce_")
 
-    # the caller's stream reaches __dlpack__ and the NCCL call / copies
+    # the caller's stream reaches __dlpack__ and the NCCL call / copies; the
+    # result is ordered on that stream, so the host reads it there
     st = F(np.ones(4, np.float32), label="streamed")
     with _gpu.use_stream(0x1234 + r):
         cring.allreduce_(st, op=cring.Sum, name="streamed")
+        close(st.array, np.full(4, float(p)), "streamed allreduce")
     seen = [s_ for label, s_ in F.streams_seen if label == "streamed"]
     assert seen and all(v == 0x1234 + r for v in seen), seen
-    close(st.array, np.full(4, float(p)), "streamed allreduce")
 
     mismatch, any_order = None, 0
     if mode == "nccl" and p > 1:
