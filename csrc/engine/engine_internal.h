@@ -85,8 +85,8 @@ struct cring_handle {
     int size;
     void **outputs; /* allgather / alltoall results */
     size_t *output_bytes;
-    /* How to free outputs: NULL means the engine's CPU allocator (with its
-     * spare buffers); a backend whose outputs are device memory sets both. */
+    /* How to free outputs: NULL means the engine's CPU allocator (large ones
+     * from the result cache); a backend whose outputs are device memory sets both. */
     void (*free_output)(void *ctx, void *ptr, size_t bytes);
     void *free_ctx;
     /* NULL, or per output 1 when it is memory the caller lent with the
@@ -288,15 +288,11 @@ struct cring_engine {
         cring_handle_t *until; /* the handle the current driver waits for, or NULL */
     } drive;
 
-    /* handle.c: spare memory. Large allgather/alltoall results handed back by
-     * freed handles, kept for the next result of the same size: fresh memory
-     * costs a page fault per page, which dominated large allgathers. */
+    /* handle.c: spare objects. (Large allgather/alltoall results come from
+     * the process-wide result cache, common/result_cache.c.) */
     struct {
         _Atomic(cring_handle_t *) handle; /* the last freed handle, for the next submit */
         _Atomic(req_t *) req;             /* the last request run, likewise */
-        pthread_mutex_t mu;
-        void *buf[4];
-        size_t bytes[4];
         /* Beyond the one above: freed handles and small requests for the next
          * submissions, so a burst of asynchronous ones allocates nothing. */
         cring__pool_t handles, reqs;

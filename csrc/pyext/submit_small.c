@@ -274,15 +274,20 @@ static PyObject *py_allgather(PyObject *module, PyObject *const *args, Py_ssize_
 }
 
 /* A new uninitialised tensor like x (a NumPy array or a torch tensor on the
- * host), through numpy.empty_like / torch.empty_like (C functions: no Python
- * frame), bound as a writable view in *out of x's dtype and size. 1 when
- * made; 0, nothing set, when it cannot be (the Python path takes the call);
- * -1 with the error set (MemoryError, ...). */
-static int empty_like(PyObject *x, int torch, const char *name, const cring__dl_ref_t *in,
-                      PyObject **made, cring__dl_ref_t *out) {
+ * host): from 1 MiB in a block of the result cache (results.c: a loop of
+ * large calls reuses the memory of results already dropped), else through
+ * numpy.empty_like / torch.empty_like (C functions: no Python frame); bound
+ * as a writable view in *out of x's dtype and size. 1 when made; 0, nothing
+ * set, when it cannot be (the Python path takes the call); -1 with the
+ * error set (MemoryError, ...). */
+static int empty_like(module_state *s, PyObject *x, int torch, const char *name,
+                      const cring__dl_ref_t *in, PyObject **made, cring__dl_ref_t *out) {
     static PyObject *np_empty_like, *torch_empty_like;
     PyObject **fn = torch ? &torch_empty_like : &np_empty_like;
-    if (!*fn) {
+    int cached =
+        cring__pyext_result_empty(s, x, torch, NULL, in->numel * cring_dtype_size(in->dtype), made);
+    if (cached < 0) return -1;
+    if (!cached && !*fn) {
         PyObject *mod_name = PyUnicode_FromString(torch ? "torch" : "numpy");
         PyObject *mod = mod_name ? PyImport_GetModule(mod_name) : NULL; /* never imported here */
         Py_XDECREF(mod_name);
@@ -293,7 +298,7 @@ static int empty_like(PyObject *x, int torch, const char *name, const cring__dl_
             return 0;
         }
     }
-    *made = PyObject_CallOneArg(*fn, x);
+    if (!cached) *made = PyObject_CallOneArg(*fn, x);
     if (!*made) return -1;
     int taken = cring__dl_acquire_fast(*made, name, 1, 0, out);
     if (taken == 1 && (out->dtype != in->dtype || out->numel != in->numel)) {
@@ -343,7 +348,7 @@ static int allreduce_out_prepare(module_state *s, PyObject *const *args, Py_ssiz
         PyErr_Clear();
         return 0;
     }
-    taken = empty_like(v[0], torch, name, &refs[0], result, &refs[1]);
+    taken = empty_like(s, v[0], torch, name, &refs[0], result, &refs[1]);
     if (taken != 1) {
         cring__dl_release(&refs[0]);
         return taken;
