@@ -76,10 +76,9 @@ void cring__handle_release(cring_handle_t *h) {
         }
     }
     if (h->device_event) h->device_event_put(h->device_event);
-    free(h->outputs);
-    free(h->output_bytes);
-    free(h->output_lent);
-    free(h->first_dims);
+    /* output_bytes, output_lent and first_dims live in the same block
+     * (cring__handle_outputs), or all four in the handle itself */
+    if (h->outputs != &h->one.output) free(h->outputs);
     free(h->error);
     /* keep one for the next submission: a synchronous loop then allocates
      * no handle (the engine frees the spare when it goes) */
@@ -151,6 +150,26 @@ void cring_handle_free(cring_handle_t *h) {
     if (h) cring__handle_release(h);
 }
 
+cring_status_t cring__handle_outputs(cring_handle_t *h, int ntensors, int size) {
+    const size_t n = (size_t)ntensors, dims = n * (size_t)size;
+    if (n == 1 && dims <= sizeof h->one.first_dims / sizeof h->one.first_dims[0]) {
+        memset(&h->one, 0, sizeof h->one);
+        h->outputs = &h->one.output;
+        h->output_bytes = &h->one.bytes;
+        h->first_dims = h->one.first_dims;
+        h->output_lent = &h->one.lent;
+        return CRING_OK;
+    }
+    /* pointers and sizes first, then the int64 dims (8-aligned), the flags last */
+    char *block = calloc(1, n * (sizeof(void *) + sizeof(size_t)) + dims * sizeof(int64_t) + n);
+    if (!block) return CRING_ERR_NO_MEMORY;
+    h->outputs = (void **)(void *)block;
+    h->output_bytes = (size_t *)(void *)(block + n * sizeof(void *));
+    h->first_dims = (int64_t *)(void *)(block + n * (sizeof(void *) + sizeof(size_t)));
+    h->output_lent = (unsigned char *)(h->first_dims + dims);
+    return CRING_OK;
+}
+
 /* ---- result memory ------------------------------------------------------------- */
 
 /* A result of `bytes`: from 1 MiB a block of the process-wide result cache
@@ -161,6 +180,16 @@ void *cring__output_alloc(cring_engine_t *e, size_t bytes) {
     if (bytes < CRING_RESULT_CACHE_MIN_BYTES) return malloc(bytes ? bytes : 1);
     void *p;
     return cring__result_block_get(bytes, &p) == CRING_OK ? p : NULL;
+}
+
+void *cring__output_place(cring_engine_t *e, cring_handle_t *h, int i, const tensor_spec_t *t,
+                          size_t room, size_t bytes) {
+    h->output_bytes[i] = bytes;
+    if (t->recv && bytes <= room) {
+        h->output_lent[i] = 1;
+        return h->outputs[i] = t->recv;
+    }
+    return h->outputs[i] = cring__output_alloc(e, bytes);
 }
 
 /* Free a result of cring__output_alloc(e, bytes). */
