@@ -1,5 +1,6 @@
 /* results.c: large CPU results that cring makes for the caller (the outputs
- * of the out-of-place allreduce, broadcast and reducescatter) in blocks of
+ * of the out-of-place allreduce, broadcast and reducescatter, the room of a
+ * NumPy allgather) in blocks of
  * the process-wide result cache (common/result_cache.c): a ResultBlock owns
  * one block, lends it through the buffer protocol to the NumPy array or
  * torch tensor the caller gets, and hands it back to the cache once the last

@@ -247,7 +247,8 @@ def _result_cache_lines(cache: dict) -> list:
             "and alltoall results are mapped for each call"
         ]
     return [
-        f"    results of {_bytes(cache['min_bytes'])} or more: blocks reused from a cache of freed ones",
+        f"    results of {_bytes(cache['min_bytes'])} or more: "
+        "blocks reused from a cache of freed ones",
         f"    {'kept at most:':<30} {_bytes(cache['limit_bytes']):>9}  ({source})",
     ]
 
