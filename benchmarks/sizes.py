@@ -146,21 +146,23 @@ def one_run(args: argparse.Namespace, rotate_bytes: int) -> dict:
         print(f"  {lib}: skipped ({why})", flush=True)
     result: dict = {lib: {c: {} for c in COLLS} for lib in groups}
     try:
-        # one discarded pass at the smallest size first: right after start-up
-        # the first library measured ran several times slower than later
-        # (the others' start-up still settling)
-        for g in groups.values():
-            if not g.failed:
-                g.request(
-                    {
-                        "cmd": "measure",
-                        "collective": COLLS[0],
-                        "bytes": min(args.sizes),
-                        "reps": 1,
-                        "rotate_bytes": rotate_bytes,
-                    },
-                    args.timeout,
-                )
+        # one discarded pass of every collective at the smallest size first:
+        # right after start-up the first library measured ran several times
+        # slower than later (the others' start-up still settling; one
+        # collective's pass was not always enough)
+        for coll in COLLS:
+            for g in groups.values():
+                if not g.failed:
+                    g.request(
+                        {
+                            "cmd": "measure",
+                            "collective": coll,
+                            "bytes": min(args.sizes),
+                            "reps": 1,
+                            "rotate_bytes": rotate_bytes,
+                        },
+                        args.timeout,
+                    )
         for coll in COLLS:
             for nbytes in args.sizes:
                 line = []

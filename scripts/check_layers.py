@@ -49,7 +49,8 @@ Rules for a C file (``.c`` or ``.h``) in layer L including header H of layer M:
    gpu/cuda_api.h, the store's protocol header, ...
 
 The faces, from DESIGN.md's layer list and the headers' own opening comments:
-common exports its utilities (common.h, net.h, auth.h, wire.h) to everyone;
+common exports its utilities (common.h, net.h, auth.h, wire.h, result_cache.h)
+to everyone;
 bootstrap nothing (its API is cring.h); transport its ops table (transport.h);
 reduce its kernels (reduce.h) to the layers that compute (algo, core, gpu,
 engine), not to the Python binding; algo algo.h and agree.h; core
@@ -84,7 +85,7 @@ EXEMPT_DIRS = ("tests",)
 _ALL = frozenset(LAYERS)
 # layer -> {header file name: the layers that may include it}
 FACES: dict[str, dict[str, frozenset[str]]] = {
-    "common": {name: _ALL for name in ("common.h", "net.h", "auth.h", "wire.h")},
+    "common": {name: _ALL for name in ("common.h", "net.h", "auth.h", "wire.h", "result_cache.h")},
     "bootstrap": {},
     "transport": {"transport.h": _ALL},
     "reduce": {"reduce.h": frozenset({"algo", "core", "gpu", "engine"})},

@@ -275,3 +275,20 @@ def test_shared_memory_sizes_from_the_caches_and_the_knobs(tmp_path):
         line.startswith("rounds:") and "128 KiB  (CRING_SHM_ROUND_BYTES is set)" in line
         for line in lines
     ), lines
+
+
+def test_result_cache_line_and_its_knob(tmp_path):
+    """Issue 35: where large CPU results come from and how much freed memory
+    cring keeps for them is printed with the knob; a value that is set says
+    so, and 0 says the cache is off."""
+    lines = section(check_build(clean_env(**missing(tmp_path))), "Result memory")
+    assert lines[0] == "results of 1 MiB or more: blocks reused from a cache of freed ones", lines
+    assert lines[1].startswith("kept at most:") and lines[1].endswith(
+        "256 MiB  (default; CRING_RESULT_CACHE_BYTES)"
+    ), lines
+    env = clean_env(**missing(tmp_path), CRING_RESULT_CACHE_BYTES=str(64 << 20))
+    lines = section(check_build(env), "Result memory")
+    assert lines[1].endswith("64 MiB  (CRING_RESULT_CACHE_BYTES is set)"), lines
+    env = clean_env(**missing(tmp_path), CRING_RESULT_CACHE_BYTES="0")
+    lines = section(check_build(env), "Result memory")
+    assert lines[0].startswith("off (CRING_RESULT_CACHE_BYTES is set)"), lines

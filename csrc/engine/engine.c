@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../common/result_cache.h"
 #include "engine_internal.h"
 #include "engine_tools.h"
 
@@ -442,9 +443,9 @@ cring_status_t cring_engine_start(cring_comm_t *comm, cring_engine_t **out) {
     pthread_cond_init(&e->done.cv, NULL);
     pthread_mutex_init(&e->drive.mu, NULL);
     pthread_mutex_init(&e->timeline_mu, NULL);
-    pthread_mutex_init(&e->spare.mu, NULL);
     cring__pool_init(&e->spare.handles);
     cring__pool_init(&e->spare.reqs);
+    cring__result_cache_configure(); /* CRING_RESULT_CACHE_BYTES, read again per job */
     long threshold = cring__env_long("CRING_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD);
     e->exec.threshold = threshold > 0 ? (size_t)threshold : 0;
     e->drive.cycle_time_s = cring__env_double("CRING_CYCLE_TIME", 1.0) / 1000.0;

@@ -87,8 +87,8 @@ struct cring_handle {
     int size;
     void **outputs; /* allgather / alltoall results */
     size_t *output_bytes;
-    /* How to free outputs: NULL means the engine's CPU allocator (with its
-     * spare buffers); a backend whose outputs are device memory sets both. */
+    /* How to free outputs: NULL means the engine's CPU allocator (large ones
+     * from the result cache); a backend whose outputs are device memory sets both. */
     void (*free_output)(void *ctx, void *ptr, size_t bytes);
     void *free_ctx;
     /* NULL, or per output 1 when it is memory the caller lent with the
@@ -103,7 +103,16 @@ struct cring_handle {
     void *device_event;
     void (*device_event_put)(void *event);
     int64_t *first_dims; /* ntensors x size */
-    int64_t value;       /* join: the last rank to join */
+    /* The arrays above for one result among up to 8 ranks
+     * (cring__handle_outputs): a synchronous loop of small allgathers then
+     * allocates nothing for them. */
+    struct {
+        void *output;
+        size_t bytes;
+        int64_t first_dims[8];
+        unsigned char lent;
+    } one;
+    int64_t value; /* join: the last rank to join */
     cring_engine_t *engine;
 };
 
@@ -258,15 +267,11 @@ struct cring_engine {
         cring_handle_t *until; /* the handle the current driver waits for, or NULL */
     } drive;
 
-    /* handle.c: spare memory. Large allgather/alltoall results handed back by
-     * freed handles, kept for the next result of the same size: fresh memory
-     * costs a page fault per page, which dominated large allgathers. */
+    /* handle.c: spare objects. (Large allgather/alltoall results come from
+     * the process-wide result cache, common/result_cache.c.) */
     struct {
         _Atomic(cring_handle_t *) handle; /* the last freed handle, for the next submit */
         _Atomic(req_t *) req;             /* the last request run, likewise */
-        pthread_mutex_t mu;
-        void *buf[4];
-        size_t bytes[4];
         /* Beyond the one above: freed handles and small requests for the next
          * submissions, so a burst of asynchronous ones allocates nothing. */
         cring__pool_t handles, reqs;
@@ -416,6 +421,18 @@ void cring__device_describe(int type, int id, char *out, size_t n);
 void cring__engine_complete(cring_engine_t *e, req_t *r, cring_status_t st, const char *error);
 void cring__handle_release(cring_handle_t *h);
 void *cring__output_alloc(cring_engine_t *e, size_t bytes);
+/* The output arrays of h for ntensors results among size ranks (outputs,
+ * output_bytes, first_dims (ntensors x size), output_lent), zeroed, in one
+ * allocation that the handle's release frees. CRING_ERR_NO_MEMORY, nothing
+ * set, when out of memory. */
+cring_status_t cring__handle_outputs(cring_handle_t *h, int ntensors, int size);
+/* Result i of h on the CPU, `bytes` long: the room the caller lent with the
+ * request (t->recv, `room` bytes) when it fits, marked lent (never freed by
+ * the handle), else cring__output_alloc's. Sets outputs[i] and
+ * output_bytes[i] (the arrays of cring__handle_outputs) and returns the
+ * memory; NULL when out of memory. */
+void *cring__output_place(cring_engine_t *e, cring_handle_t *h, int i, const tensor_spec_t *t,
+                          size_t room, size_t bytes);
 void cring__spare_free_all(cring_engine_t *e);
 
 /* ---- table.c: the response cache and the table ------------------------------- */

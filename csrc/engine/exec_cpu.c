@@ -239,11 +239,8 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
     cring_handle_t *h = r->handle;
     double t0 = cring__engine_tl_now(e);
     cring__engine_span(e, r->name, "QUEUE", r->ready_s, t0, NULL);
-    h->outputs = calloc((size_t)r->ntensors, sizeof *h->outputs);
-    h->output_bytes = calloc((size_t)r->ntensors, sizeof *h->output_bytes);
-    h->first_dims = malloc(sizeof(int64_t) * (size_t)r->ntensors * (size_t)e->size);
     size_t *sizes = malloc(sizeof *sizes * (size_t)e->size);
-    if (!h->outputs || !h->output_bytes || !h->first_dims || !sizes) {
+    if (!sizes || cring__handle_outputs(h, r->ntensors, e->size) != CRING_OK) {
         free(sizes);
         return CRING_ERR_NO_MEMORY;
     }
@@ -257,9 +254,8 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
             total += sizes[q];
         }
         sizes[e->rank] = t->bytes; /* a 0-d tensor gathers as one row */
-        h->outputs[i] = cring__output_alloc(e, total);
-        h->output_bytes[i] = total;
-        if (!h->outputs[i]) {
+        /* room the caller lent (size x its own part) holds an even result */
+        if (!cring__output_place(e, h, i, t, t->bytes * (size_t)e->size, total)) {
             st = CRING_ERR_NO_MEMORY;
             break;
         }
@@ -309,13 +305,10 @@ static cring_status_t run_alltoall(cring_engine_t *e, req_t *r) {
     tensor_spec_t *t = &r->t[0];
     double t0 = cring__engine_tl_now(e);
     cring__engine_span(e, r->name, "QUEUE", r->ready_s, t0, NULL);
-    h->outputs = calloc(1, sizeof *h->outputs);
-    h->output_bytes = calloc(1, sizeof *h->output_bytes);
-    h->first_dims = malloc(sizeof(int64_t) * P);
     int64_t *rows = malloc(sizeof *rows * P * P);
     size_t *sizes = malloc(sizeof *sizes * (P + P * P));
     cring_status_t st = CRING_OK;
-    if (!h->outputs || !h->output_bytes || !h->first_dims || !rows || !sizes) {
+    if (!rows || !sizes || cring__handle_outputs(h, 1, (int)P) != CRING_OK) {
         st = CRING_ERR_NO_MEMORY;
         goto done;
     }

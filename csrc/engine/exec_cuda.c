@@ -523,8 +523,6 @@ static cring_status_t output_memory(cring_engine_t *e, const lane_t *L, req_t *r
     h->free_output = free_device_output;
     h->free_ctx = L->d->stream;
     h->output_device = r->device;
-    if (!h->output_lent && !(h->output_lent = calloc((size_t)r->ntensors, 1)))
-        return fail(e, CRING_ERR_NO_MEMORY, "out of memory");
     size_t room = t->recv ? t->bytes * (r->coll == CRING_COLL_ALLGATHER ? (size_t)e->size : 1) : 0;
     h->output_bytes[i] = bytes;
     if (t->recv && bytes <= room) {
@@ -590,12 +588,9 @@ static cring_status_t run_allgather(cring_engine_t *e, req_t *r, const int64_t *
     cring_status_t st = wait_producers(e, &L, &r, 1);
     if (st != CRING_OK) return fail_after_queueing(e, &L, &r, 1, st);
     const size_t P = (size_t)e->size, nt = (size_t)r->ntensors;
-    h->outputs = calloc(nt, sizeof *h->outputs);
-    h->output_bytes = calloc(nt, sizeof *h->output_bytes);
-    h->first_dims = malloc(sizeof(int64_t) * nt * P);
     size_t *counts = malloc(sizeof *counts * nt * P);
     cring__gpu_tensor_t *ts = calloc(nt, sizeof *ts);
-    if (!h->outputs || !h->output_bytes || !h->first_dims || !counts || !ts) {
+    if (!counts || !ts || cring__handle_outputs(h, (int)nt, (int)P) != CRING_OK) {
         st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
         goto done;
     }
@@ -697,10 +692,7 @@ static cring_status_t run_alltoall(cring_engine_t *e, req_t **batch, int n) {
         cring_handle_t *h = r->handle;
         tensor_spec_t *t = &r->t[0];
         size_t *sent = counts + P + 2 * b * P, *received = sent + P, total = 0;
-        h->outputs = calloc(1, sizeof *h->outputs);
-        h->output_bytes = calloc(1, sizeof *h->output_bytes);
-        h->first_dims = malloc(sizeof(int64_t) * P);
-        if (!h->outputs || !h->output_bytes || !h->first_dims) {
+        if (cring__handle_outputs(h, 1, (int)P) != CRING_OK) {
             st = fail(e, CRING_ERR_NO_MEMORY, "out of memory");
             break;
         }

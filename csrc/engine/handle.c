@@ -1,15 +1,15 @@
 /* handle.c: handles and what they own: completing a request's handle (status,
  * message, waking waiters), the handle accessors of the public API, and the
- * result memory with its spare buffers. Never drives rounds or waits: a
+ * result memory (large results from the process-wide result cache). Never drives rounds or waits: a
  * freed handle only drops the caller's reference (the engine keeps its own
  * until the request completes or the engine stops). */
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/result_cache.h"
 #include "engine_internal.h"
 
-#define SPARE_MIN_BYTES (1u << 20)
 /* At most this many freed handles or requests are kept (a few hundred KiB) */
 #define POOL_MAX 4096
 
@@ -76,10 +76,9 @@ void cring__handle_release(cring_handle_t *h) {
         }
     }
     if (h->device_event) h->device_event_put(h->device_event);
-    free(h->outputs);
-    free(h->output_bytes);
-    free(h->output_lent);
-    free(h->first_dims);
+    /* output_bytes, output_lent and first_dims live in the same block
+     * (cring__handle_outputs), or all four in the handle itself */
+    if (h->outputs != &h->one.output) free(h->outputs);
     free(h->error);
     /* keep one for the next submission: a synchronous loop then allocates
      * no handle (the engine frees the spare when it goes) */
@@ -151,46 +150,59 @@ void cring_handle_free(cring_handle_t *h) {
     if (h) cring__handle_release(h);
 }
 
-/* ---- result memory ------------------------------------------------------------- */
-
-void *cring__output_alloc(cring_engine_t *e, size_t bytes) {
-    if (bytes >= SPARE_MIN_BYTES) {
-        pthread_mutex_lock(&e->spare.mu);
-        for (int k = 0; k < 4; k++)
-            if (e->spare.buf[k] && e->spare.bytes[k] == bytes) {
-                void *p = e->spare.buf[k];
-                e->spare.buf[k] = NULL;
-                pthread_mutex_unlock(&e->spare.mu);
-                return p;
-            }
-        pthread_mutex_unlock(&e->spare.mu);
+cring_status_t cring__handle_outputs(cring_handle_t *h, int ntensors, int size) {
+    const size_t n = (size_t)ntensors, dims = n * (size_t)size;
+    if (n == 1 && dims <= sizeof h->one.first_dims / sizeof h->one.first_dims[0]) {
+        memset(&h->one, 0, sizeof h->one);
+        h->outputs = &h->one.output;
+        h->output_bytes = &h->one.bytes;
+        h->first_dims = h->one.first_dims;
+        h->output_lent = &h->one.lent;
+        return CRING_OK;
     }
-    return malloc(bytes ? bytes : 1);
+    /* pointers and sizes first, then the int64 dims (8-aligned), the flags last */
+    char *block = calloc(1, n * (sizeof(void *) + sizeof(size_t)) + dims * sizeof(int64_t) + n);
+    if (!block) return CRING_ERR_NO_MEMORY;
+    h->outputs = (void **)(void *)block;
+    h->output_bytes = (size_t *)(void *)(block + n * sizeof(void *));
+    h->first_dims = (int64_t *)(void *)(block + n * (sizeof(void *) + sizeof(size_t)));
+    h->output_lent = (unsigned char *)(h->first_dims + dims);
+    return CRING_OK;
 }
 
-/* Keep a large result's memory for reuse (replacing the oldest kept one). */
-static void output_free(cring_engine_t *e, void *p, size_t bytes) {
-    if (!p) return;
-    if (bytes >= SPARE_MIN_BYTES && e) {
-        pthread_mutex_lock(&e->spare.mu);
-        void *old = e->spare.buf[3];
-        memmove(e->spare.buf + 1, e->spare.buf, 3 * sizeof *e->spare.buf);
-        memmove(e->spare.bytes + 1, e->spare.bytes, 3 * sizeof *e->spare.bytes);
-        e->spare.buf[0] = p;
-        e->spare.bytes[0] = bytes;
-        pthread_mutex_unlock(&e->spare.mu);
-        free(old);
-        return;
+/* ---- result memory ------------------------------------------------------------- */
+
+/* A result of `bytes`: from 1 MiB a block of the process-wide result cache
+ * (common/result_cache.c: a loop of large allgathers reuses freed results
+ * instead of faulting in fresh pages), else malloc. NULL when out of memory. */
+void *cring__output_alloc(cring_engine_t *e, size_t bytes) {
+    (void)e;
+    if (bytes < CRING_RESULT_CACHE_MIN_BYTES) return malloc(bytes ? bytes : 1);
+    void *p;
+    return cring__result_block_get(bytes, &p) == CRING_OK ? p : NULL;
+}
+
+void *cring__output_place(cring_engine_t *e, cring_handle_t *h, int i, const tensor_spec_t *t,
+                          size_t room, size_t bytes) {
+    h->output_bytes[i] = bytes;
+    if (t->recv && bytes <= room) {
+        h->output_lent[i] = 1;
+        return h->outputs[i] = t->recv;
     }
-    free(p);
+    return h->outputs[i] = cring__output_alloc(e, bytes);
+}
+
+/* Free a result of cring__output_alloc(e, bytes). */
+static void output_free(cring_engine_t *e, void *p, size_t bytes) {
+    (void)e;
+    if (bytes < CRING_RESULT_CACHE_MIN_BYTES) free(p);
+    else cring__result_block_put(p, bytes);
 }
 
 /* The engine is going: free the kept memory (engine_release). */
 void cring__spare_free_all(cring_engine_t *e) {
-    for (int k = 0; k < 4; k++) free(e->spare.buf[k]);
     free(atomic_load(&e->spare.handle));
     free(atomic_load(&e->spare.req));
-    pthread_mutex_destroy(&e->spare.mu);
     cring__pool_free_all(&e->spare.handles);
     cring__pool_free_all(&e->spare.reqs);
 }

@@ -340,17 +340,13 @@ static cring_status_t run_speculated(cring_engine_t *e, req_t *spec) {
         cring_handle_t *h = spec->handle;
         size_t total = 0;
         for (int q = 0; q < P; q++) total += spec_payload(e, spec, q);
-        h->outputs = calloc(1, sizeof *h->outputs);
-        h->output_bytes = calloc(1, sizeof *h->output_bytes);
-        h->first_dims = malloc(sizeof(int64_t) * (size_t)P);
-        if (!h->outputs || !h->output_bytes || !h->first_dims ||
-            !(h->outputs[0] = cring__output_alloc(e, total))) {
+        uint8_t *out = NULL;
+        if (cring__handle_outputs(h, 1, P) != CRING_OK ||
+            !(out = cring__output_place(e, h, 0, t, t->bytes * (size_t)P, total))) {
             e->neg.spec_status = CRING_ERR_NO_MEMORY; /* its response says so (read_slots) */
             return CRING_OK;
         }
         memcpy(h->first_dims, dims, sizeof(int64_t) * (size_t)P);
-        h->output_bytes[0] = total;
-        uint8_t *out = h->outputs[0];
         for (int q = 0; q < P; q++) {
             size_t n = spec_payload(e, spec, q);
             memcpy(out, q == e->rank ? t->send : block_data(e, q), n);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../common/common.h"
+#include "../common/result_cache.h"
 #include "pyext.h"
 
 /* ---- init / shutdown / queries -------------------------------------------- */
@@ -60,6 +61,7 @@ static PyObject *py_shutdown(PyObject *module, PyObject *unused) {
     s->engine = NULL; /* with the GIL held: no submission sees it any more */
     Py_BEGIN_ALLOW_THREADS cring_engine_stop(engine);
     Py_END_ALLOW_THREADS cring__pyext_sweep(s, 1);
+    cring__result_cache_trim(); /* idle result memory goes back; lent blocks come back later */
     Py_RETURN_NONE;
 }
 
@@ -172,6 +174,7 @@ static int module_exec(PyObject *m) {
     if (rc < 0) return -1;
     if (cring__pyext_store_init(m, s) < 0) return -1;   /* store_bindings.c */
     if (cring__pyext_handles_init(m, s) < 0) return -1; /* handles.c */
+    if (cring__pyext_results_init(m, s) < 0) return -1; /* results.c */
     if (PyModule_AddFunctions(m, cring__pyext_submit_functions) < 0) return -1; /* submit.c */
     if (PyModule_AddFunctions(m, cring__pyext_process_set_functions) < 0) return -1;
     if (PyModule_AddFunctions(m, cring__pyext_small_functions) < 0) return -1;
@@ -210,6 +213,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(s->StoreClientType);
     Py_VISIT(s->OutputBufferType);
     Py_VISIT(s->HandleType);
+    Py_VISIT(s->ResultBlockType);
     return 0;
 }
 
@@ -224,6 +228,7 @@ static int module_clear(PyObject *m) {
     Py_CLEAR(s->StoreClientType);
     Py_CLEAR(s->OutputBufferType);
     Py_CLEAR(s->HandleType);
+    Py_CLEAR(s->ResultBlockType);
     return 0;
 }
 

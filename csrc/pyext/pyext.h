@@ -54,6 +54,7 @@ typedef struct {
     PyTypeObject *StoreClientType;
     PyTypeObject *OutputBufferType;
     PyTypeObject *HandleType;
+    PyTypeObject *ResultBlockType;
     cring__pyext_dropped_t *dropped; /* handles dropped while in flight (GIL held) */
     cring__pyext_psets_t psets;      /* process sets (process_sets.c; GIL held) */
 } module_state;
@@ -221,6 +222,19 @@ PyObject *cring__pyext_lend_result(PyObject *module, module_state *s, cring_hand
                                    const char *name, PyObject **attr_name, const char *attr,
                                    PyObject *x, PyObject *shape, const cring_device_t *cuda);
 extern PyMethodDef cring__pyext_region_functions[]; /* region_bindings.c */
+
+/* ---- results.c --------------------------------------------------------------- */
+/* Add cring._C.ResultBlock's type, result_empty and result_cache_stats. */
+int cring__pyext_results_init(PyObject *module, module_state *s);
+/* A new, uninitialised NumPy array (x a numpy.ndarray; a plain ndarray like
+ * numpy.empty's) or CPU torch tensor (`torch` set) of x's dtype and `shape`
+ * (NULL: x's), nbytes in all, over a block of the result cache that goes
+ * back when the last view of it is gone. 1 with *made; 0, nothing set, when
+ * nbytes is below CRING_RESULT_CACHE_MIN_BYTES, the cache keeps nothing
+ * (CRING_RESULT_CACHE_BYTES=0) or the library is not imported: the caller
+ * allocates as before; -1 with the error set (MemoryError, ...). Needs the GIL. */
+int cring__pyext_result_empty(module_state *s, PyObject *x, int torch, PyObject *shape,
+                              size_t nbytes, PyObject **made);
 
 /* ---- process_sets.c ---------------------------------------------------------- */
 /* Keep what a process set's communicator needs of the global init's config

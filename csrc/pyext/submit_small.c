@@ -72,7 +72,7 @@ static void one_request(cring_request_t *req, cring_tensor_t *t, int64_t *one,
     *one = 1;
     int scalar = ref->t->ndim == 0;
     *t = (cring_tensor_t){.send = ref->data,
-                          .recv = ref->data,
+                          .recv = coll == CRING_COLL_ALLGATHER ? NULL : ref->data, /* room */
                           .dtype = ref->dtype,
                           .ndim = scalar ? (coll == CRING_COLL_ALLGATHER) : ref->t->ndim,
                           .shape = scalar ? one : ref->t->shape};
@@ -216,9 +216,86 @@ done:
     return res;
 }
 
+/* cring__pyext_rows_shape(in, rows), the tuple of the previous call again
+ * when it is equal (GIL held): a loop of calls then makes no tuple, whose
+ * allocations would also count towards the garbage collector's next pass. */
+static PyObject *same_shape(const cring__dl_ref_t *in, int64_t rows) {
+    static PyObject *last;
+    int ndim = in->t->ndim ? in->t->ndim : 1;
+    int same = last && PyTuple_GET_SIZE(last) == ndim;
+    for (int d = 0; same && d < ndim; d++)
+        same = PyLong_AsLongLong(PyTuple_GET_ITEM(last, d)) == (d ? in->t->shape[d] : rows);
+    if (same) return Py_NewRef(last);
+    PyObject *shape = cring__pyext_rows_shape(in, rows);
+    if (shape) Py_XSETREF(last, Py_NewRef(shape));
+    return shape;
+}
+
+/* Room for the allgather of the NumPy array x (viewed as *in) when every
+ * rank gives as many rows as this one (the usual case): a new array of
+ * size x its rows, from 1 MiB in a block of the result cache (results.c),
+ * else numpy.empty; bound writable in *out. The engine writes the result
+ * there when it fits (cring__output_place), so a call makes one array and
+ * copies nothing after the collective. 1 when made; 0, nothing set, when
+ * it cannot be (the engine then places the result: allgather_result); -1
+ * with the error set (MemoryError). */
+static int allgather_room(module_state *s, PyObject *x, const cring__dl_ref_t *in, int size,
+                          const char *name, PyObject **made, cring__dl_ref_t *out) {
+    static PyObject *np_empty, *dtype_name;
+    int64_t rows = in->t->ndim ? in->t->shape[0] : 1;
+    size_t nbytes = in->numel * cring_dtype_size(in->dtype);
+    if (nbytes > SIZE_MAX / (size_t)size || rows > INT64_MAX / size) return 0;
+    PyObject *shape = same_shape(in, rows * size);
+    if (!shape) return -1;
+    int rc = cring__pyext_result_empty(s, x, 0, shape, nbytes * (size_t)size, made);
+    if (rc == 0) {
+        if (!np_empty) {
+            PyObject *np = PyImport_ImportModule("numpy");
+            np_empty = np ? PyObject_GetAttrString(np, "empty") : NULL;
+            Py_XDECREF(np);
+        }
+        if (!dtype_name) dtype_name = PyUnicode_InternFromString("dtype");
+        PyObject *dtype = np_empty && dtype_name ? PyObject_GetAttr(x, dtype_name) : NULL;
+        PyObject *call_args[2] = {shape, dtype};
+        *made = dtype ? PyObject_Vectorcall(np_empty, call_args, 2, NULL) : NULL;
+        Py_XDECREF(dtype);
+        rc = *made ? 1 : -1;
+    }
+    Py_DECREF(shape);
+    if (rc < 0) return -1;
+    int got = cring__dl_acquire_fast(*made, name, 1, 0, out);
+    if (got == 1 && out->dtype == in->dtype && out->numel == in->numel * (size_t)size) return 1;
+    if (got == 1) cring__dl_release(out); /* unlike x: left unused */
+    PyErr_Clear();
+    Py_CLEAR(*made);
+    return 0;
+}
+
+/* The result the engine wrote into the room lent with h's request: the
+ * room itself (*room moved into the result) when every rank gave as many
+ * rows as this one (room_rows in all), else its first rows, the gathered
+ * ones (a view of it). NULL with the error set. */
+static PyObject *lent_rows(cring_handle_t *h, int size, int64_t room_rows, PyObject **room) {
+    const int64_t *dims;
+    cring_handle_output(h, 0, NULL, &dims);
+    int64_t rows = 0;
+    for (int q = 0; q < size; q++) rows += dims[q];
+    PyObject *whole = *room;
+    *room = NULL;
+    if (rows == room_rows) return whole;
+    PyObject *stop = PyLong_FromLongLong(rows);
+    PyObject *first = stop ? PySlice_New(NULL, stop, NULL) : NULL;
+    PyObject *res = first ? PyObject_GetItem(whole, first) : NULL;
+    Py_XDECREF(first);
+    Py_XDECREF(stop);
+    Py_DECREF(whole);
+    return res;
+}
+
 /* allgather(tensor, name=None): cring.allgather itself. A NumPy array is
- * gathered here, a torch CUDA tensor on the NCCL path in submit_cuda.c; the
- * rest goes to cring._collectives._allgather_general (`allgather_fallback`). */
+ * gathered here (into room made before the call: allgather_room), a torch
+ * CUDA tensor on the NCCL path in submit_cuda.c; the rest goes to
+ * cring._collectives._allgather_general (`allgather_fallback`). */
 static PyObject *py_allgather(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames) {
     static const char *const names[] = {"tensor", "name"};
@@ -232,38 +309,36 @@ static PyObject *py_allgather(PyObject *module, PyObject *const *args, Py_ssize_
         int unnamed;
         const char *name = call_name(v[1], "allgather", generated, sizeof generated, &unnamed);
         if (!name) return NULL;
-        cring__dl_ref_t ref;
-        int taken = cring__dl_acquire_fast(v[0], name, 0, 0, &ref);
+        cring__dl_ref_t refs[2] = {0};
+        int taken = cring__dl_acquire_fast(v[0], name, 0, 0, &refs[0]);
         if (taken < 0 && !PyErr_ExceptionMatches(PyExc_ValueError)) return NULL;
         if (taken < 0) PyErr_Clear(); /* e.g. strided: the general path copies it (or refuses) */
         if (taken > 0) {
+            PyObject *room = NULL;
+            int size = cring_comm_size(cring_engine_comm(s->engine));
+            int lent = allgather_room(s, v[0], &refs[0], size, name, &room, &refs[1]);
+            if (lent < 0) {
+                cring__dl_release(&refs[0]);
+                return NULL;
+            }
             if (unnamed) cring__pyext_noname("allgather", generated, sizeof generated, 1);
             int64_t one;
             cring_tensor_t t;
             cring_request_t req;
-            one_request(&req, &t, &one, &ref, name, CRING_COLL_ALLGATHER, 0, unnamed);
-            if (s->dropped) cring__pyext_sweep(s, 0);
-            cring_handle_t *h;
-            cring_status_t st = cring_engine_submit(s->engine, &req, &h);
-            if (st != CRING_OK) {
-                cring__dl_release(&ref);
-                return cring__pyext_raise_submit(s, st, CRING_COLL_ALLGATHER, name);
-            }
-            if (!cring__pyext_wait(h, &st)) { /* interrupted: the engine may still read it */
-                cring__dl_ref_t *kept = PyMem_Malloc(sizeof *kept);
-                if (kept) *kept = ref;
-                else cring__dl_release(&ref); /* drop() then waits before freeing */
-                cring__pyext_drop(s, h, kept, kept ? 1 : 0, -1, NULL);
-                return NULL;
-            }
+            one_request(&req, &t, &one, &refs[0], name, CRING_COLL_ALLGATHER, 0, unnamed);
+            t.recv = lent ? refs[1].data : NULL; /* room for the result, or none */
+            int nviews = 1 + lent;
+            cring_handle_t *h = NULL;
+            int rc = cring__pyext_submit_wait_keep(s, s->engine, &req, refs, &nviews, &h);
             PyObject *res = NULL;
-            if (st != CRING_OK) {
-                cring__pyext_raise_handle(s, h, st, CRING_COLL_ALLGATHER, name);
+            if (rc == 0 && lent && cring_handle_output(h, 0, NULL, NULL) == t.recv) {
+                res = lent_rows(h, size, t.shape[0] * size, &room);
                 cring_handle_free(h);
-            } else {
-                res = allgather_result(module, s, v[0], h, &ref, name);
+            } else if (rc == 0) { /* the engine's memory: the result did not fit */
+                res = allgather_result(module, s, v[0], h, &refs[0], name); /* frees h */
             }
-            cring__dl_release(&ref);
+            for (int i = 0; i < nviews; i++) cring__dl_release(&refs[i]);
+            Py_XDECREF(room);
             return res;
         }
     } else if (fast && v[0] && name_ok(v[1]) && s->engine && cring__dl_is_torch(v[0]) &&
@@ -280,15 +355,20 @@ static PyObject *py_allgather(PyObject *module, PyObject *const *args, Py_ssize_
 }
 
 /* A new uninitialised tensor like x (a NumPy array or a torch tensor on the
- * host), through numpy.empty_like / torch.empty_like (C functions: no Python
- * frame), bound as a writable view in *out of x's dtype and size. 1 when
- * made; 0, nothing set, when it cannot be (the Python path takes the call);
- * -1 with the error set (MemoryError, ...). */
-static int empty_like(PyObject *x, int torch, const char *name, const cring__dl_ref_t *in,
-                      PyObject **made, cring__dl_ref_t *out) {
+ * host): from 1 MiB in a block of the result cache (results.c: a loop of
+ * large calls reuses the memory of results already dropped), else through
+ * numpy.empty_like / torch.empty_like (C functions: no Python frame); bound
+ * as a writable view in *out of x's dtype and size. 1 when made; 0, nothing
+ * set, when it cannot be (the Python path takes the call); -1 with the
+ * error set (MemoryError, ...). */
+static int empty_like(module_state *s, PyObject *x, int torch, const char *name,
+                      const cring__dl_ref_t *in, PyObject **made, cring__dl_ref_t *out) {
     static PyObject *np_empty_like, *torch_empty_like;
     PyObject **fn = torch ? &torch_empty_like : &np_empty_like;
-    if (!*fn) {
+    int cached =
+        cring__pyext_result_empty(s, x, torch, NULL, in->numel * cring_dtype_size(in->dtype), made);
+    if (cached < 0) return -1;
+    if (!cached && !*fn) {
         PyObject *mod_name = PyUnicode_FromString(torch ? "torch" : "numpy");
         PyObject *mod = mod_name ? PyImport_GetModule(mod_name) : NULL; /* never imported here */
         Py_XDECREF(mod_name);
@@ -299,7 +379,7 @@ static int empty_like(PyObject *x, int torch, const char *name, const cring__dl_
             return 0;
         }
     }
-    *made = PyObject_CallOneArg(*fn, x);
+    if (!cached) *made = PyObject_CallOneArg(*fn, x);
     if (!*made) return -1;
     int taken = cring__dl_acquire_fast(*made, name, 1, 0, out);
     if (taken == 1 && (out->dtype != in->dtype || out->numel != in->numel)) {
@@ -349,7 +429,7 @@ static int allreduce_out_prepare(module_state *s, PyObject *const *args, Py_ssiz
         PyErr_Clear();
         return 0;
     }
-    taken = empty_like(v[0], torch, name, &refs[0], result, &refs[1]);
+    taken = empty_like(s, v[0], torch, name, &refs[0], result, &refs[1]);
     if (taken != 1) {
         cring__dl_release(&refs[0]);
         return taken;

@@ -324,6 +324,18 @@ def engine_stats() -> dict:
     return {k: v for k, v in _C.engine_stats().items() if k not in _KNOBS}
 
 
+def result_cache_stats() -> dict:
+    """The memory of large CPU results (docs/performance.md, "Result
+    memory"): results of min_bytes (1 MiB) or more that cring allocates
+    (out-of-place allreduce, broadcast, reducescatter, allgather, alltoall)
+    live in blocks that come back to a process-wide cache when their last
+    view is gone. limit_bytes (CRING_RESULT_CACHE_BYTES) bounds idle_bytes,
+    what the cache keeps for reuse; lent_bytes is in results still alive;
+    reused / mapped count results served from the cache / newly mapped;
+    unmapped counts blocks given back to the system. Needs no init()."""
+    return dict(_C.result_cache_stats())
+
+
 def engine_knobs() -> dict:
     """The engine's knobs in force on this rank: fusion_threshold_bytes,
     cycle_time_ms, and autotune: "off", "tuning" (CRING_AUTOTUNE is trying

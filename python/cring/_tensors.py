@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _C
+
 _NUMPY_DTYPES = {
     "float16": np.float16,
     "float32": np.float32,
@@ -103,11 +105,18 @@ def result_like(x: Any, handle: Any, index: int, shape: Sequence[int], dtype_nam
 
 
 def empty_like(x: Any, shape: Sequence[int], dtype_name: str) -> Any:
-    """A new, uninitialised tensor of x's kind, dtype and device with `shape`."""
+    """A new, uninitialised tensor of x's kind, dtype and device with `shape`.
+    A NumPy array or CPU torch tensor of 1 MiB or more lives in a block of
+    cring's result cache (a view of it, given back when the last view goes:
+    docs/performance.md, "Result memory"), unless CRING_RESULT_CACHE_BYTES=0."""
     shape = tuple(int(d) for d in shape)
     if isinstance(x, np.ndarray):
-        return np.empty(shape, dtype=x.dtype)
+        made = _C.result_empty(x, shape)
+        return np.empty(shape, dtype=x.dtype) if made is None else made
     if _is_torch(x):
+        made = _C.result_empty(x, shape)
+        if made is not None:
+            return made
         torch = sys.modules["torch"]
         return torch.empty(shape, dtype=x.dtype, device=x.device)
     xp = producer_namespace(x, "empty")

@@ -183,6 +183,7 @@ def collect(environ: Optional[dict] = None) -> dict:
         "warnings": known_defects(nccl_code),
         "knobs": _knobs(env),
         "shm_tuning": _shm_tuning(env),
+        "result_cache": dict(_C.result_cache_stats(), set="CRING_RESULT_CACHE_BYTES" in env),
     }
 
 
@@ -233,6 +234,23 @@ def _shm_lines(tuning: dict) -> list:
         source = f"{knob} is set" if knob in tuning["set"] else f"{rule}; {knob}"
         lines.append(f"    {what + ':':<30} {_bytes(tuning[key]):>9}  ({source})")
     return lines
+
+
+def _result_cache_lines(cache: dict) -> list:
+    """Where large CPU results come from, and the cache's limit."""
+    source = (
+        "CRING_RESULT_CACHE_BYTES is set" if cache["set"] else "default; CRING_RESULT_CACHE_BYTES"
+    )
+    if not cache["limit_bytes"]:
+        return [
+            f"    off ({source}): results are NumPy's and torch's own arrays; allgather "
+            "and alltoall results are mapped for each call"
+        ]
+    return [
+        f"    results of {_bytes(cache['min_bytes'])} or more: "
+        "blocks reused from a cache of freed ones",
+        f"    {'kept at most:':<30} {_bytes(cache['limit_bytes']):>9}  ({source})",
+    ]
 
 
 def _mark(flag: bool) -> str:
@@ -291,6 +309,9 @@ def report(info: Optional[dict] = None) -> str:
     if "shm_tuning" in info:
         lines += ["", "Shared-memory sizes (rank 0's are used by the job):"]
         lines += _shm_lines(info["shm_tuning"])
+    if "result_cache" in info:
+        lines += ["", "Result memory (large CPU results cring allocates):"]
+        lines += _result_cache_lines(info["result_cache"])
     lines += ["", "Known defects of the loaded libraries:"]
     lines += [f"    WARNING: {w}" for w in info["warnings"]] or ["    none"]
     lines += ["", "Knobs (CRING_* set here, HOROVOD_* as cring reads them):"]

@@ -2,7 +2,8 @@
 small ones ride the negotiation round from the response cache: values for
 every root, uneven and 0-d first dimensions, sizes on both sides of the
 riding and copy limits, NumPy and torch, named and unnamed, mixed with a
-small allreduce, and a root mismatch still raising on every rank."""
+small allreduce, results that stay their own across calls, and a root
+mismatch still raising on every rank."""
 
 import numpy as np
 
@@ -34,6 +35,16 @@ for it in range(4):  # first dimensions that differ between ranks, then change
     assert g.tolist() == want, (it, g)
     s = cring.allgather(np.array(5.0 + rank + it), name="scalar")
     assert s.tolist() == [5.0 + q + it for q in range(size)], s
+# every call's result is its own array (the room made for it): the next
+# call, riding the round or not, writes elsewhere
+for n in (3, 70000):
+    kept = [
+        cring.allgather(np.full(n, 10 * it + rank, np.int32), name=f"own{n}") for it in range(3)
+    ]
+    for it, g in enumerate(kept):
+        assert g.flags.writeable and g.tolist() == [
+            10 * it + q for q in range(size) for _ in range(n)
+        ]
 big = cring.allgather(np.full(300_000, rank, np.uint8), name="big")  # lent, not copied
 assert big.shape == (300_000 * size,) and [int(big[q * 300_000]) for q in range(size)] == list(
     range(size)

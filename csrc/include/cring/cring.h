@@ -263,12 +263,13 @@ typedef enum cring_collective {
 CRING_API const char *cring_collective_name(cring_collective_t collective);
 
 /* One tensor of a request. For ALLGATHER and ALLTOALL the engine places the
- * result (see cring_handle_output): on the CPU recv is ignored; for CUDA
- * tensors recv may be NULL or lend room of size x send's bytes (ALLGATHER)
- * or send's bytes (ALLTOALL), which a result that fits uses (the caller
+ * result (see cring_handle_output): recv may be NULL or lend room of size x
+ * send's bytes (ALLGATHER, CPU or CUDA) or send's bytes (ALLTOALL, CUDA
+ * only; the CPU ignores it), which a result that fits uses (the caller
  * keeps owning it; cring_handle_output then returns recv), while a larger
- * one gets device memory of the engine's. For REDUCESCATTER, recv holds this
- * rank's rows (shape[0] split as n/P, +1 for ranks < n%P). */
+ * one gets memory of the engine's (device memory for CUDA tensors). For
+ * REDUCESCATTER, recv holds this rank's rows (shape[0] split as n/P, +1 for
+ * ranks < n%P). */
 typedef struct cring_tensor {
     const void *send;
     void *recv; /* may equal send (in place) */
