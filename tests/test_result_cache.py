@@ -31,7 +31,12 @@ def run(tmp_path, world_size, mode, env):
 
 
 @pytest.mark.parametrize(
-    "world_size,transport", [(2, "auto"), (2, "tcp"), (3, "auto")], ids=["2-shm", "2-tcp", "3-shm"]
+    "world_size,transport",
+    [
+        pytest.param(2, "auto", id="2-shm"),
+        pytest.param(2, "tcp", id="2-tcp", marks=pytest.mark.slow),
+        pytest.param(3, "auto", id="3-shm", marks=pytest.mark.slow),
+    ],
 )
 def test_results_from_the_cache(tmp_path, world_size, transport):
     results = run(tmp_path, world_size, "main", {"CRING_TRANSPORT": transport})

@@ -36,6 +36,7 @@ def failures(results, label):
     return [f for res in results for f in res["failures"] if f.startswith(label + ":")]
 
 
+@pytest.mark.slow  # the compiling job takes ~30 s of a worker
 def test_three_collectives_compile_as_one_graph_equal_to_eager(compiled):
     assert failures(compiled, "three collectives") == []
     for res in compiled:
@@ -43,10 +44,12 @@ def test_three_collectives_compile_as_one_graph_equal_to_eager(compiled):
     print("collectives:", compiled[0]["collectives"])
 
 
+@pytest.mark.slow  # the compiling job takes ~30 s of a worker
 def test_uneven_allgather_under_compile_is_a_clear_error(compiled):
     assert failures(compiled, "uneven allgather") == []
 
 
+@pytest.mark.slow  # the compiling job takes ~30 s of a worker
 def test_compiled_training_step_has_no_break_in_cring(compiled):
     assert failures(compiled, "compiled training step") == []
     for res in compiled:
