@@ -273,6 +273,22 @@ def start_groups(libraries: list, timeout_s: float) -> tuple:
     return groups, notes, server
 
 
+def stop_groups(groups: dict, server: socket.socket) -> None:
+    """Ask every library's ranks to exit (those still answering), wait for
+    them (killing what does not exit within 30 s) and close the control
+    server start_groups opened."""
+    for g in groups.values():
+        if not g.failed:
+            g.request({"cmd": "exit"}, 10)
+    for g in groups.values():
+        try:
+            for p in g.procs:
+                p.wait(30)
+        except subprocess.TimeoutExpired:
+            stop(g.procs)
+    server.close()
+
+
 def parent(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -330,16 +346,7 @@ def parent(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted: reporting what was measured", flush=True)
     finally:
-        for g in groups.values():
-            if not g.failed:
-                g.request({"cmd": "exit"}, 10)
-        for g in groups.values():
-            try:
-                for p in g.procs:
-                    p.wait(30)
-            except subprocess.TimeoutExpired:
-                stop(g.procs)
-        server.close()
+        stop_groups(groups, server)
     print(f"measured in {time.monotonic() - t_start:.0f} s", flush=True)
 
     data: dict = {}

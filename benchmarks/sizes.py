@@ -32,14 +32,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from _collectives_common import RESULTS, WORLD, fmt_size, llc_bytes, machine, parse_size
 from _collectives_report import fmt_time
-from collectives import start_groups, stop
+from collectives import start_groups, stop_groups
 
 LIBS = ("cring-shm", "cring-tcp", "mpi", "gloo")
 SHORT = {"cring-shm": "shm", "cring-tcp": "tcp", "mpi": "mpi", "gloo": "gloo"}
@@ -187,16 +186,7 @@ def one_run(args: argparse.Namespace, rotate_bytes: int) -> dict:
                     line.append(f"{SHORT[lib]} {fmt_time(t)}")
                 print(f"  {coll:13s} {fmt_size(nbytes):>8s}: " + ", ".join(line), flush=True)
     finally:
-        for g in groups.values():
-            if not g.failed:
-                g.request({"cmd": "exit"}, 10)
-        for g in groups.values():
-            try:
-                for p in g.procs:
-                    p.wait(30)
-            except subprocess.TimeoutExpired:
-                stop(g.procs)
-        server.close()
+        stop_groups(groups, server)
     return result
 
 
