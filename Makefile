@@ -41,7 +41,8 @@ $(BUILD)/tests/%: csrc/tests/%.c csrc/tests/testutil.h $(BUILD)/libcring.a
 	$(CC) $(CFLAGS) $< -o $@ $(BUILD)/libcring.a $(LDFLAGS) $(LDLIBS)
 
 # Test doubles for the GPU layer ("device memory" is host memory).
-FAKE_NCCL_SRCS := csrc/tests/fake_nccl.c csrc/tests/fake_nccl_reduce.c csrc/tests/fake_nccl.h
+FAKE_NCCL_SRCS := csrc/tests/fake_nccl.c csrc/tests/fake_nccl_reduce.c csrc/tests/fake_nccl.h \
+                  csrc/tests/fake_log.h
 $(BUILD)/tests/libfake_nccl.so: $(FAKE_NCCL_SRCS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared $(filter %.c,$^) -o $@ $(LDFLAGS) -pthread -lrt -lm -ldl
@@ -52,7 +53,7 @@ $(BUILD)/tests/libfake_nccl_no_allgather.so: $(FAKE_NCCL_SRCS)
 	    -pthread -lrt -lm -ldl
 
 $(BUILD)/tests/libfake_cudart.so: csrc/tests/fake_cudart.c csrc/tests/fake_device.c \
-                                   csrc/tests/fake_device.h
+                                   csrc/tests/fake_device.h csrc/tests/fake_log.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared $(filter %.c,$^) -o $@ $(LDFLAGS) -pthread
 

@@ -19,25 +19,15 @@
 #include <unistd.h>
 
 #include "fake_device.h"
+#include "fake_log.h"
 
 __thread int fake__current_device = 0;
 
 void fake__log(const char *fmt, ...) {
-    const char *path = getenv("CRING_FAKE_CUDA_LOG");
-    if (!path || !*path) return;
-    char line[512];
-    int n = snprintf(line, sizeof line, "pid=%d ", (int)getpid());
     va_list ap;
     va_start(ap, fmt);
-    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    fake_vlog("CRING_FAKE_CUDA_LOG", fmt, ap);
     va_end(ap);
-    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
-    line[n++] = '\n';
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
-    if (fd < 0) return;
-    ssize_t w = write(fd, line, (size_t)n); /* one write: lines of processes never interleave */
-    (void)w;
-    close(fd);
 }
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;

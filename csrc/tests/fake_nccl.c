@@ -68,6 +68,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fake_log.h"
 #include "fake_nccl.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -115,21 +116,10 @@ static __thread char last_error[256];
 
 static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void log_line(const char *fmt, ...) {
-    const char *path = getenv("CRING_FAKE_NCCL_LOG");
-    if (!path || !*path) return;
-    char line[512];
-    int n = snprintf(line, sizeof line, "pid=%d ", (int)getpid());
     va_list ap;
     va_start(ap, fmt);
-    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    fake_vlog("CRING_FAKE_NCCL_LOG", fmt, ap);
     va_end(ap);
-    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
-    line[n++] = '\n';
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
-    if (fd < 0) return;
-    ssize_t w = write(fd, line, (size_t)n);
-    (void)w;
-    close(fd);
 }
 
 static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
