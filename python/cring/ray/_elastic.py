@@ -5,7 +5,9 @@ It serves the job's rendezvous store in the driver, places each worker with
 its own one-bundle placement group, publishes generation records
 (cring._elastic_protocol) when workers die or can be placed again, and
 collects the results. The workers run cring.elastic unchanged; this module
-never runs a collective and never touches training state.
+never runs a collective and never touches training state. It stays one
+file (~740 lines) because its subject is one state machine, the generations
+of one job; host discovery's planning is in _hosts.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ accumulating it (a post-accumulate-grad hook on the parameter), so
 communication overlaps the rest of backward and the engine fuses the
 gradients that arrive together; step() only waits for what is still in
 flight. This module uses cring's public API, torch and cring.torch.mpi_ops'
-sparse_allreduce_async, nothing else.
+sparse_allreduce_async, nothing else. The variants live beside it
+(_buckets.py, _comm_hook.py, _adasum.py, sharded.py, _trainable.py,
+_compiled_sync.py); what stays here (~730 lines) is the one class they share:
+the per-gradient hooks, submission and synchronize().
 """
 
 from __future__ import annotations
