@@ -194,8 +194,8 @@ static PyObject *Handle_wait(HandleObject *self, PyObject *const *args, Py_ssize
         if (ordered == 0 && st == CRING_OK)
             ordered = cring__pyext_cuda_after(s, self->handle, self->name, self->cuda_device,
                                               consumer, self->cuda_stream, block_host);
-        else if (ordered ==
-                 0) { /* failed: whatever it queued still runs before the caller's work */
+        else if (ordered == 0) {
+            /* failed: whatever it queued still runs before the caller's work */
             cring__pyext_cuda_order_release(self->handle, self->cuda_device, consumer);
             if (consumer != self->cuda_stream)
                 cring__pyext_cuda_order_release(self->handle, self->cuda_device, self->cuda_stream);
