@@ -9,7 +9,8 @@ runs, all at once to save time on a small machine:
     validate/test/predict and an accumulate_grad_batches=2 fit;
   * the same with strategy="ddp" (gloo): the reference;
   * with devices=1 under cringrun, mpirun, torchrun, and as two "nodes"
-    (num_nodes=2, NODE_RANK=0/1, started separately);
+    (num_nodes=2, NODE_RANK=0/1, started separately), and under cringrun with
+    no strategy and no devices given (Trainer() picks cring by itself);
   * Fabric (tests/workers/lightning_fabric_train.py) against one-process training.
 Every job has a hard timeout; the tests then read the JSON each rank wrote.
 """
@@ -47,6 +48,14 @@ def _jobs(out: Path) -> dict:
         "ddp": ([[py, FIT, str(out), "ddp", "--strategy", "ddp", "--full"]], {}),
         "cringrun": (
             [[py, "-m", "cring.run", "-np", "2", py, FIT, str(out), "cringrun", "--devices", "1"]],
+            {},
+        ),
+        # Trainer() with no strategy and no devices under cringrun: cring by itself
+        "cringrun-auto": (
+            [
+                [py, "-m", "cring.run", "-np", "2", py, FIT, str(out), "cringrun-auto"]
+                + ["--strategy", "auto", "--devices", "auto"]
+            ],
             {},
         ),
         "fabric": ([[py, str(WORKERS / "lightning_fabric_train.py"), str(out)]], {}),
@@ -295,11 +304,12 @@ def test_cring_stays_initialised_after_each_run_and_collectives_work(runs):
 # ---- one rank per process: external launchers, and num_nodes > 1 --------------------------------
 
 
-@pytest.mark.parametrize("label", ["cringrun", "mpirun", "torchrun", "nodes"])
+@pytest.mark.parametrize("label", ["cringrun", "mpirun", "torchrun", "nodes", "cringrun-auto"])
 def test_devices_1_under_an_external_launcher_matches_ddp(runs, label):
     ranks, ddp = job(runs, label), job(runs, "ddp")
     for r, d in zip(ranks, ddp):
         fit = r["fit"]
+        assert fit["strategy"] == "CRingStrategy"
         assert fit["world_size"] == 2
         assert fit["weights"] == ranks[0]["fit"]["weights"]
         assert close(fit["weights"], d["fit"]["weights"])
@@ -382,6 +392,36 @@ def test_devices_must_match_an_external_launcher(pl, monkeypatch):
     assert (trainer.global_rank, trainer.world_size) == (0, 2)
     assert trainer.strategy.distributed_sampler_kwargs == {"num_replicas": 2, "rank": 0}
     assert "cring" in repr(trainer.strategy.cluster_environment)
+
+
+def test_no_strategy_in_a_job_cring_started_is_cring(pl, monkeypatch):
+    """Trainer() and Fabric() with no strategy ("auto"): cring in a job of 2+
+    ranks that cringrun/cring.ray started (as Lightning 1.x chose Horovod under
+    horovodrun, and Lightning 2 chooses DDP under torchrun); Lightning's own
+    choice otherwise, and an explicit strategy is always the user's."""
+    import lightning.fabric as lf
+
+    def name(obj):
+        return type(obj.strategy).__name__
+
+    for variable in ("CRING_RANK", "CRING_SIZE", "CRING_LOCAL_SIZE"):
+        monkeypatch.delenv(variable, raising=False)
+    assert name(pl.Trainer(accelerator="cpu", logger=False)) == "SingleDeviceStrategy"
+    monkeypatch.setenv("CRING_RANK", "1")
+    monkeypatch.setenv("CRING_SIZE", "2")
+    monkeypatch.setenv("CRING_LOCAL_SIZE", "2")
+    trainer = pl.Trainer(accelerator="cpu", logger=False)
+    assert name(trainer) == "CRingStrategy"
+    assert (trainer.global_rank, trainer.world_size) == (1, 2)
+    assert name(pl.Trainer(strategy="auto", accelerator="cpu", devices=2)) == "CRingStrategy"
+    assert name(lf.Fabric(accelerator="cpu")) == "CRingFabricStrategy"
+    assert name(pl.Trainer(strategy="ddp", accelerator="cpu", logger=False)) == "DDPStrategy"
+    with pytest.raises(ValueError, match=r"devices=3.*cring"):
+        pl.Trainer(accelerator="cpu", devices=3)
+    monkeypatch.setenv("CRING_SIZE", "1")  # a job of one rank: nothing to average
+    monkeypatch.setenv("CRING_RANK", "0")
+    monkeypatch.setenv("CRING_LOCAL_SIZE", "1")
+    assert name(pl.Trainer(accelerator="cpu", logger=False)) == "SingleDeviceStrategy"
 
 
 def test_unsupported_settings_raise(pl):

@@ -3,6 +3,7 @@ recording what tests/test_lightning.py compares between strategy="cring" and
 strategy="ddp" (gloo) and between ranks. Writes <outdir>/<label>.rank<R>.json.
 
     python lightning_fit.py OUTDIR LABEL --strategy cring --devices 2 [--full] [--num-nodes N]
+    (--strategy auto --devices auto: what Trainer() chooses by itself)
 
 The main fit: a BoringModel with a second layer, SGD with momentum, gradient
 clipping, EarlyStopping on a metric that only rank 1 sees stagnate, a
@@ -31,11 +32,12 @@ parser = argparse.ArgumentParser()
 parser.add_argument("outdir")
 parser.add_argument("label")
 parser.add_argument("--strategy", default="cring")
-parser.add_argument("--devices", type=int, default=2)
+parser.add_argument("--devices", type=lambda v: v if v == "auto" else int(v), default=2)
 parser.add_argument("--num-nodes", type=int, default=1)
 parser.add_argument("--full", action="store_true")
 args = parser.parse_args()
-CRING = args.strategy == "cring"
+# "auto" under cringrun is cring too (cring.lightning makes it so)
+CRING = args.strategy == "cring" or (args.strategy == "auto" and "CRING_RANK" in os.environ)
 MAX_EPOCHS = 4
 T0 = time.monotonic()
 
@@ -199,6 +201,7 @@ result["fit"] = {
     "gradient_clip_val": trainer.gradient_clip_val,
     "cring_initialized_after": cring.is_initialized(),
     "world_size": trainer.world_size,
+    "strategy": type(trainer.strategy).__name__,
     "checkpoint_path": checkpoint.best_model_path,
 }
 if checkpoint.best_model_path and os.path.exists(checkpoint.best_model_path):

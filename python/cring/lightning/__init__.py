@@ -8,6 +8,8 @@
 Run ``python train.py`` (the strategy starts the other processes, as DDP does),
 or, with ``devices=1``, under ``cringrun -np N``, ``mpirun -np N``,
 ``torchrun --nproc-per-node N``, ``srun`` or Ray (one rank per process).
+Under cringrun or cring.ray with more than one rank, ``Trainer()`` and
+``Fabric()`` given no strategy use "cring" by themselves.
 
 Importing this module registers "cring" with every installed Lightning
 distribution: the ``lightning`` package (lightning.pytorch and lightning.fabric)
@@ -80,6 +82,7 @@ def classes(flavor: str = "lightning") -> SimpleNamespace:
         )
         strategy.register_strategies(lib.StrategyRegistry)
         fabric_strategy.register_strategies(lib.FabricRegistry)
+        _auto_chooses_cring(lib.TrainerConnector, lib.FabricConnector)
         found = SimpleNamespace(
             CRingStrategy=strategy,
             CRingFabricStrategy=fabric_strategy,
@@ -89,6 +92,19 @@ def classes(flavor: str = "lightning") -> SimpleNamespace:
         _built[flavor] = found
         _hook.pending.pop(_TOP[flavor], None)
         return found
+
+
+def _auto_chooses_cring(*connectors: Any) -> None:
+    """strategy="auto" (Lightning's default) becomes "cring" in a job that
+    cringrun, cring.run or cring.ray started with more than one rank, as
+    Lightning 1.x chose Horovod under horovodrun and Lightning 2 chooses DDP
+    under torchrun. A Lightning without the private method is left as it is."""
+    from ._launch import choose_cring_when_launched_by_it
+
+    for connector in connectors:
+        choose = getattr(connector, "_choose_strategy", None)
+        if choose is not None:
+            connector._choose_strategy = choose_cring_when_launched_by_it(choose)
 
 
 def _default_flavor() -> str:

@@ -52,6 +52,13 @@ def symbols(flavor: str) -> SimpleNamespace:
         find_free_network_port=mod(
             f"{fabric_pkg}.plugins.environments.lightning"
         ).find_free_network_port,
+        # what Trainer(strategy="auto") and Fabric(strategy="auto") ask for their choice
+        TrainerConnector=getattr(
+            mod(f"{trainer_pkg}.trainer.connectors.accelerator_connector"),
+            "_AcceleratorConnector",
+            None,
+        ),
+        FabricConnector=getattr(mod(f"{fabric_pkg}.connector"), "_Connector", None),
         ParallelStrategy=pl_strategies.ParallelStrategy,
         StrategyRegistry=pl_strategies.StrategyRegistry,
         SubprocessScriptLauncher=mod(

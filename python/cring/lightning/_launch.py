@@ -1,5 +1,6 @@
 # Which launcher started this process, read from the environment, the check
-# of Trainer(devices=...) against it, and which CUDA device each rank takes.
+# of Trainer(devices=...) against it, strategy="auto" choosing cring under
+# cring's own launchers, and which CUDA device each rank takes.
 # Stdlib and cring._discovery only: nothing here imports Lightning or torch,
 # starts processes or communicates.
 """Detection of an external launch (cringrun, Ray, Horovod, torchrun, MPI, SLURM)."""
@@ -82,6 +83,32 @@ def external_launch(env: Optional[Mapping[str, str]] = None) -> Optional[Launch]
     if node_rank is None:
         node_rank = rank // local_size if local_size else 0
     return Launch(source, rank, size, local_rank, local_size, node_rank)
+
+
+def launched_by_cring(env: Optional[Mapping[str, str]] = None) -> bool:
+    """True in a rank of a job of more than one rank that cring's own launchers
+    started (cringrun, cring.run, cring.ray): where Trainer()/Fabric() with no
+    strategy should be cring, as Lightning picks DDP by itself under torchrun."""
+    env = os.environ if env is None else env
+    launch = external_launch(env)
+    return launch is not None and launch.source == "cring" and launch.size > 1
+
+
+def choose_cring_when_launched_by_it(choose: Callable) -> Callable:
+    """Wrap a Lightning connector's _choose_strategy (what strategy="auto" calls)
+    so that it answers "cring" in a job cring's launchers started, and asks
+    Lightning otherwise. Idempotent: wrapping the wrapper returns it."""
+    if getattr(choose, "_cring_auto", False):
+        return choose
+
+    def _choose_strategy(self):
+        if launched_by_cring():
+            return "cring"
+        return choose(self)
+
+    _choose_strategy._cring_auto = True  # type: ignore[attr-defined]
+    _choose_strategy.__doc__ = choose.__doc__
+    return _choose_strategy
 
 
 def check_devices(launch: Launch, num_devices: int, num_nodes: int) -> None:
