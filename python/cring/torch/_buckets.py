@@ -67,20 +67,23 @@ class BucketLayout:
         grad_into_view(p, self.view_of[p])
 
 
-def grad_into_view(p: torch.Tensor, view: torch.Tensor) -> None:
-    """p.grad becomes `view` (a slice of a bucket) holding what p.grad held:
-    zeros for no gradient, a sparse one densified. Also the comm hook's
-    buckets' (_comm_hook.py)."""
-    grad = p.grad
-    if grad is view:
-        return
+def copy_grad(view: torch.Tensor, grad: Optional[torch.Tensor]) -> None:
+    """`view` (a slice of a bucket) takes what `grad` holds: zeros for no
+    gradient, a sparse one densified. Also the comm hook's buckets'
+    (_comm_hook.py)."""
     if grad is None:
         view.zero_()
     elif grad.is_sparse:
         view.copy_(grad.to_dense())
     elif grad.data_ptr() != view.data_ptr():
         view.copy_(grad)
-    p.grad = view
+
+
+def grad_into_view(p: torch.Tensor, view: torch.Tensor) -> None:
+    """p.grad becomes `view`, holding what p.grad held (copy_grad)."""
+    if p.grad is not view:
+        copy_grad(view, p.grad)
+        p.grad = view
 
 
 def build(params: list, bucket_bytes: int = 0) -> Optional[BucketLayout]:

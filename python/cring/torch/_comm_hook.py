@@ -101,6 +101,7 @@ class GradBucket:
         "_flat",
         "_params",
         "_views",
+        "_view_of",
         "_name",
         "process_set",
         "_views_attached",
@@ -126,6 +127,7 @@ class GradBucket:
         for p in params:
             self._views.append(self._flat[at : at + p.numel()].view(p.shape))
             at += p.numel()
+        self._view_of = dict(zip(params, self._views))  # attach() runs once per gradient
 
     # ---- DDP's GradBucket ----------------------------------------------------------------------
 
@@ -168,9 +170,8 @@ class GradBucket:
     def attach(self, p: torch.Tensor) -> None:
         """gradient_as_bucket_view: make p.grad its view (carrying over what
         it holds), so later backward passes accumulate into the bucket."""
-        if not self._views_attached:
-            return
-        _buckets.grad_into_view(p, next(v for q, v in zip(self._params, self._views) if q is p))
+        if self._views_attached:
+            _buckets.grad_into_view(p, self._view_of[p])
 
     def fill(self, sparse_as_dense: bool, what: str) -> None:
         """The buffer takes every gradient (zeros for a parameter without one)."""
@@ -178,18 +179,13 @@ class GradBucket:
             grad = p.grad
             if grad is view:
                 continue
-            if grad is None:
-                view.zero_()
-            elif grad.is_sparse:
-                if not sparse_as_dense:
-                    raise ValueError(
-                        f"{what}: a communication hook reduces dense buckets, but a parameter of "
-                        f"bucket {self._index} ({tuple(p.shape)}) has a sparse gradient: pass "
-                        "sparse_as_dense=True (or use a dense embedding)"
-                    )
-                view.copy_(grad.to_dense())
-            else:
-                view.copy_(grad)
+            if grad is not None and grad.is_sparse and not sparse_as_dense:
+                raise ValueError(
+                    f"{what}: a communication hook reduces dense buckets, but a parameter of "
+                    f"bucket {self._index} ({tuple(p.shape)}) has a sparse gradient: pass "
+                    "sparse_as_dense=True (or use a dense embedding)"
+                )
+            _buckets.copy_grad(view, grad)
             if self._views_attached:
                 p.grad = view
 
