@@ -426,11 +426,16 @@ void *cring__output_alloc(cring_engine_t *e, size_t bytes);
  * allocation that the handle's release frees. CRING_ERR_NO_MEMORY, nothing
  * set, when out of memory. */
 cring_status_t cring__handle_outputs(cring_handle_t *h, int ntensors, int size);
-/* Result i of h on the CPU, `bytes` long: the room the caller lent with the
- * request (t->recv, `room` bytes) when it fits, marked lent (never freed by
- * the handle), else cring__output_alloc's. Sets outputs[i] and
- * output_bytes[i] (the arrays of cring__handle_outputs) and returns the
- * memory; NULL when out of memory. */
+/* Result i of h, `bytes` long, in the room the caller lent with the request
+ * (t->recv, `room` bytes) when it fits: marked lent (never freed by the
+ * handle), set as outputs[i] and returned. Sets output_bytes[i] (the arrays
+ * of cring__handle_outputs) either way; NULL, outputs[i] untouched, when
+ * there is no room or it is too small: the caller allocates (on the CPU
+ * cring__output_place, on CUDA exec_cuda.c's device memory). */
+void *cring__output_lend(cring_handle_t *h, int i, const tensor_spec_t *t, size_t room,
+                         size_t bytes);
+/* Result i of h on the CPU: cring__output_lend's room, else
+ * cring__output_alloc's memory; NULL when out of memory. */
 void *cring__output_place(cring_engine_t *e, cring_handle_t *h, int i, const tensor_spec_t *t,
                           size_t room, size_t bytes);
 void cring__spare_free_all(cring_engine_t *e);

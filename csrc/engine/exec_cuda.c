@@ -524,12 +524,7 @@ static cring_status_t output_memory(cring_engine_t *e, const lane_t *L, req_t *r
     h->free_ctx = L->d->stream;
     h->output_device = r->device;
     size_t room = t->recv ? t->bytes * (r->coll == CRING_COLL_ALLGATHER ? (size_t)e->size : 1) : 0;
-    h->output_bytes[i] = bytes;
-    if (t->recv && bytes <= room) {
-        h->outputs[i] = t->recv;
-        h->output_lent[i] = 1;
-        return CRING_OK;
-    }
+    if (cring__output_lend(h, i, t, room, bytes)) return CRING_OK;
     cring__errmsg_t err = {{0}};
     /* an empty result still gets memory: a handle's result is never NULL */
     cring_status_t st =

@@ -182,14 +182,18 @@ void *cring__output_alloc(cring_engine_t *e, size_t bytes) {
     return cring__result_block_get(bytes, &p) == CRING_OK ? p : NULL;
 }
 
+void *cring__output_lend(cring_handle_t *h, int i, const tensor_spec_t *t, size_t room,
+                         size_t bytes) {
+    h->output_bytes[i] = bytes;
+    if (!t->recv || bytes > room) return NULL;
+    h->output_lent[i] = 1;
+    return h->outputs[i] = t->recv;
+}
+
 void *cring__output_place(cring_engine_t *e, cring_handle_t *h, int i, const tensor_spec_t *t,
                           size_t room, size_t bytes) {
-    h->output_bytes[i] = bytes;
-    if (t->recv && bytes <= room) {
-        h->output_lent[i] = 1;
-        return h->outputs[i] = t->recv;
-    }
-    return h->outputs[i] = cring__output_alloc(e, bytes);
+    void *lent = cring__output_lend(h, i, t, room, bytes);
+    return lent ? lent : (h->outputs[i] = cring__output_alloc(e, bytes));
 }
 
 /* Free a result of cring__output_alloc(e, bytes). */

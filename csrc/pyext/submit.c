@@ -86,7 +86,9 @@ int cring__pyext_submit_wait_keep(module_state *s, cring_engine_t *engine,
     cring_handle_t *handle;
     if (s->dropped) cring__pyext_sweep(s, 0);
     cring_status_t st = cring_engine_submit(engine, req, &handle);
-    if (st != CRING_OK) {
+    if (st != CRING_OK) { /* nothing was queued: the views go now */
+        for (int i = 0; i < *nviews; i++) cring__dl_release(&views[i]);
+        *nviews = 0;
         cring__pyext_raise_submit(s, st, req->collective, req->name);
         return -1;
     }

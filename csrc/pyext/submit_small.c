@@ -164,12 +164,30 @@ PyObject *cring__pyext_lend_result(PyObject *module, module_state *s, cring_hand
     return res;
 }
 
+/* numpy.empty(shape, x.dtype) (GIL held); NULL with the error set. */
+static PyObject *np_empty_of(PyObject *x, PyObject *shape) {
+    static PyObject *np_empty, *dtype_name;
+    if (!np_empty) {
+        PyObject *np = PyImport_ImportModule("numpy");
+        np_empty = np ? PyObject_GetAttrString(np, "empty") : NULL;
+        Py_XDECREF(np);
+        if (!np_empty) return NULL;
+    }
+    if (!dtype_name && !(dtype_name = PyUnicode_InternFromString("dtype"))) return NULL;
+    PyObject *dtype = PyObject_GetAttr(x, dtype_name);
+    if (!dtype) return NULL;
+    PyObject *call_args[2] = {shape, dtype};
+    PyObject *res = PyObject_Vectorcall(np_empty, call_args, 2, NULL);
+    Py_DECREF(dtype);
+    return res;
+}
+
 /* The completed allgather h as a NumPy array like x: small results copied
  * into a new array, large ones lent without a copy through the module's
  * `allgather_view(x, handle, shape)` (the handle object keeps the memory). */
 static PyObject *allgather_result(PyObject *module, module_state *s, PyObject *x, cring_handle_t *h,
                                   const cring__dl_ref_t *ref, const char *name) {
-    static PyObject *np_empty, *dtype_name, *view_name;
+    static PyObject *view_name;
     size_t bytes;
     const int64_t *dims;
     const void *src = cring_handle_output(h, 0, &bytes, &dims);
@@ -190,18 +208,7 @@ static PyObject *allgather_result(PyObject *module, module_state *s, PyObject *x
         h = NULL; /* the handle object owns it, even on failure */
         goto done;
     }
-    if (!np_empty) {
-        PyObject *np = PyImport_ImportModule("numpy");
-        np_empty = np ? PyObject_GetAttrString(np, "empty") : NULL;
-        Py_XDECREF(np);
-        if (!np_empty) goto done;
-    }
-    if (!dtype_name && !(dtype_name = PyUnicode_InternFromString("dtype"))) goto done;
-    PyObject *dtype = PyObject_GetAttr(x, dtype_name);
-    if (!dtype) goto done;
-    PyObject *call_args[2] = {shape, dtype};
-    res = PyObject_Vectorcall(np_empty, call_args, 2, NULL);
-    Py_DECREF(dtype);
+    res = np_empty_of(x, shape);
     cring__dl_ref_t out;
     if (res && cring__dl_acquire_fast(res, name, 1, 0, &out) == 1) {
         memcpy(out.data, src, bytes);
@@ -241,7 +248,6 @@ static PyObject *same_shape(const cring__dl_ref_t *in, int64_t rows) {
  * with the error set (MemoryError). */
 static int allgather_room(module_state *s, PyObject *x, const cring__dl_ref_t *in, int size,
                           const char *name, PyObject **made, cring__dl_ref_t *out) {
-    static PyObject *np_empty, *dtype_name;
     int64_t rows = in->t->ndim ? in->t->shape[0] : 1;
     size_t nbytes = in->numel * cring_dtype_size(in->dtype);
     if (nbytes > SIZE_MAX / (size_t)size || rows > INT64_MAX / size) return 0;
@@ -249,16 +255,7 @@ static int allgather_room(module_state *s, PyObject *x, const cring__dl_ref_t *i
     if (!shape) return -1;
     int rc = cring__pyext_result_empty(s, x, 0, shape, nbytes * (size_t)size, made);
     if (rc == 0) {
-        if (!np_empty) {
-            PyObject *np = PyImport_ImportModule("numpy");
-            np_empty = np ? PyObject_GetAttrString(np, "empty") : NULL;
-            Py_XDECREF(np);
-        }
-        if (!dtype_name) dtype_name = PyUnicode_InternFromString("dtype");
-        PyObject *dtype = np_empty && dtype_name ? PyObject_GetAttr(x, dtype_name) : NULL;
-        PyObject *call_args[2] = {shape, dtype};
-        *made = dtype ? PyObject_Vectorcall(np_empty, call_args, 2, NULL) : NULL;
-        Py_XDECREF(dtype);
+        *made = np_empty_of(x, shape);
         rc = *made ? 1 : -1;
     }
     Py_DECREF(shape);
