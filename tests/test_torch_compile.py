@@ -57,6 +57,11 @@ def test_compiled_training_step_has_no_break_in_cring(compiled):
     print("training step:", compiled[0]["training"])
 
 
+@pytest.mark.slow  # the compiling job takes ~30 s of a worker
+def test_a_layer_unfrozen_later_is_averaged_by_the_compiled_step(compiled):
+    assert failures(compiled, "compiled unfreezing") == []
+
+
 def test_import_stays_cheap_and_registers_the_operators():
     """`import cring.torch` registers the operators (torch.library, a few ms)
     without importing torch's compiler stack (Dynamo, Inductor), which only

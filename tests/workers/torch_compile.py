@@ -129,8 +129,13 @@ class GraphBreaks(logging.Handler):
             self.breaks.append((found.group(1), int(found.group(2)), found.group(3).strip()))
 
 
-def training(compiled: bool):
+def training(compiled: bool, unfreeze_at=None):
+    """Four steps, eager or compiled with compiled autograd; with unfreeze_at,
+    the first layer is frozen when the optimizer is built and unfrozen at that
+    step. Returns the parameters."""
     model = make_model()
+    if unfreeze_at is not None:
+        model[0].requires_grad_(False)
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
         named_parameters=model.named_parameters(),
@@ -146,8 +151,26 @@ def training(compiled: bool):
     with torch._dynamo.config.patch(compiled_autograd=compiled):
         fn = torch.compile(step) if compiled else step
         for s in range(4):
+            if s == unfreeze_at:
+                model[0].requires_grad_(True)
             fn(*batch(s))
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def compiled_unfreezing():
+    """A layer frozen when the optimizer was built and unfrozen later is
+    averaged by the compiled step too: ranks agree, and equal eager training."""
+    torch._dynamo.reset()
+    compiled = training(True, unfreeze_at=1)
+    eager = training(False, unfreeze_at=1)
+    every = hvd.allgather(compiled.unsqueeze(0), name="compile.unfrozen")
+    problems = []
+    if not all(torch.equal(every[r], compiled) for r in range(size)):
+        problems.append("ranks differ: the unfrozen layer's gradient was not averaged")
+    d = (compiled - eager).abs().max().item()
+    if d > 1e-5:
+        problems.append(f"compiled training differs from eager by {d:.3g}")
+    return "; ".join(problems) or None
 
 
 def compiled_training_step():
@@ -204,5 +227,6 @@ def compiled_training_step():
 checks.check("three collectives", three_collectives)
 checks.check("uneven allgather", uneven_allgather)
 checks.check("compiled training step", compiled_training_step)
+checks.check("compiled unfreezing", compiled_unfreezing)
 hvd.shutdown()
 checks.finish()

@@ -446,6 +446,26 @@ def unfreezing():
         return "the unfrozen layer did not move"
     if not all(torch.equal(every[r], mine) for r in range(size)):
         return "ranks differ after training an unfrozen layer (its gradient was not averaged)"
+    # a group added later with a frozen parameter first: unfrozen, it gets a name of its
+    # own (named by position, as at build), never the name of the group's other parameter
+    a = torch.nn.Parameter(torch.full((3,), 0.5), requires_grad=False)
+    b = torch.nn.Parameter(torch.full((3,), -0.5))
+    opt.add_param_group({"params": [a, b]})
+    names = opt._parameter_names
+    if names[a] == names[b]:
+        return f"two parameters of an added group share the name {names[a]!r}"
+    for step in range(3):
+        if step == 1:
+            a.requires_grad_(True)
+        opt.zero_grad()
+        ((a * (rank + 1.0)).sum() + (b * (rank + 2.0)).sum()).backward()
+        opt.step()
+    mean_a = sum(r + 1.0 for r in range(size)) / size
+    mean_b = sum(r + 2.0 for r in range(size)) / size
+    if not torch.allclose(a.detach(), torch.full((3,), 0.5 - 0.1 * 2 * mean_a)):
+        return f"added, unfrozen parameter: {a.detach().tolist()} (want 2 averaged steps)"
+    if not torch.allclose(b.detach(), torch.full((3,), -0.5 - 0.1 * 3 * mean_b)):
+        return f"added parameter: {b.detach().tolist()} (want 3 averaged steps)"
     return None
 
 

@@ -40,13 +40,15 @@ def synchronize(opt: Any) -> None:
         opt._cring_synchronized = True
         return
     by_dtype: dict = {}
-    for unit in opt._cring_units:
-        for p in unit.params:
-            if not p.requires_grad:
-                continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            by_dtype.setdefault(p.grad.dtype, []).append(p)
+    # the units' parameters, and those frozen when they joined (trainable again
+    # if unfrozen since: the eager path adopts them, this one reduces them too)
+    every = [p for unit in opt._cring_units for p in unit.params] + opt._cring_waiting
+    for p in every:
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        by_dtype.setdefault(p.grad.dtype, []).append(p)
     for dtype, params in by_dtype.items():
         reduced = _compiled.grouped_allreduce(
             [p.grad for p in params],

@@ -170,6 +170,7 @@ class _DistributedOptimizer:
             if units:
                 self._cring_units = units
                 self._cring_unit_of = {p: u for u in units for p in u.params}
+        self._cring_waiting = _trainable.waiting(params, self._cring_unit_of)  # frozen now
         # Hooks are registered even for one rank: an elastic job can grow
         # later. With one rank they do nothing (checked per call).
         self._cring_register_hooks(trainable)
@@ -420,24 +421,20 @@ class _DistributedOptimizer:
     def add_param_group(self, param_group: dict) -> None:
         """The wrapped add_param_group; the new group's trainable parameters
         are reduced like the others (each alone, never in a shared bucket),
-        named "noname.<group>.<index>" unless already named."""
+        named "noname.<group>.<index>" (by position in the group, frozen ones
+        counted) unless already named."""
         super().add_param_group(param_group)  # type: ignore[misc]
         if not hasattr(self, "_cring_units"):
             return
         index = len(self.param_groups) - 1
-        new = [
-            p
-            for p in self.param_groups[index]["params"]
-            if p.requires_grad and p not in self._cring_unit_of
-        ]
+        group = self.param_groups[index]["params"]
         with self._cring_lock:
-            for j, p in enumerate(new):
-                name = self._cring_names.setdefault(p, f"noname.{index}.{j}")
-                unit = _Unit(f"allreduce.{name}", (p,))
-                self._cring_units.append(unit)
-                self._cring_unit_of[p] = unit
-                self._cring_delay[p] = self.backward_passes_per_step
-        self._cring_register_hooks(new)
+            # named by position in the group, frozen ones too (as at build), so
+            # that one unfrozen later never takes another's name
+            for j, p in enumerate(group):
+                self._cring_names.setdefault(p, f"noname.{index}.{j}")
+            self._cring_waiting += _trainable.waiting(group, self._cring_unit_of)
+            _trainable.adopt_unfrozen(self, _Unit)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         if int(passes) < 1:
