@@ -40,7 +40,14 @@ from ._core import (
     _wire,
     synchronize,
 )
-from ._tensors import contiguous, dlpack_source, empty_like, refuse_grad_leaf, result_like
+from ._tensors import (
+    _NUMPY_DTYPES,
+    contiguous,
+    dlpack_source,
+    empty_like,
+    refuse_grad_leaf,
+    result_like,
+)
 
 
 def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
@@ -60,20 +67,7 @@ def _info(x: Any, name: str) -> tuple[tuple[int, ...], str]:
 
 
 # the dtypes a NumPy array (and so the CPU path) may have, in cring's names
-NUMPY_DTYPES = (
-    "float16",
-    "float32",
-    "float64",
-    "int8",
-    "uint8",
-    "int16",
-    "uint16",
-    "int32",
-    "uint32",
-    "int64",
-    "uint64",
-    "bool",
-)
+NUMPY_DTYPES = tuple(_NUMPY_DTYPES)
 # keyed by dtype object: NumPy computes `dtype.name` in Python, about 2 us
 _NUMPY_NAMES = {_np.dtype(n): n for n in NUMPY_DTYPES}
 _TORCH_NAMES: dict = {}  # torch dtype -> cring name, filled when torch is first seen

@@ -8,8 +8,8 @@ places, starts and stops the workers.
 from __future__ import annotations
 
 import logging
-import math
 import random
+import time
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -76,7 +76,7 @@ class RayHostDiscovery(HostDiscovery):
             slots = resources.get("CPU", 0) // self.cpus_per_worker if self.cpus_per_worker else 0
             if self.use_gpu:
                 slots = min(slots, resources.get("GPU", 0) // self.gpus_per_worker)
-            slots = int(math.ceil(slots))
+            slots = int(slots)
             if slots:
                 hosts[node["NodeManagerAddress"]] = slots
         return hosts
@@ -115,8 +115,6 @@ class TestDiscovery(RayHostDiscovery):
         self._removed: set = set()
 
     def find_available_hosts_and_slots(self) -> dict:
-        import time
-
         now = time.monotonic()
         hosts = super().find_available_hosts_and_slots()
         self._removed &= set(hosts)
